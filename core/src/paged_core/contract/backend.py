@@ -1,0 +1,118 @@
+"""The :class:`AttentionBackend` interface a hardware vendor implements."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+
+from paged_core.contract.capabilities import AttentionSpec, BackendCapabilities
+from paged_core.contract.graph_strategy import EagerStrategy, GraphCaptureStrategy
+from paged_core.contract.metadata import AttentionMetadata
+from paged_core.contract.version import PLUGIN_API_VERSION
+
+
+@dataclass(frozen=True)
+class Availability:
+    """Whether a backend can run on this machine, and if not, why."""
+
+    available: bool
+    reason: str = ""
+    device: str = "cpu"
+
+
+class AttentionBackend(ABC):
+    """A paged-attention implementation for one kind of device.
+
+    Class attributes identify the backend; ``availability`` and
+    ``capabilities`` are class methods so the registry can list a backend
+    without constructing it. An instance is bound to one device and serves
+    every layer: KV-cache tensors are passed in per call.
+
+    Per step the core calls :meth:`prepare` once, then for each layer
+    :meth:`forward`, which writes the step's keys and values at
+    ``metadata.slot_mapping`` and returns attention over the paged cache.
+    Before a step whose scheduler output lists block copies, the core calls
+    :meth:`copy_blocks` once for all layers.
+    """
+
+    name: ClassVar[str]
+    """Unique backend name, as used with ``--backend``."""
+    api_version: ClassVar[int] = PLUGIN_API_VERSION
+    """The plugin API major version this backend was written against."""
+    priority: ClassVar[int] = 0
+    """Higher wins automatic selection among available backends."""
+
+    def __init__(self, device: str | torch.device | None = None) -> None:
+        self.device = torch.device(device if device is not None else self.availability().device)
+
+    @classmethod
+    @abstractmethod
+    def availability(cls) -> Availability:
+        """Whether this backend can run here (cheap; must not allocate device memory)."""
+
+    @classmethod
+    @abstractmethod
+    def capabilities(cls) -> BackendCapabilities:
+        """The declared envelope; the conformance suite tests exactly this."""
+
+    def kv_cache_shape(self, num_blocks: int, block_size: int, num_kv_heads: int, head_size: int) -> tuple[int, ...]:
+        """Shape of one layer's KV-cache tensor (keys and values together).
+
+        The default is ``[2, num_blocks, block_size, num_kv_heads, head_size]``.
+        """
+        return (2, num_blocks, block_size, num_kv_heads, head_size)
+
+    def allocate_kv_cache(
+        self, num_blocks: int, block_size: int, spec: AttentionSpec, dtype: torch.dtype
+    ) -> torch.Tensor:
+        """Allocate one layer's zero-filled KV cache in this backend's shape."""
+        shape = self.kv_cache_shape(num_blocks, block_size, spec.num_kv_heads, spec.head_size)
+        return torch.zeros(shape, dtype=dtype, device=self.device)
+
+    def prepare(self, metadata: AttentionMetadata) -> None:  # noqa: B027 - optional hook
+        """Called once per step before any layer, outside captured graphs.
+
+        The metadata builder hook: a backend may precompute per-step plans
+        (split counts, work lists) into buffers it owns. Default: nothing.
+        """
+
+    @abstractmethod
+    def write_kv(
+        self, key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor, metadata: AttentionMetadata
+    ) -> None:
+        """Store ``key``/``value`` ``[T, num_kv_heads, head_size]`` at ``metadata.slot_mapping``; skip slots of -1."""
+
+    @abstractmethod
+    def attention(
+        self, query: torch.Tensor, kv_cache: torch.Tensor, metadata: AttentionMetadata, spec: AttentionSpec
+    ) -> torch.Tensor:
+        """Causal attention of ``query`` ``[T, num_heads, head_size]`` over the paged cache.
+
+        The cache already holds this step's keys and values. Returns
+        ``[T, num_heads, head_size]`` in ``query.dtype``; rows at or beyond
+        ``metadata.num_actual_tokens`` may hold anything.
+        """
+
+    def forward(
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        kv_cache: torch.Tensor,
+        metadata: AttentionMetadata,
+        spec: AttentionSpec,
+    ) -> torch.Tensor:
+        """Write this step's KV, then attend. Backends may fuse the two by overriding."""
+        self.write_kv(key, value, kv_cache, metadata)
+        return self.attention(query, kv_cache, metadata, spec)
+
+    @abstractmethod
+    def copy_blocks(self, kv_caches: list[torch.Tensor], src_to_dst: torch.Tensor) -> None:
+        """Copy whole blocks in every layer: ``src_to_dst`` is int64 ``[N, 2]`` of (source, destination) ids."""
+
+    def graph_strategy(self) -> GraphCaptureStrategy:
+        """How this backend captures steps; must agree with ``capabilities().graph_support``."""
+        return EagerStrategy()

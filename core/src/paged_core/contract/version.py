@@ -1,0 +1,17 @@
+"""Plugin API version and the compatibility promise.
+
+The promise (N/N+1): a backend built against plugin API major version ``N``
+keeps loading, unchanged, on every core release whose
+:data:`PLUGIN_API_VERSION` is ``N`` or ``N + 1``. Within one major version the
+contract only grows: new optional hooks get defaults, new metadata fields are
+appended, nothing is removed or renamed. A core that moves to ``N + 2``
+drops ``N`` and the registry reports such a backend as an API mismatch.
+"""
+
+from __future__ import annotations
+
+PLUGIN_API_VERSION: int = 1
+"""The contract version this core implements."""
+
+SUPPORTED_PLUGIN_API_VERSIONS: frozenset[int] = frozenset({PLUGIN_API_VERSION, PLUGIN_API_VERSION - 1} - {0})
+"""Backend ``api_version`` values this core accepts (``N`` and ``N - 1``)."""

@@ -1,0 +1,1 @@
+"""paged_core.graph."""
