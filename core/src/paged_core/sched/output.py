@@ -1,0 +1,67 @@
+"""What one scheduling step hands to the model runner."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(slots=True)
+class NewRequestData:
+    """A request the runner has not seen (or must re-create after preemption or fork).
+
+    ``token_ids`` are all known tokens; ``num_computed_tokens`` of them are
+    already in the KV cache (prefix hits, or a fork's shared blocks).
+    """
+
+    req_id: str
+    token_ids: list[int]
+    block_ids: list[int]
+    num_computed_tokens: int
+
+
+@dataclass(slots=True)
+class CachedRequestData:
+    """Requests the runner already knows, as parallel lists (cheap at thousands of rows).
+
+    ``new_block_ids[i]`` are only the blocks gained this step (appended to the
+    row's table); ``num_computed_tokens[i]`` is the count before this step.
+    """
+
+    req_ids: list[str] = field(default_factory=list)
+    new_block_ids: list[list[int]] = field(default_factory=list)
+    num_computed_tokens: list[int] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class SchedulerOutput:
+    """One step's plan.
+
+    Before running attention the runner must perform ``block_copies``
+    (source, destination) and apply ``replaced_block_ids`` ((table index, new
+    block id) per request): both come from copy-on-write of shared blocks.
+    Requests in ``preempted_req_ids`` and ``finished_req_ids`` must be dropped
+    by the runner; preempted ones return later as new requests.
+    """
+
+    scheduled_new_reqs: list[NewRequestData]
+    scheduled_cached_reqs: CachedRequestData
+    num_scheduled_tokens: dict[str, int]
+    total_num_scheduled_tokens: int
+    scheduled_spec_decode_tokens: dict[str, list[int]]
+    block_copies: list[tuple[int, int]]
+    replaced_block_ids: dict[str, list[tuple[int, int]]]
+    finished_req_ids: set[str]
+    preempted_req_ids: list[str]
+
+    @property
+    def is_empty(self) -> bool:
+        return self.total_num_scheduled_tokens == 0
+
+
+@dataclass(slots=True)
+class RequestUpdate:
+    """What a step did to one request: tokens appended, and the finish status if it ended."""
+
+    req_id: str
+    new_token_ids: list[int]
+    finish_reason: str | None = None

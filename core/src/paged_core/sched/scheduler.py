@@ -1,0 +1,326 @@
+"""The scheduler: one token budget per step, running requests first, recompute preemption."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from paged_core.config import CacheConfig, SchedulerConfig
+from paged_core.errors import RequestRejectedError
+from paged_core.memory.block import KVBlock
+from paged_core.memory.kv_cache_manager import ExtraKeyProvider, KVCacheManager
+from paged_core.sched.output import CachedRequestData, NewRequestData, RequestUpdate, SchedulerOutput
+from paged_core.sched.queue import FcfsQueue, PriorityQueue
+from paged_core.sched.request import Request, RequestStatus
+
+_RUNNING = RequestStatus.RUNNING
+
+
+class Scheduler:
+    """Decides, each step, how many tokens of which requests to compute.
+
+    There are no prefill or decode phases: a request needs
+    ``num_tokens_with_spec - num_computed_tokens`` more tokens, and each step
+    hands out up to ``max_num_batched_tokens`` of them, running requests
+    first, then waiting ones (long prompts are chunked when allowed). When
+    blocks run out, a victim (``fcfs``: latest arrival; ``priority``: lowest
+    priority, then latest arrival) loses its blocks and goes back to the
+    waiting queue, to be recomputed later.
+    """
+
+    def __init__(
+        self,
+        scheduler_config: SchedulerConfig,
+        cache_config: CacheConfig,
+        extra_key_providers: Sequence[ExtraKeyProvider] = (),
+    ) -> None:
+        self.config = scheduler_config
+        self.kv = KVCacheManager(cache_config, extra_key_providers)
+        self.block_size = cache_config.block_size
+        # A request can never outgrow the whole cache, so that is a length cap too.
+        self.max_len = min(scheduler_config.max_model_len, self.kv.pool.num_usable_blocks * self.block_size)
+        self.waiting: FcfsQueue | PriorityQueue = (
+            PriorityQueue() if scheduler_config.policy == "priority" else FcfsQueue()
+        )
+        self.running: list[Request] = []
+        self.requests: dict[str, Request] = {}
+        self._unannounced: set[str] = set()
+        self._finished_ids: set[str] = set()
+        self.num_preemptions = 0
+
+    # ---- admission ----------------------------------------------------
+    def add_request(self, req: Request) -> None:
+        """Queue a request, or raise :class:`RequestRejectedError` if it can never run."""
+        n = req.num_prompt_tokens
+        if req.request_id in self.requests:
+            raise RequestRejectedError(f"request id {req.request_id!r} is already in use")
+        if n > self.config.max_model_len:
+            raise RequestRejectedError(
+                f"request {req.request_id!r}: prompt has {n} tokens, more than max_model_len={self.config.max_model_len}"
+            )
+        usable = self.kv.pool.num_usable_blocks
+        if self.kv.blocks_needed(n) > usable:
+            raise RequestRejectedError(
+                f"request {req.request_id!r}: prompt of {n} tokens needs {self.kv.blocks_needed(n)} blocks of "
+                f"{self.block_size} tokens, but the whole KV cache holds {usable} blocks"
+            )
+        if not self.config.enable_chunked_prefill and n > self.config.max_num_batched_tokens:
+            raise RequestRejectedError(
+                f"request {req.request_id!r}: prompt of {n} tokens exceeds max_num_batched_tokens="
+                f"{self.config.max_num_batched_tokens} and chunked prefill is off"
+            )
+        req.status = RequestStatus.WAITING
+        self.requests[req.request_id] = req
+        self.waiting.add(req)
+
+    def fork(self, parent_id: str, child_id: str, last_token_id: int | None = None) -> Request:
+        """Start ``child_id`` as a copy of a running request, sharing its blocks copy-on-write.
+
+        ``last_token_id`` replaces the child's last token when that token is
+        not yet computed (a different sample for ``n > 1``, or a beam).
+        """
+        parent = self.requests.get(parent_id)
+        if parent is None or parent.status is not _RUNNING:
+            raise ValueError(f"can only fork a running request; {parent_id!r} is not running")
+        if child_id in self.requests:
+            raise RequestRejectedError(f"request id {child_id!r} is already in use")
+        child = Request(
+            child_id,
+            parent.prompt_token_ids,
+            max_tokens=parent.max_tokens,
+            min_tokens=parent.min_tokens,
+            stop_token_ids=parent.stop_token_ids,
+            eos_token_id=parent.eos_token_id,
+            ignore_eos=parent.ignore_eos,
+            priority=parent.priority,
+            arrival_time=parent.arrival_time,
+            cache_salt=parent.cache_salt,
+            lora_id=parent.lora_id,
+            extra_keys=parent.extra_keys,
+        )
+        child.all_token_ids = list(parent.all_token_ids)
+        child.num_computed_tokens = parent.num_computed_tokens
+        child.num_cached_tokens = parent.num_cached_tokens
+        if last_token_id is not None:
+            if parent.num_computed_tokens >= parent.num_tokens:
+                raise ValueError(f"{parent_id!r}: its last token is already computed and cannot be replaced")
+            child.all_token_ids[-1] = last_token_id
+        # Only computed full blocks are certainly identical to the parent's.
+        child.block_hashes = parent.block_hashes[: child.num_computed_tokens // self.block_size]
+        self.kv.fork(parent, child)
+        child.status = _RUNNING
+        self.requests[child_id] = child
+        self.running.append(child)
+        self._unannounced.add(child_id)
+        return child
+
+    def abort(self, request_ids: Sequence[str]) -> list[str]:
+        """Abort requests by id (unknown ids are ignored); returns the ids actually aborted."""
+        done = []
+        for rid in request_ids:
+            req = self.requests.pop(rid, None)
+            if req is None:
+                continue
+            if req.status is _RUNNING:
+                self.running.remove(req)
+            else:
+                self.waiting.remove(req)
+            self.kv.free(req)
+            req.status = RequestStatus.FINISHED_ABORTED
+            self._unannounced.discard(rid)
+            self._finished_ids.add(rid)
+            done.append(rid)
+        return done
+
+    # ---- one step -----------------------------------------------------
+    def schedule(self) -> SchedulerOutput:
+        """Plan one step and advance ``num_computed_tokens`` of every scheduled request."""
+        cfg, kv = self.config, self.kv
+        budget = cfg.max_num_batched_tokens
+        lookahead = cfg.num_lookahead_tokens
+        num_sched: dict[str, int] = {}
+        new_blocks_of: dict[str, list[KVBlock]] = {}
+        new_ids: set[str] = set()
+        preempted: list[str] = []
+        running = self.running
+
+        i = 0
+        while i < len(running) and budget > 0:
+            req = running[i]
+            num_new = req.num_tokens_with_spec - req.num_computed_tokens
+            if num_new > budget:
+                num_new = budget
+            if num_new <= 0:
+                i += 1
+                continue
+            new_blocks = kv.allocate_slots(req, num_new, num_lookahead_tokens=lookahead)
+            while new_blocks is None:
+                victim = self._pick_victim()
+                vi = running.index(victim)
+                self._preempt(victim, vi)
+                preempted.append(victim.request_id)
+                if victim.request_id in num_sched:
+                    budget += num_sched.pop(victim.request_id)
+                    new_blocks_of.pop(victim.request_id, None)
+                if victim is req:
+                    break
+                if vi < i:
+                    i -= 1
+                new_blocks = kv.allocate_slots(req, num_new, num_lookahead_tokens=lookahead)
+            if new_blocks is None:
+                continue  # req itself was preempted; running[i] is now the next one
+            num_sched[req.request_id] = num_new
+            new_blocks_of[req.request_id] = new_blocks
+            budget -= num_new
+            i += 1
+
+        # Admit waiting requests, unless memory was short this step (admitting now would only thrash).
+        if not preempted:
+            budget = self._admit(budget, num_sched, new_ids)
+
+        return self._build_output(num_sched, new_blocks_of, new_ids, preempted)
+
+    def _admit(self, budget: int, num_sched: dict[str, int], new_ids: set[str]) -> int:
+        cfg, kv, waiting = self.config, self.kv, self.waiting
+        while waiting and budget > 0 and len(self.running) < cfg.max_num_seqs:
+            req = waiting.peek()
+            hits, num_hit = kv.get_computed_blocks(req)
+            num_new = req.num_tokens - num_hit
+            if num_new > budget:
+                if not cfg.enable_chunked_prefill:
+                    break
+                num_new = budget
+            if kv.allocate_slots(req, num_new, hits, cfg.num_lookahead_tokens) is None:
+                break
+            waiting.pop()
+            req.status = _RUNNING
+            req.num_computed_tokens = num_hit
+            if req.num_cached_tokens < 0:
+                req.num_cached_tokens = num_hit
+            self.running.append(req)
+            num_sched[req.request_id] = num_new
+            new_ids.add(req.request_id)
+            budget -= num_new
+        return budget
+
+    def _build_output(
+        self,
+        num_sched: dict[str, int],
+        new_blocks_of: dict[str, list[KVBlock]],
+        new_ids: set[str],
+        preempted: list[str],
+    ) -> SchedulerOutput:
+        requests, kv = self.requests, self.kv
+        new_reqs: list[NewRequestData] = []
+        cached = CachedRequestData()
+        spec: dict[str, list[int]] = {}
+        unannounced = self._unannounced
+        copies, replaced = kv.take_copies()
+        total = 0
+        for rid, n in num_sched.items():
+            req = requests[rid]
+            if rid in new_ids or rid in unannounced:
+                unannounced.discard(rid)
+                replaced.pop(rid, None)  # a new row's block_ids are already final
+                new_reqs.append(NewRequestData(rid, list(req.all_token_ids), kv.block_ids(req), req.num_computed_tokens))
+            else:
+                cached.req_ids.append(rid)
+                cached.new_block_ids.append([b.block_id for b in new_blocks_of[rid]])
+                cached.num_computed_tokens.append(req.num_computed_tokens)
+            num_spec = req.num_computed_tokens + n - req.num_tokens
+            if num_spec > 0:
+                spec[rid] = req.spec_token_ids[:num_spec]
+            req.num_computed_tokens += n
+            total += n
+        finished, self._finished_ids = self._finished_ids, set()
+        return SchedulerOutput(
+            scheduled_new_reqs=new_reqs,
+            scheduled_cached_reqs=cached,
+            num_scheduled_tokens=num_sched,
+            total_num_scheduled_tokens=total,
+            scheduled_spec_decode_tokens=spec,
+            block_copies=copies,
+            replaced_block_ids=replaced,
+            finished_req_ids=finished,
+            preempted_req_ids=preempted,
+        )
+
+    def _pick_victim(self) -> Request:
+        if self.config.policy == "priority":
+            return max(self.running, key=Request.priority_key)
+        return max(self.running, key=Request.order_key)
+
+    def _preempt(self, req: Request, index: int) -> None:
+        del self.running[index]
+        self.kv.free(req)
+        req.status = RequestStatus.PREEMPTED
+        req.num_computed_tokens = 0
+        req.spec_token_ids = []
+        req.num_preemptions += 1
+        self.num_preemptions += 1
+        self._unannounced.discard(req.request_id)
+        self.waiting.prepend(req)
+
+    # ---- after the step ran --------------------------------------------
+    def update_from_output(
+        self, output: SchedulerOutput, sampled_token_ids: Mapping[str, Sequence[int]]
+    ) -> list[RequestUpdate]:
+        """Apply a step's sampled tokens: accept speculation, append, stop, free finished requests.
+
+        ``sampled_token_ids[rid]`` holds the tokens produced for a request that
+        reached the end of its known tokens this step (one, or for speculative
+        decoding the accepted drafts plus one). Rows still mid-prefill produce
+        nothing and any tokens given for them are ignored.
+        """
+        kv, requests, max_len = self.kv, self.requests, self.max_len
+        spec = output.scheduled_spec_decode_tokens
+        updates: list[RequestUpdate] = []
+        any_finished = False
+        for rid in output.num_scheduled_tokens:
+            req = requests.get(rid)
+            if req is None or req.status is not _RUNNING:
+                continue  # aborted or preempted since the step was planned
+            toks = sampled_token_ids.get(rid)
+            drafts = spec.get(rid)
+            if drafts:
+                accepted = len(toks) - 1 if toks else 0
+                req.num_computed_tokens -= len(drafts) - accepted
+                req.spec_token_ids = []
+            kv.cache_computed_blocks(req)
+            if not toks or req.num_computed_tokens < req.num_tokens:
+                continue
+            status = None
+            appended = 0
+            for t in toks:
+                req.all_token_ids.append(t)
+                appended += 1
+                status = req.check_stop(t, max_len)
+                if status is not None:
+                    break
+            if status is None:
+                updates.append(RequestUpdate(rid, list(toks[:appended]) if appended != 1 else [toks[0]]))
+                continue
+            req.status = status
+            any_finished = True
+            kv.free(req)
+            del requests[rid]
+            self._finished_ids.add(rid)
+            updates.append(RequestUpdate(rid, list(toks[:appended]), status.value))
+        if any_finished:
+            self.running = [r for r in self.running if r.status is _RUNNING]
+        return updates
+
+    # ---- views --------------------------------------------------------
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.requests)
+
+    @property
+    def num_running(self) -> int:
+        return len(self.running)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.waiting)
+
+    def reset_prefix_cache(self) -> bool:
+        """Drop the prefix cache; refuses (False) while any request holds blocks."""
+        return self.kv.reset_prefix_cache()
