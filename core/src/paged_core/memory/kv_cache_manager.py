@@ -118,6 +118,17 @@ class KVCacheManager:
         bs = self.block_size
         rid = req.request_id
         blocks = self.req_to_blocks.get(rid)
+        if blocks is not None and not new_computed_blocks:
+            # Hot path (every running request, every step): room already there and nothing shared.
+            start = req.num_computed_tokens
+            end = start + num_new_tokens
+            first, last = start // bs, (end - 1) // bs
+            if (
+                end + num_lookahead_tokens <= len(blocks) * bs
+                and blocks[first].ref_cnt == 1
+                and (first == last or all(blocks[i].ref_cnt == 1 for i in range(first + 1, last + 1)))
+            ):
+                return []
         admitting = blocks is None
         if blocks is None:
             blocks = []

@@ -146,9 +146,11 @@ class Scheduler:
         i = 0
         while i < len(running) and budget > 0:
             req = running[i]
-            num_new = req.num_tokens_with_spec - req.num_computed_tokens
+            num_new = len(req.all_token_ids) + len(req.spec_token_ids) - req.num_computed_tokens
             if num_new > budget:
                 num_new = budget
+            if req.spec_token_ids and req.num_computed_tokens + num_new > self.max_len:
+                num_new = self.max_len - req.num_computed_tokens  # drafts never run past the length cap
             if num_new <= 0:
                 i += 1
                 continue
@@ -224,9 +226,10 @@ class Scheduler:
                 new_reqs.append(NewRequestData(rid, list(req.all_token_ids), kv.block_ids(req), req.num_computed_tokens))
             else:
                 cached.req_ids.append(rid)
-                cached.new_block_ids.append([b.block_id for b in new_blocks_of[rid]])
+                nb = new_blocks_of[rid]
+                cached.new_block_ids.append([b.block_id for b in nb] if nb else [])
                 cached.num_computed_tokens.append(req.num_computed_tokens)
-            num_spec = req.num_computed_tokens + n - req.num_tokens
+            num_spec = req.num_computed_tokens + n - len(req.all_token_ids)
             if num_spec > 0:
                 spec[rid] = req.spec_token_ids[:num_spec]
             req.num_computed_tokens += n
@@ -271,8 +274,9 @@ class Scheduler:
         decoding the accepted drafts plus one). Rows still mid-prefill produce
         nothing and any tokens given for them are ignored.
         """
-        kv, requests, max_len = self.kv, self.requests, self.max_len
+        kv, requests, max_len, bs = self.kv, self.requests, self.max_len, self.block_size
         spec = output.scheduled_spec_decode_tokens
+        num_cached = kv.num_cached_blocks if kv.enable_caching else None
         updates: list[RequestUpdate] = []
         any_finished = False
         for rid in output.num_scheduled_tokens:
@@ -280,13 +284,16 @@ class Scheduler:
             if req is None or req.status is not _RUNNING:
                 continue  # aborted or preempted since the step was planned
             toks = sampled_token_ids.get(rid)
-            drafts = spec.get(rid)
-            if drafts:
-                accepted = len(toks) - 1 if toks else 0
-                req.num_computed_tokens -= len(drafts) - accepted
-                req.spec_token_ids = []
-            kv.cache_computed_blocks(req)
-            if not toks or req.num_computed_tokens < req.num_tokens:
+            if spec:
+                drafts = spec.get(rid)
+                if drafts:
+                    accepted = len(toks) - 1 if toks else 0
+                    req.num_computed_tokens -= len(drafts) - accepted
+                    req.spec_token_ids = []
+            # Cheap pre-check: index new full blocks only when one was completed.
+            if num_cached is not None and req.num_computed_tokens // bs > num_cached.get(rid, 0):
+                kv.cache_computed_blocks(req)
+            if not toks or req.num_computed_tokens < len(req.all_token_ids):
                 continue
             status = None
             appended = 0
@@ -297,7 +304,7 @@ class Scheduler:
                 if status is not None:
                     break
             if status is None:
-                updates.append(RequestUpdate(rid, list(toks[:appended]) if appended != 1 else [toks[0]]))
+                updates.append(RequestUpdate(rid, list(toks[:appended])))
                 continue
             req.status = status
             any_finished = True
