@@ -32,7 +32,8 @@ def make_block_hash_fn(algorithm: str = "sha256") -> BlockHashFn:
         if extra_keys:
             # repr of str/int/bytes tuples is canonical; the separator keeps it apart from token bytes.
             h.update(b"\x00extra:" + repr(extra_keys).encode())
-        return h.digest()
+        digest: bytes = h.digest()
+        return digest
 
     return block_hash
 

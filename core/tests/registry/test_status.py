@@ -1,0 +1,113 @@
+"""Status rules for one backend class: availability, capabilities, API version, completeness."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from paged_core.api import AttentionBackend, hookimpl
+from paged_core.contract.version import PLUGIN_API_VERSION
+from paged_core.registry import BackendStatus
+
+
+@pytest.fixture
+def load_one(plugins):
+    """Load a single backend class through a one-plugin distribution and return its record."""
+
+    def load(cls: type[AttentionBackend]):
+        plugins.module("fake_single", paged_register_backends=hookimpl(lambda: [cls]))
+        plugins.dist("dist-single", single="fake_single")
+        [rec] = plugins.registry().records()
+        return rec
+
+    return load
+
+
+def test_unavailable_keeps_reason_device_and_capabilities(load_one, make_backend) -> None:
+    rec = load_one(make_backend("gpu", available=False, reason="no CUDA device found", device="cuda"))
+    assert rec.status is BackendStatus.UNAVAILABLE
+    assert (rec.reason, rec.device) == ("no CUDA device found", "cuda")
+    assert rec.capabilities is not None
+
+
+def test_unavailable_without_reason_still_explains(load_one, make_backend) -> None:
+    rec = load_one(make_backend("mute", available=False))
+    assert rec.status is BackendStatus.UNAVAILABLE and "without giving a reason" in rec.reason
+
+
+def test_multi_line_reason_is_cut_to_one_line(load_one, make_backend) -> None:
+    rec = load_one(make_backend("ml", available=False, reason="\n  first\nsecond"))
+    assert rec.reason == "first"
+
+
+def test_availability_raising(load_one, make_backend) -> None:
+    rec = load_one(make_backend("bad", availability_error=OSError("libcuda.so: cannot open\nmore")))
+    assert rec.status is BackendStatus.UNAVAILABLE
+    assert rec.reason == "availability check raised OSError: libcuda.so: cannot open"
+
+
+def test_capabilities_raising(load_one, make_backend) -> None:
+    rec = load_one(make_backend("badcaps", capabilities_error=KeyError("head_sizes")))
+    assert rec.status is BackendStatus.UNAVAILABLE
+    assert rec.reason.startswith("availability check raised KeyError: 'head_sizes'")
+    assert "capabilities()" in rec.reason
+
+
+@pytest.mark.parametrize("version", [PLUGIN_API_VERSION + 1, PLUGIN_API_VERSION + 7, 0])
+def test_api_version_mismatch_names_both_versions(load_one, make_backend, version) -> None:
+    rec = load_one(make_backend("old", api_version=version))
+    assert rec.status is BackendStatus.API_MISMATCH
+    assert f"v{version}" in rec.reason and f"v{PLUGIN_API_VERSION}" in rec.reason
+
+
+def test_api_mismatch_does_not_call_the_backend(load_one, make_backend) -> None:
+    rec = load_one(make_backend("future", api_version=99, availability_error=AssertionError("called")))
+    assert rec.status is BackendStatus.API_MISMATCH
+
+
+def test_abstract_backend_is_a_load_error(load_one) -> None:
+    class Half(AttentionBackend):
+        name = "half"
+
+    rec = load_one(Half)
+    assert rec.status is BackendStatus.LOAD_ERROR
+    assert "availability" in rec.reason and "write_kv" in rec.reason
+
+
+@pytest.mark.parametrize("name", [None, "", "   ", 3])
+def test_missing_or_bad_name_is_a_load_error_named_after_the_entry_point(load_one, make_backend, name) -> None:
+    cls = make_backend("tmp")
+    cls.name = name
+    rec = load_one(cls)
+    assert (rec.status, rec.name) == (BackendStatus.LOAD_ERROR, "single")
+    assert "no valid 'name'" in rec.reason
+
+
+def test_non_integer_priority_is_a_load_error(load_one, make_backend) -> None:
+    cls = make_backend("prio")
+    cls.priority = "high"
+    rec = load_one(cls)
+    assert rec.status is BackendStatus.LOAD_ERROR and "priority" in rec.reason
+
+
+def test_availability_returning_junk(load_one, make_backend) -> None:
+    cls = make_backend("junky")
+    cls.availability = classmethod(lambda c: True)
+    rec = load_one(cls)
+    assert rec.status is BackendStatus.UNAVAILABLE
+    assert "returned bool, expected Availability" in rec.reason
+
+
+def test_capabilities_returning_junk(load_one, make_backend) -> None:
+    cls = make_backend("junkcaps")
+    cls.capabilities = classmethod(lambda c: {"dtypes": "all"})
+    rec = load_one(cls)
+    assert rec.status is BackendStatus.UNAVAILABLE
+    assert "returned dict, expected BackendCapabilities" in rec.reason
+
+
+def test_to_dict_is_json_ready(load_one, make_backend) -> None:
+    rec = load_one(make_backend("js", priority=2))
+    data = json.loads(json.dumps(rec.to_dict()))
+    assert data["status"] == "loaded" and data["priority"] == 2 and data["distribution"] == "dist-single"
+    assert data["backend"].endswith("Fake_js") and data["capabilities"]["block_sizes"] == [16, 32]
