@@ -20,6 +20,17 @@ from paged_core.errors import (
     RequestRejectedError,
     UnsupportedConfigError,
 )
+from paged_core.graph import (
+    CompiledStrategy,
+    DeviceGraphStrategy,
+    GraphRunner,
+    GraphStats,
+    StaticInput,
+    capture_sizes,
+)
+from paged_core.reference.backend import ReferenceBackend
+from paged_core.reference.dense import dense_causal_attention
+from paged_core.registry import BackendRecord, BackendRegistry, BackendStatus, hookimpl, load_registry
 
 __all__ = [
     "PLUGIN_API_VERSION",
@@ -30,14 +41,27 @@ __all__ = [
     "Availability",
     "BackendCapabilities",
     "BackendNotFoundError",
+    "BackendRecord",
+    "BackendRegistry",
+    "BackendStatus",
     "BackendUnavailableError",
+    "CompiledStrategy",
     "ConfigError",
+    "DeviceGraphStrategy",
     "EagerStrategy",
     "GraphCaptureStrategy",
+    "GraphRunner",
+    "GraphStats",
     "GraphSupport",
     "PagedError",
+    "ReferenceBackend",
     "RequestRejectedError",
+    "StaticInput",
     "StepFn",
     "UnsupportedConfigError",
     "build_attention_metadata",
+    "capture_sizes",
+    "dense_causal_attention",
+    "hookimpl",
+    "load_registry",
 ]

@@ -1,0 +1,203 @@
+"""GraphRunner: the core's side of graph capture (sizes, static buffers, warm-up, dispatch, fallback).
+
+What a backend may rely on inside a captured step
+-------------------------------------------------
+Tensors are read on the device at replay time; Python ints are frozen when
+the step is captured. So for a graph of padded size ``n``:
+
+* Tensors: ``query_start_loc`` ``[n+1]``, ``seq_lens`` ``[n]``,
+  ``block_table`` ``[n, max_blocks_per_seq]`` and ``slot_mapping`` ``[n]``
+  always have these shapes and hold the current batch followed by padding
+  (see :class:`~paged_core.graph.static_batch.StaticBatch`). Padding tokens
+  have slot ``-1`` and zero inputs; their outputs are discarded.
+* ``num_actual_tokens`` is ``n`` (the real count is not known at capture):
+  use the tensors, and skip slot ``-1``, never the int.
+* ``max_seq_len`` is the runner's ``max_model_len`` bound, not the batch's.
+* ``UNIFORM_DECODE`` graphs: ``num_decodes == num_decode_tokens == n``,
+  ``num_prefills == 0``, ``max_query_len == 1``; every row, padding included,
+  has query length 1 and seq_len >= 1.
+* ``ANY`` graphs: one graph per padded token count ``n``, with ``n`` rows
+  (the most ``n`` tokens can fill). The host ints are conservative:
+  ``num_decodes == num_decode_tokens == 0``, ``num_prefills == n``,
+  ``max_query_len == n``; take the general (prefill) path for every row.
+  Trailing rows may be empty (query length 0, seq_len 0): an ``ANY``
+  backend must give them no work rather than fail.
+* Never read ``seq_lens`` or any other metadata tensor on the host
+  (``.item()``, ``.tolist()``, Python control flow on values): that would
+  bake the capture-time values into the graph.
+
+:meth:`AttentionBackend.prepare` is called by the runner, outside the
+graph, before every step (eager or replayed); the step must not call it.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from paged_core.contract.backend import AttentionBackend
+from paged_core.contract.capabilities import GraphSupport
+from paged_core.contract.graph_strategy import GraphCaptureStrategy, StepFn
+from paged_core.contract.metadata import AttentionMetadata
+from paged_core.errors import ConfigError
+from paged_core.graph.sizes import padded_size
+from paged_core.graph.static_batch import NUM_METADATA_ARGS, StaticBatch, StaticInput
+
+Step = Callable[..., torch.Tensor]
+"""``step(metadata, **inputs) -> Tensor`` whose first dimension is tokens."""
+
+
+@dataclass
+class GraphStats:
+    """What :meth:`GraphRunner.run` did, for tests and logs."""
+
+    replays: int = 0
+    eager_fallbacks: int = 0
+    replays_by_size: Counter[int] = field(default_factory=Counter)
+    fallback_reasons: Counter[str] = field(default_factory=Counter)
+
+
+class GraphRunner:
+    """Runs a step function through the backend's capture strategy when the batch allows it.
+
+    ``capture_sizes`` (see :func:`~paged_core.graph.sizes.capture_sizes`) are
+    the padded token counts that get a graph; buffers are allocated once at
+    the largest. ``inputs`` describe the per-token tensors the step takes as
+    keyword arguments besides the metadata. ``strategy`` overrides
+    ``backend.graph_strategy()``. Nothing is captured until
+    :meth:`capture_all`; until then (and always for ``GraphSupport.NEVER``)
+    :meth:`run` is eager.
+    """
+
+    def __init__(
+        self,
+        backend: AttentionBackend,
+        step: Step,
+        *,
+        block_size: int,
+        max_blocks_per_seq: int,
+        capture_sizes: Sequence[int],
+        device: torch.device | str | None = None,
+        inputs: Sequence[StaticInput] = (),
+        max_model_len: int | None = None,
+        strategy: GraphCaptureStrategy | None = None,
+        warmup_iters: int = 2,
+    ) -> None:
+        if block_size <= 0 or max_blocks_per_seq <= 0:
+            raise ConfigError(
+                f"block_size and max_blocks_per_seq must be positive, got {block_size}, {max_blocks_per_seq}"
+            )
+        sizes = sorted(set(capture_sizes))
+        if not sizes or sizes[0] <= 0:
+            raise ConfigError(f"capture_sizes must be non-empty and positive, got {list(capture_sizes)}")
+        if warmup_iters < 0:
+            raise ConfigError(f"warmup_iters must be >= 0, got {warmup_iters}")
+        self.backend = backend
+        self.step = step
+        self.block_size = block_size
+        self.sizes = sizes
+        self.support = backend.capabilities().graph_support
+        self.max_model_len = max_model_len if max_model_len is not None else block_size * max_blocks_per_seq
+        self.strategy = strategy if strategy is not None else backend.graph_strategy()
+        self.warmup_iters = warmup_iters
+        self.device = torch.device(device) if device is not None else backend.device
+        self.buffers = StaticBatch(sizes[-1], max_blocks_per_seq, inputs, self.device)
+        self.stats = GraphStats()
+        self._static_metadata: dict[int, AttentionMetadata] = {}
+
+    def capture_all(self) -> None:
+        """Warm up and capture every size, largest first (so smaller graphs can reuse its pool memory)."""
+        if self.support is GraphSupport.NEVER:
+            return
+        for n in reversed(self.sizes):
+            if self.strategy.has(n):
+                continue
+            fn, metadata = self._step_fn(n)
+            args = self.buffers.args(n)
+            self.buffers.fill_padding(n)  # all slots -1: warm-up and capture write nothing to the KV cache
+            self.backend.prepare(metadata)
+            for _ in range(self.warmup_iters):
+                fn(*args)
+            self.strategy.capture(n, fn, args)
+            self._static_metadata[n] = metadata
+
+    def run(self, metadata: AttentionMetadata, **inputs: torch.Tensor) -> torch.Tensor:
+        """One step: replay the graph of the padded size if admitted, else call the step eagerly.
+
+        Returns the step's output for the real tokens only (``[:num_actual_tokens]``).
+        A replayed output may be a view of a static buffer that the next
+        replay overwrites: consume or clone it first.
+        """
+        n, reason = self._admit(metadata)
+        tokens = metadata.num_actual_tokens
+        if n is None:
+            self.stats.eager_fallbacks += 1
+            self.stats.fallback_reasons[reason] += 1
+            self.backend.prepare(metadata)
+            return self.step(metadata, **inputs)[:tokens]
+        self.buffers.fill(n, metadata, inputs)
+        self.backend.prepare(self._static_metadata[n])
+        out = self.strategy.replay(n)
+        self.stats.replays += 1
+        self.stats.replays_by_size[n] += 1
+        return out[:tokens]
+
+    def reset(self) -> None:
+        """Drop every captured graph; :meth:`run` is eager until :meth:`capture_all` again."""
+        self.strategy.reset()
+        self._static_metadata.clear()
+
+    def _admit(self, metadata: AttentionMetadata) -> tuple[int | None, str]:
+        """The padded size to replay, or ``None`` and why the batch runs eagerly."""
+        if self.support is GraphSupport.NEVER:
+            return None, "backend graph_support is never"
+        tokens = metadata.num_actual_tokens
+        if tokens <= 0:
+            return None, "empty batch"
+        if self.support is GraphSupport.UNIFORM_DECODE and not (
+            metadata.num_prefills == 0 and metadata.num_decodes == tokens
+        ):
+            return None, "not a uniform decode batch"
+        n = padded_size(tokens, self.sizes)
+        if n is None:
+            return None, "more tokens than the largest capture size"
+        if metadata.block_table.shape[1] > self.buffers.max_blocks_per_seq:
+            return None, "block table wider than max_blocks_per_seq"
+        if metadata.max_seq_len > self.max_model_len:
+            return None, "max_seq_len above max_model_len"
+        if not self.strategy.has(n) or n not in self._static_metadata:
+            return None, "size not captured"
+        return n, ""
+
+    def _frozen_ints(self, n: int) -> dict[str, int]:
+        """The host ints a size-``n`` graph sees, as the module docstring promises."""
+        uniform = self.support is GraphSupport.UNIFORM_DECODE
+        return {
+            "block_size": self.block_size,
+            "num_decodes": n if uniform else 0,
+            "num_decode_tokens": n if uniform else 0,
+            "num_prefills": 0 if uniform else n,
+            "num_actual_tokens": n,
+            "max_query_len": 1 if uniform else n,
+            "max_seq_len": self.max_model_len,
+        }
+
+    def _step_fn(self, n: int) -> tuple[StepFn, AttentionMetadata]:
+        """Adapt ``step(metadata, **inputs)`` to the strategy's ``fn(*args)`` form; also the static metadata.
+
+        The closure holds only plain locals (no ``self``) so a compiler has
+        nothing mutable to guard on.
+        """
+        names = [i.name for i in self.buffers.inputs]
+        frozen = self._frozen_ints(n)
+        step = self.step
+
+        def fn(*args: torch.Tensor) -> torch.Tensor:
+            metadata = AttentionMetadata(args[0], args[1], args[2], args[3], **frozen)
+            return step(metadata, **dict(zip(names, args[NUM_METADATA_ARGS:], strict=True)))
+
+        args = self.buffers.args(n)
+        return fn, AttentionMetadata(args[0], args[1], args[2], args[3], **frozen)

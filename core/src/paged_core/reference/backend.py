@@ -1,0 +1,127 @@
+"""The reference backend: pure torch, slow, obviously correct; the conformance suite's oracle."""
+
+from __future__ import annotations
+
+import torch
+
+from paged_core.contract.backend import AttentionBackend, Availability
+from paged_core.contract.capabilities import AttentionSpec, BackendCapabilities, GraphSupport
+from paged_core.contract.metadata import AttentionMetadata
+from paged_core.errors import PagedError
+from paged_core.reference.dense import dense_causal_attention
+
+_DTYPES = frozenset({torch.float32, torch.bfloat16, torch.float16})
+
+
+class ReferenceBackend(AttentionBackend):
+    """Row-by-row paged attention: gather each row's KV into a dense tensor, then attend densely.
+
+    Runs on whatever torch device it is constructed with. It loops in Python
+    and reads metadata on the host, so it can never be captured in a graph.
+    """
+
+    name = "reference"
+    priority = 0
+
+    @classmethod
+    def availability(cls) -> Availability:
+        """Always available (default device: CPU)."""
+        return Availability(available=True, device="cpu")
+
+    @classmethod
+    def capabilities(cls) -> BackendCapabilities:
+        """Everything the contract can express, except graph capture."""
+        return BackendCapabilities(
+            dtypes=_DTYPES,
+            kv_cache_dtypes=_DTYPES,
+            block_sizes=(16, 1, 2, 4, 8, 32, 64, 128, 256),
+            head_sizes=None,
+            gqa_ratios=None,
+            sliding_window=True,
+            logits_soft_cap=True,
+            graph_support=GraphSupport.NEVER,
+        )
+
+    def write_kv(
+        self, key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor, metadata: AttentionMetadata
+    ) -> None:
+        """Store each token's key/value at its slot; slots of -1 (padding) are skipped."""
+        _check_cache(kv_cache, metadata.block_size)
+        num_slots = kv_cache.shape[1] * kv_cache.shape[2]
+        kv_heads, head_size = kv_cache.shape[3], kv_cache.shape[4]
+        slots = metadata.slot_mapping
+        expected = (slots.shape[0], kv_heads, head_size)
+        if tuple(key.shape) != expected or tuple(value.shape) != expected:
+            raise PagedError(
+                f"key {tuple(key.shape)} and value {tuple(value.shape)} must be {list(expected)} "
+                "(one row per slot_mapping entry)"
+            )
+        valid = slots >= 0
+        targets = slots[valid]
+        if targets.numel() and int(targets.max()) >= num_slots:
+            raise PagedError(f"slot_mapping holds slot {int(targets.max())} but the cache has only {num_slots} slots")
+        flat = kv_cache.view(2, num_slots, kv_heads, head_size)
+        flat[0, targets] = key[valid].to(kv_cache.dtype)
+        flat[1, targets] = value[valid].to(kv_cache.dtype)
+
+    def attention(
+        self, query: torch.Tensor, kv_cache: torch.Tensor, metadata: AttentionMetadata, spec: AttentionSpec
+    ) -> torch.Tensor:
+        """For each row: gather its cached keys/values (positions ``0..seq_len-1``) and attend densely."""
+        _check_cache(kv_cache, metadata.block_size)
+        if tuple(kv_cache.shape[3:]) != (spec.num_kv_heads, spec.head_size):
+            raise PagedError(
+                f"kv_cache heads/head_size {tuple(kv_cache.shape[3:])} do not match the spec "
+                f"({spec.num_kv_heads}, {spec.head_size})"
+            )
+        block_size = metadata.block_size
+        out = torch.zeros_like(query)
+        qsl = metadata.query_start_loc.tolist()
+        seq_lens = metadata.seq_lens.tolist()
+        tables = metadata.block_table.tolist()
+        if len(qsl) != len(seq_lens) + 1 or len(tables) != len(seq_lens):
+            raise PagedError(
+                f"inconsistent metadata: {len(qsl)} query_start_loc entries, {len(seq_lens)} seq_lens, "
+                f"{len(tables)} block-table rows"
+            )
+        if qsl[-1] > query.shape[0]:
+            raise PagedError(f"query_start_loc ends at {qsl[-1]} but query has {query.shape[0]} tokens")
+        for b, seq_len in enumerate(seq_lens):
+            start, end = qsl[b], qsl[b + 1]
+            q_len = end - start
+            if q_len <= 0 or seq_len < q_len:
+                raise PagedError(f"row {b}: need 0 < query_len <= seq_len, got {q_len} and {seq_len}")
+            num_blocks = -(-seq_len // block_size)
+            if num_blocks > len(tables[b]):
+                raise PagedError(f"row {b}: seq_len {seq_len} needs {num_blocks} blocks, table has {len(tables[b])}")
+            blocks = torch.tensor(tables[b][:num_blocks], dtype=torch.int64, device=kv_cache.device)
+            keys = kv_cache[0, blocks].reshape(-1, spec.num_kv_heads, spec.head_size)[:seq_len]
+            values = kv_cache[1, blocks].reshape(-1, spec.num_kv_heads, spec.head_size)[:seq_len]
+            context = seq_len - q_len
+            q_pos = torch.arange(context, seq_len, device=query.device)
+            k_pos = torch.arange(seq_len, device=query.device)
+            out[start:end] = dense_causal_attention(query[start:end], keys, values, spec, q_pos, k_pos)
+        return out
+
+    def copy_blocks(self, kv_caches: list[torch.Tensor], src_to_dst: torch.Tensor) -> None:
+        """Copy keys and values of each (source, destination) block pair, in order, in every layer."""
+        if src_to_dst.dim() != 2 or src_to_dst.shape[1] != 2:
+            raise PagedError(f"src_to_dst must be [N, 2], got shape {tuple(src_to_dst.shape)}")
+        pairs = src_to_dst.tolist()
+        for layer, cache in enumerate(kv_caches):
+            if cache.dim() != 5 or cache.shape[0] != 2:
+                raise PagedError(f"layer {layer}: kv_cache must be [2, blocks, block_size, heads, dim]")
+            for src, dst in pairs:
+                if not (0 <= src < cache.shape[1] and 0 <= dst < cache.shape[1]):
+                    raise PagedError(f"block pair ({src}, {dst}) out of range for {cache.shape[1]} blocks")
+                cache[:, dst] = cache[:, src]
+
+
+def _check_cache(kv_cache: torch.Tensor, block_size: int) -> None:
+    """Refuse a cache that is not in the default layout for this block size."""
+    if kv_cache.dim() != 5 or kv_cache.shape[0] != 2:
+        raise PagedError(f"kv_cache must be [2, num_blocks, block_size, heads, head_size], got {tuple(kv_cache.shape)}")
+    if kv_cache.shape[2] != block_size:
+        raise PagedError(f"kv_cache block size {kv_cache.shape[2]} != metadata.block_size {block_size}")
+    if not kv_cache.is_contiguous():
+        raise PagedError("kv_cache must be contiguous")
