@@ -7,6 +7,7 @@ names below follow the plugin API compatibility promise in
 
 from __future__ import annotations
 
+from paged_core.config import CacheConfig, SchedulerConfig
 from paged_core.contract.backend import AttentionBackend, Availability
 from paged_core.contract.capabilities import AttentionSpec, BackendCapabilities, GraphSupport
 from paged_core.contract.graph_strategy import EagerStrategy, GraphCaptureStrategy, StepFn
@@ -28,9 +29,16 @@ from paged_core.graph import (
     StaticInput,
     capture_sizes,
 )
+from paged_core.memory.block import KVBlock
+from paged_core.memory.block_pool import BlockPool
+from paged_core.memory.kv_cache_manager import KVCacheManager
+from paged_core.memory.stats import PrefixCacheStats
 from paged_core.reference.backend import ReferenceBackend
 from paged_core.reference.dense import dense_causal_attention
 from paged_core.registry import BackendRecord, BackendRegistry, BackendStatus, hookimpl, load_registry
+from paged_core.sched.output import CachedRequestData, NewRequestData, RequestUpdate, SchedulerOutput
+from paged_core.sched.request import Request, RequestStatus
+from paged_core.sched.scheduler import Scheduler
 
 __all__ = [
     "PLUGIN_API_VERSION",
@@ -45,6 +53,9 @@ __all__ = [
     "BackendRegistry",
     "BackendStatus",
     "BackendUnavailableError",
+    "BlockPool",
+    "CacheConfig",
+    "CachedRequestData",
     "CompiledStrategy",
     "ConfigError",
     "DeviceGraphStrategy",
@@ -53,9 +64,19 @@ __all__ = [
     "GraphRunner",
     "GraphStats",
     "GraphSupport",
+    "KVBlock",
+    "KVCacheManager",
+    "NewRequestData",
     "PagedError",
+    "PrefixCacheStats",
     "ReferenceBackend",
+    "Request",
     "RequestRejectedError",
+    "RequestStatus",
+    "RequestUpdate",
+    "Scheduler",
+    "SchedulerConfig",
+    "SchedulerOutput",
     "StaticInput",
     "StepFn",
     "UnsupportedConfigError",
