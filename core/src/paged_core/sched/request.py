@@ -140,6 +140,23 @@ class Request:
         """Scheduling order under the priority policy: lower value first, then earlier arrival."""
         return (self.priority, self.arrival_time, self._arrival_seq)
 
+    def clone(self, request_id: str) -> Request:
+        """A new request with this one's prompt, stop rules, priority, arrival and cache keys (no progress)."""
+        return Request(
+            request_id,
+            self.prompt_token_ids,
+            max_tokens=self.max_tokens,
+            min_tokens=self.min_tokens,
+            stop_token_ids=self.stop_token_ids,
+            eos_token_id=self.eos_token_id,
+            ignore_eos=self.ignore_eos,
+            priority=self.priority,
+            arrival_time=self.arrival_time,
+            cache_salt=self.cache_salt,
+            lora_id=self.lora_id,
+            extra_keys=self.extra_keys,
+        )
+
     def check_stop(self, token_id: int, max_len: int) -> RequestStatus | None:
         """Stop rule for a just-appended ``token_id``: returns the finish status, or None to go on."""
         n_out = len(self.all_token_ids) - self.num_prompt_tokens

@@ -8,6 +8,7 @@ from paged_core.config import CacheConfig, SchedulerConfig
 from paged_core.errors import RequestRejectedError
 from paged_core.memory.block import KVBlock
 from paged_core.memory.kv_cache_manager import ExtraKeyProvider, KVCacheManager
+from paged_core.sched.admission import check_admissible
 from paged_core.sched.output import CachedRequestData, NewRequestData, RequestUpdate, SchedulerOutput
 from paged_core.sched.queue import FcfsQueue, PriorityQueue
 from paged_core.sched.request import Request, RequestStatus
@@ -50,24 +51,7 @@ class Scheduler:
     # ---- admission ----------------------------------------------------
     def add_request(self, req: Request) -> None:
         """Queue a request, or raise :class:`RequestRejectedError` if it can never run."""
-        n = req.num_prompt_tokens
-        if req.request_id in self.requests:
-            raise RequestRejectedError(f"request id {req.request_id!r} is already in use")
-        if n > self.config.max_model_len:
-            raise RequestRejectedError(
-                f"request {req.request_id!r}: prompt has {n} tokens, more than max_model_len={self.config.max_model_len}"
-            )
-        usable = self.kv.pool.num_usable_blocks
-        if self.kv.blocks_needed(n) > usable:
-            raise RequestRejectedError(
-                f"request {req.request_id!r}: prompt of {n} tokens needs {self.kv.blocks_needed(n)} blocks of "
-                f"{self.block_size} tokens, but the whole KV cache holds {usable} blocks"
-            )
-        if not self.config.enable_chunked_prefill and n > self.config.max_num_batched_tokens:
-            raise RequestRejectedError(
-                f"request {req.request_id!r}: prompt of {n} tokens exceeds max_num_batched_tokens="
-                f"{self.config.max_num_batched_tokens} and chunked prefill is off"
-            )
+        check_admissible(req, self.config, self.kv, self.requests)
         req.status = RequestStatus.WAITING
         self.requests[req.request_id] = req
         self.waiting.add(req)
@@ -83,20 +67,7 @@ class Scheduler:
             raise ValueError(f"can only fork a running request; {parent_id!r} is not running")
         if child_id in self.requests:
             raise RequestRejectedError(f"request id {child_id!r} is already in use")
-        child = Request(
-            child_id,
-            parent.prompt_token_ids,
-            max_tokens=parent.max_tokens,
-            min_tokens=parent.min_tokens,
-            stop_token_ids=parent.stop_token_ids,
-            eos_token_id=parent.eos_token_id,
-            ignore_eos=parent.ignore_eos,
-            priority=parent.priority,
-            arrival_time=parent.arrival_time,
-            cache_salt=parent.cache_salt,
-            lora_id=parent.lora_id,
-            extra_keys=parent.extra_keys,
-        )
+        child = parent.clone(child_id)
         child.all_token_ids = list(parent.all_token_ids)
         child.num_computed_tokens = parent.num_computed_tokens
         child.num_cached_tokens = parent.num_cached_tokens
@@ -223,7 +194,8 @@ class Scheduler:
             if rid in new_ids or rid in unannounced:
                 unannounced.discard(rid)
                 replaced.pop(rid, None)  # a new row's block_ids are already final
-                new_reqs.append(NewRequestData(rid, list(req.all_token_ids), kv.block_ids(req), req.num_computed_tokens))
+                block_ids = kv.block_ids(req)
+                new_reqs.append(NewRequestData(rid, list(req.all_token_ids), block_ids, req.num_computed_tokens))
             else:
                 cached.req_ids.append(rid)
                 nb = new_blocks_of[rid]
