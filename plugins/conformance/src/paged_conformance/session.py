@@ -1,0 +1,170 @@
+"""The active side of the pytest plugin: registered only when ``--paged-backend`` is given."""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+
+import pytest
+import torch
+from paged_core.api import AttentionBackend, AttentionSpec, BackendCapabilities
+
+from paged_conformance import grid as grids
+from paged_conformance.batch import Batch
+from paged_conformance.expectations import Expectation
+from paged_conformance.harness import expected
+from paged_conformance.loading import BackendInfo
+from paged_conformance.report import build_report, write_report
+from paged_conformance.results import TestResult, absorb, declared_rows, fold, render_table
+
+CASES_MARK = "paged_cases"
+CAPABILITY_MARK = "paged_capability"
+
+
+class StaleExpectationWarning(UserWarning):
+    """An expectations entry matched nothing, or an expected failure passed."""
+
+
+@dataclass
+class Conformance:
+    """What the suite's checks receive through the ``conformance`` fixture."""
+
+    info: BackendInfo
+    device: torch.device
+    grid: str
+    oracle: str
+
+    @property
+    def caps(self) -> BackendCapabilities:
+        return self.info.cls.capabilities()
+
+    def backend(self) -> AttentionBackend:
+        """A fresh backend instance on the device under test."""
+        return self.info.cls(self.device)
+
+    def expected(self, batch: Batch, spec: AttentionSpec | None = None) -> torch.Tensor:
+        """The oracle's output for ``batch``."""
+        return expected(self.oracle, batch, self.device, spec)
+
+
+def _params(family: str, conf: Conformance) -> tuple[str, list[object], list[str]]:
+    caps = conf.caps
+    if family == "attention":
+        cases = grids.attention_cases(caps, conf.grid)
+        return "case", list(cases), [c.id for c in cases]
+    if family == "features":
+        cases = grids.feature_cases(caps, conf.grid)
+        return "case", list(cases), [c.id for c in cases]
+    if family == "block_sizes":
+        return "block_size", list(caps.block_sizes), [f"b{b}" for b in caps.block_sizes]
+    if family == "graph_sizes":
+        sizes = grids.graph_batch_sizes(conf.grid)
+        return "batch_size", list(sizes), [f"rows{s}" for s in sizes]
+    raise ValueError(f"unknown {CASES_MARK} family {family!r}")
+
+
+def item_capabilities(item: pytest.Item) -> list[str]:
+    """The report rows an item counts towards: its marker's names, else its case's axes; plus its block size."""
+    caps: list[str] = []
+    for mark in item.iter_markers(CAPABILITY_MARK):
+        caps.extend(str(a) for a in mark.args)
+    params = getattr(getattr(item, "callspec", None), "params", {})
+    case = params.get("case")
+    if isinstance(case, grids.Case) and not caps:
+        # Grid axes count only for plain attention checks; a feature check counts under its feature.
+        caps.extend(case.capabilities())
+    if "block_size" in params:
+        caps.append(f"block_size:{params['block_size']}")
+    return list(dict.fromkeys(caps))
+
+
+class ConformanceSession:
+    """Parametrizes the suite, applies expectations, collects outcomes, writes the reports."""
+
+    def __init__(self, conf: Conformance, expectations: list[Expectation], strict: bool, json_path: str | None):
+        self.conf = conf
+        self.expectations = expectations
+        self.strict = strict
+        self.json_path = json_path
+        self.results: dict[str, TestResult] = {}
+        self.report: dict[str, object] | None = None
+
+    def pytest_generate_tests(self, metafunc: pytest.Metafunc) -> None:
+        mark = metafunc.definition.get_closest_marker(CASES_MARK)
+        if mark is None:
+            return
+        name, values, ids = _params(str(mark.args[0]), self.conf)
+        metafunc.parametrize(name, values, ids=ids)
+
+    def pytest_collection_finish(self, session: pytest.Session) -> None:
+        # After deselection (-k, -m): only tests that will run are matched and reported.
+        for item in session.items:
+            caps = item_capabilities(item)
+            self.results[item.nodeid] = TestResult(item.nodeid, caps)
+            for exp in self.expectations:
+                if not exp.matches(item.nodeid, caps):
+                    continue
+                exp.matched.append(item.nodeid)
+                reason = f"expected: {exp.reason}"
+                xfail = exp.status == "xfail"
+                item.add_marker(pytest.mark.xfail(reason=reason, strict=False) if xfail else pytest.mark.skip(reason))
+                break  # the first matching entry wins
+        for exp in self.expectations:
+            if not exp.matched:
+                stale = StaleExpectationWarning(f"stale expectation {exp.label()}: matches no test")
+                warnings.warn(stale, stacklevel=1)
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        result = self.results.setdefault(report.nodeid, TestResult(report.nodeid, []))
+        absorb(result, report)
+        if result.outcome == "xpassed" and report.when == "call":
+            for exp in self.expectations:
+                if report.nodeid in exp.matched and report.nodeid not in exp.passed:
+                    exp.passed.append(report.nodeid)
+
+    def stale(self) -> list[str]:
+        """Every stale expectation, described."""
+        return [f"{e.label()}: {e.stale_reason()}" for e in self.expectations if e.stale_reason()]
+
+    def context(self) -> dict[str, object]:
+        """Backend, grid and oracle sections of the report."""
+        info, conf = self.info_dict(), self.conf
+        grid = {"name": conf.grid, "graph_capture_sizes": list(grids.graph_capture_sizes(conf.grid)),
+                "graph_batch_sizes": list(grids.graph_batch_sizes(conf.grid)), "head_sizes": list(grids.HEAD_SIZES),
+                "gqa_ratios": list(grids.GQA_RATIOS), "kinds": list(grids.KINDS), "lengths": list(grids.LENGTHS),
+                "num_kv_heads": grids.NUM_KV_HEADS}
+        return {"backend": info, "grid": grid, "oracle": conf.oracle}
+
+    def info_dict(self) -> dict[str, object]:
+        info = self.conf.info
+        return {"name": info.name, "class": f"{info.cls.__module__}:{info.cls.__qualname__}",
+                "distribution": info.distribution, "version": info.version, "device": str(self.conf.device),
+                "api_version": info.cls.api_version, "capabilities": self.conf.caps.to_dict()}
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
+        stale = self.stale()
+        for line in stale:
+            if "matches no test" not in line:
+                warnings.warn(StaleExpectationWarning(f"stale expectation {line}"), stacklevel=1)
+        if stale and self.strict and session.exitstatus == pytest.ExitCode.OK:
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
+        rows = fold(declared_rows(self.conf.caps), list(self.results.values()))
+        self.rows = rows
+        self.report = build_report(self.context(), rows, list(self.results.values()), self.expectations,
+                                   int(session.exitstatus))
+        if self.json_path:
+            write_report(self.json_path, self.report)
+
+    def pytest_terminal_summary(self, terminalreporter: pytest.TerminalReporter) -> None:
+        tr = terminalreporter
+        info = self.conf.info
+        tr.write_sep("=", f"paged-conformance: {info.name} on {self.conf.device} (grid {self.conf.grid}, "
+                          f"oracle {self.conf.oracle})")
+        for line in render_table(getattr(self, "rows", {})):
+            tr.write_line(line)
+        for line in self.stale():
+            tr.write_line(f"STALE expectation {line}" + (" (error under --strict)" if self.strict else ""),
+                          yellow=True)
+        if self.json_path:
+            tr.write_line(f"JSON report: {self.json_path}")

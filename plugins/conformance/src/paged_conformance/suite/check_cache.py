@@ -1,0 +1,117 @@
+"""The KV cache: shape hook, writes (round trip, padding slots) and block copies.
+
+The cache layout is the backend's own, so everything but the shape is
+checked by observation: what attention reads back, and whether two runs leave
+bit-identical caches.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+
+import pytest
+import torch
+from paged_core.api import build_attention_metadata
+
+from paged_conformance.batch import SPARE_BLOCKS, make_batch
+from paged_conformance.grid import NUM_KV_HEADS, Case, base_config, declared_dtypes
+from paged_conformance.harness import assert_close, run_batch
+from paged_conformance.session import Conformance
+
+
+def _case(conformance: Conformance, block_size: int, kind: str = "mixed", length: str = "block+1") -> Case:
+    base = base_config(conformance.caps)
+    if base is None:
+        pytest.skip("N/A: no head size or GQA ratio the suite knows is declared")
+    head, gqa = base
+    return Case(declared_dtypes(conformance.caps)[0], head, block_size, gqa, kind, length)
+
+
+@pytest.mark.paged_capability("kv_cache_shape")
+@pytest.mark.paged_cases("block_sizes")
+def test_kv_cache_shape(conformance: Conformance, block_size: int) -> None:
+    """``allocate_kv_cache`` returns exactly ``kv_cache_shape``, in the asked dtype, on the backend's device."""
+    case = _case(conformance, block_size)
+    backend = conformance.backend()
+    spec = make_batch(case).spec
+    for num_blocks in (1, 7):
+        want = tuple(backend.kv_cache_shape(num_blocks, block_size, NUM_KV_HEADS, case.head_size))
+        cache = backend.allocate_kv_cache(num_blocks, block_size, spec, case.dtype)
+        assert tuple(cache.shape) == want, f"allocate_kv_cache shape {tuple(cache.shape)} != kv_cache_shape {want}"
+        assert cache.dtype == case.dtype, f"allocate_kv_cache dtype {cache.dtype} != {case.dtype}"
+        assert cache.device.type == backend.device.type, f"cache on {cache.device}, backend on {backend.device}"
+    assert backend.kv_cache_shape(1, block_size, NUM_KV_HEADS, case.head_size) != want, "shape ignores num_blocks"
+
+
+@pytest.mark.paged_capability("padding")
+@pytest.mark.paged_cases("block_sizes")
+def test_padding_slots_never_written(conformance: Conformance, block_size: int) -> None:
+    """Trailing tokens with slot -1 leave the cache bit-identical and do not change real rows' outputs."""
+    batch = make_batch(_case(conformance, block_size))
+    backend = conformance.backend()
+    noise = torch.randn(backend.kv_cache_shape(batch.num_blocks, block_size, NUM_KV_HEADS, batch.spec.head_size))
+    plain, padded = (run_batch(backend, batch, pad=pad, fill=noise) for pad in (0, 5))
+    differ = int((plain.kv_cache != padded.kv_cache).sum())
+    assert differ == 0, f"padding slots (-1) were written: {differ} KV-cache elements differ from the unpadded run"
+    assert_close(padded.output, conformance.expected(batch), batch, "output with 5 padding tokens")
+
+
+def _write_in_chunks(conformance: Conformance, block_size: int) -> None:
+    """Store one row's context in uneven chunks (1 token, a block, the rest), then decode over it."""
+    n = 2 * block_size + 3
+    case = _case(conformance, block_size, "decode", "long")
+    batch = make_batch(case, rows=[(1, n)])
+    backend = conformance.backend()
+    cache = backend.allocate_kv_cache(batch.num_blocks, block_size, batch.spec, case.dtype)
+    bounds = [0, 1, 1 + block_size, n - 1]
+    for lo, hi in itertools.pairwise(bounds):
+        md = build_attention_metadata([hi - lo], [hi], batch.block_tables, block_size, backend.device)
+        k, v = batch.keys[0][lo:hi].to(backend.device), batch.values[0][lo:hi].to(backend.device)
+        backend.prepare(md)
+        backend.write_kv(k, v, cache, md)
+    md = batch.metadata(backend.device)
+    q, k, v = batch.step_tensors(backend.device)
+    backend.prepare(md)
+    out = backend.forward(q, k, v, cache, md, batch.spec)
+    assert_close(out[: md.num_actual_tokens], conformance.expected(batch), batch, "decode over chunk-written KV")
+
+
+@pytest.mark.paged_capability("write_kv")
+@pytest.mark.paged_cases("block_sizes")
+def test_write_kv_round_trip(conformance: Conformance, block_size: int) -> None:
+    """Keys and values written over several steps read back through attention exactly as the oracle sees them."""
+    _write_in_chunks(conformance, block_size)
+
+
+@pytest.mark.paged_capability("copy_blocks")
+@pytest.mark.paged_cases("block_sizes")
+def test_copy_blocks(conformance: Conformance, block_size: int) -> None:
+    """After ``copy_blocks`` in two layers, attention over the copies and over the sources both match the oracle."""
+    n = 2 * block_size + 1  # three blocks, the last one partly filled
+    case = _case(conformance, block_size, "decode", "long")
+    layers = [make_batch(case, rows=[(1, n)]), make_batch(dataclasses.replace(case, kind="prefill"), rows=[(1, n)])]
+    layers[1] = dataclasses.replace(layers[1], block_tables=layers[0].block_tables)
+    src = layers[0].block_tables[0]
+    used = set(src)
+    spare = [b for b in range(1, layers[0].num_blocks) if b not in used][:SPARE_BLOCKS]
+    assert len(spare) == len(src), "internal: the batch has too few spare blocks"
+    backend = conformance.backend()
+    caches = []
+    for batch in layers:
+        cache = backend.allocate_kv_cache(batch.num_blocks, block_size, batch.spec, case.dtype)
+        md = build_attention_metadata([n], [n], batch.block_tables, block_size, backend.device)
+        backend.prepare(md)
+        backend.write_kv(batch.keys[0].to(backend.device), batch.values[0].to(backend.device), cache, md)
+        caches.append(cache)
+    pairs = torch.tensor(list(zip(src, spare, strict=True)), dtype=torch.int64, device=backend.device)
+    backend.copy_blocks(caches, pairs)
+    for layer, (batch, cache) in enumerate(zip(layers, caches, strict=True)):
+        for label, table in (("copied", spare), ("source", src)):
+            moved = dataclasses.replace(batch, block_tables=[table])
+            md = moved.metadata(backend.device)
+            q = torch.cat(moved.queries).to(backend.device)
+            backend.prepare(md)
+            out = backend.attention(q, cache, md, moved.spec)
+            assert_close(out[: md.num_actual_tokens], conformance.expected(moved), moved,
+                         f"layer {layer}, attention over the {label} blocks")

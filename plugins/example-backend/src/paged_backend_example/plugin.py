@@ -1,0 +1,13 @@
+"""The entry point ``paged_core.backends: example`` loads this module; the hook lists the backend."""
+
+from __future__ import annotations
+
+from paged_core.api import AttentionBackend, hookimpl
+
+from paged_backend_example.backend import ExampleBackend
+
+
+@hookimpl
+def paged_register_backends() -> list[type[AttentionBackend]]:
+    """The backends this distribution provides."""
+    return [ExampleBackend]
