@@ -6,10 +6,11 @@ import sys
 import types
 from collections.abc import Callable
 
-import paged_core.cli.backends as backends_cli
-import paged_core.registry.registry as registry_module
 import pytest
 import torch
+
+import paged_core.cli.backends as backends_cli
+import paged_core.registry.registry as registry_module
 from paged_core.api import AttentionBackend, Availability, BackendCapabilities, BackendRegistry, hookimpl
 from paged_core.registry import PluginSource
 

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-import paged_core.cli.backends as backends_cli
 import torch
+
+import paged_core.cli.backends as backends_cli
 from paged_core.api import BackendCapabilities, BackendRegistry, GraphSupport
 from paged_core.cli.backends import capabilities_summary
 from paged_core.cli.main import main

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import sys
 
-import paged_core.cli as cli_package
 import pytest
+
+import paged_core.cli as cli_package
 from paged_core.cli.main import build_parser, main, subcommand_modules
 
 

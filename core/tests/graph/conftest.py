@@ -7,6 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+
 from paged_core.api import (
     AttentionBackend,
     AttentionMetadata,

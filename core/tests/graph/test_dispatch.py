@@ -6,6 +6,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+
 from paged_core.api import AttentionMetadata, ConfigError, EagerStrategy, build_attention_metadata
 from paged_core.graph import GraphRunner, StaticInput
 

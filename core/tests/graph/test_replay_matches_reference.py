@@ -8,6 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+
 from paged_core.api import AttentionMetadata, EagerStrategy, GraphCaptureStrategy
 from paged_core.graph import CompiledStrategy, GraphRunner, StaticInput
 from paged_core.reference import ReferenceBackend

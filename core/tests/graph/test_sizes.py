@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from paged_core.api import ConfigError
 from paged_core.graph import capture_sizes, padded_size
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+
 from paged_core.api import ConfigError, build_attention_metadata
 from paged_core.graph import StaticBatch, StaticInput
 

@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 import torch
+
 from paged_core.api import ConfigError, UnsupportedConfigError
 from paged_core.graph import CompiledStrategy, DeviceGraphStrategy, device_strategy
 

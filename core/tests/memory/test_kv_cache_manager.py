@@ -34,7 +34,7 @@ def test_second_request_with_same_prefix_hits_those_blocks() -> None:
     kv = KVCacheManager(CacheConfig(num_blocks=16, block_size=8))
     a = Request("a", list(range(31)))
     admit_and_compute(kv, a)
-    b = Request("b", list(range(24)) + [900, 901, 902])
+    b = Request("b", [*range(24), 900, 901, 902])
     hits, n = kv.get_computed_blocks(b)
     assert hits == kv.req_to_blocks["a"][:3] and n == 24
     kv.allocate_slots(b, b.num_tokens - n, hits)

@@ -8,6 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+
 from paged_core.api import AttentionSpec
 
 

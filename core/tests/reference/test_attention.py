@@ -6,6 +6,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+
 from paged_core.api import AttentionSpec, build_attention_metadata
 from paged_core.reference import ReferenceBackend
 

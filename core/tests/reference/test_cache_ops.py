@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+
 from paged_core.api import AttentionSpec, PagedError, build_attention_metadata
 from paged_core.reference import ReferenceBackend
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+
 from paged_core.api import AttentionSpec, GraphSupport, UnsupportedConfigError
 from paged_core.reference import ReferenceBackend
 

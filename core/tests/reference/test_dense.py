@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+
 from paged_core.api import AttentionSpec, PagedError
 from paged_core.reference import dense_causal_attention, visibility_mask
 

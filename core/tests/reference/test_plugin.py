@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pluggy
+
 from paged_core.reference import ReferenceBackend, plugin
 from paged_core.registry import hookspecs
 

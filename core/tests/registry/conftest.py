@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 import torch
+
 from paged_core.api import AttentionBackend, Availability, BackendCapabilities, hookimpl
 from paged_core.contract.version import PLUGIN_API_VERSION
 from paged_core.registry import ENTRY_POINT_GROUP, BackendRegistry

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-import paged_core.registry.registry as registry_module
 import pytest
+
+import paged_core.registry.registry as registry_module
 from paged_core.api import hookimpl, load_registry
 from paged_core.registry import BackendStatus
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 
 import pytest
+
 from paged_core.api import hookimpl
 from paged_core.registry import BackendStatus
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from paged_core.api import BackendNotFoundError, BackendUnavailableError
 from paged_core.registry import BackendRecord, BackendRegistry, BackendStatus
 

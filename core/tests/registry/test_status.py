@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+
 from paged_core.api import AttentionBackend, hookimpl
 from paged_core.contract.version import PLUGIN_API_VERSION
 from paged_core.registry import BackendStatus

@@ -86,7 +86,7 @@ def test_stop_rules() -> None:
     s.add_request(req("ign", 3, start=50, eos_token_id=5, ignore_eos=True, max_tokens=2))
     s.add_request(req("stop", 3, start=90, stop_token_ids=[5], max_tokens=10))
     s.add_request(req("min", 3, start=130, eos_token_id=5, min_tokens=2, max_tokens=10))
-    out = step(s, token=5)
+    step(s, token=5)
     assert set(s.requests) == {"ign", "min"}
     reqs = {"min": s.requests["min"], "ign": s.requests["ign"]}
     step(s, token=5)

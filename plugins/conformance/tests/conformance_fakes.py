@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Hashable
 
 import torch
+
 from paged_core.api import (
     AttentionBackend,
     AttentionMetadata,

@@ -7,8 +7,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import paged_conformance
 import pytest
+
+import paged_conformance
 
 HERE = Path(__file__).resolve().parent
 

@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import torch
+
 from paged_conformance.grid import attention_cases, graph_batch_sizes, graph_capture_sizes, length_value
 from paged_core.api import BackendCapabilities
 

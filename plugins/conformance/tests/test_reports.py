@@ -6,6 +6,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
+
 from paged_conformance import SCHEMA_VERSION, ExpectationsError, parse_expectations
 
 

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import torch
+
 from paged_backend_example import ExampleBackend
 from paged_backend_example.kernels import paged_attention
 from paged_core.api import build_attention_metadata, load_registry

@@ -85,7 +85,7 @@ def build_attention_metadata(
         raise PagedError("query_lens, seq_lens and block_tables must have one entry per row")
     seen_prefill = False
     num_decodes = 0
-    for b, (q, s) in enumerate(zip(query_lens, seq_lens)):
+    for b, (q, s) in enumerate(zip(query_lens, seq_lens, strict=True)):
         if q <= 0 or s < q:
             raise PagedError(f"row {b}: need 0 < query_len <= seq_len, got {q} and {s}")
         if len(block_tables[b]) * block_size < s:

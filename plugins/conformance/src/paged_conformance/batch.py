@@ -13,9 +13,9 @@ import math
 from dataclasses import dataclass
 
 import torch
-from paged_core.api import AttentionMetadata, AttentionSpec, build_attention_metadata
 
 from paged_conformance.grid import NUM_KV_HEADS, Case
+from paged_core.api import AttentionMetadata, AttentionSpec, build_attention_metadata
 
 SPARE_BLOCKS = 3
 """Blocks no row uses, so stray writes land somewhere a later read can notice."""

@@ -5,11 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from paged_core.api import AttentionBackend, AttentionSpec
 
 from paged_conformance.batch import Batch
 from paged_conformance.grid import dtype_name
 from paged_conformance.oracle import dense_attention, reference_backend_cls
+from paged_core.api import AttentionBackend, AttentionSpec
 
 TOLERANCES: dict[torch.dtype, tuple[float, float]] = {
     torch.float32: (2e-4, 2e-4),

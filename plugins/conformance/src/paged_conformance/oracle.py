@@ -9,9 +9,9 @@ attention over each row's contiguous keys, with no paging at all.
 from __future__ import annotations
 
 import torch
-from paged_core.api import AttentionBackend, AttentionSpec
 
 from paged_conformance.batch import Batch
+from paged_core.api import AttentionBackend, AttentionSpec
 
 
 def dense_attention(batch: Batch, spec: AttentionSpec | None = None) -> torch.Tensor:

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 if TYPE_CHECKING:  # the suite's modules import torch: only load them when the suite is active
-    from paged_conformance.session import Conformance
+    from paged_conformance.session import Conformance, ConformanceSession  # noqa: F401 - named in a string annotation
 
 SESSION_KEY = pytest.StashKey["ConformanceSession"]()
 PLUGIN_NAME = "paged-conformance-session"
@@ -75,4 +75,5 @@ def conformance(request: pytest.FixtureRequest) -> Conformance:
     session = request.config.stash.get(SESSION_KEY, None)
     if session is None:
         pytest.fail("the conformance fixture needs --paged-backend (run `paged-conformance run --backend NAME`)")
-    return session.conf
+    conf: Conformance = session.conf
+    return conf

@@ -33,7 +33,7 @@ def build_report(
     """Assemble the report; ``context`` holds the backend, grid and oracle sections."""
     import torch  # imported here so that importing the package (and its pytest plugin) stays light
 
-    summary = {}
+    summary: dict[str, int] = {}
     for r in results:
         summary[r.outcome] = summary.get(r.outcome, 0) + 1
     return {

@@ -5,9 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import pytest
-from paged_core.api import BackendCapabilities, GraphSupport
 
 from paged_conformance.grid import dtype_name, iter_universe
+from paged_core.api import BackendCapabilities, GraphSupport
 
 OUTCOMES = ("passed", "failed", "error", "xfailed", "xpassed", "skipped", "n/a")
 NA_PREFIX = "N/A:"

@@ -7,7 +7,6 @@ from dataclasses import dataclass
 
 import pytest
 import torch
-from paged_core.api import AttentionBackend, AttentionSpec, BackendCapabilities
 
 from paged_conformance import grid as grids
 from paged_conformance.batch import Batch
@@ -16,6 +15,7 @@ from paged_conformance.harness import expected
 from paged_conformance.loading import BackendInfo
 from paged_conformance.report import build_report, write_report
 from paged_conformance.results import TestResult, absorb, declared_rows, fold, render_table
+from paged_core.api import AttentionBackend, AttentionSpec, BackendCapabilities
 
 CASES_MARK = "paged_cases"
 CAPABILITY_MARK = "paged_capability"

@@ -3,24 +3,19 @@
 from __future__ import annotations
 
 import torch
+
+from paged_backend_example import kernels
 from paged_core.api import (
     AttentionBackend,
     AttentionMetadata,
     AttentionSpec,
     Availability,
     BackendCapabilities,
-    EagerStrategy,
+    CompiledStrategy,
     GraphCaptureStrategy,
     GraphSupport,
     PagedError,
 )
-
-from paged_backend_example import kernels
-
-try:  # a core that exports the compiled strategy lets decode steps be compiled per size
-    from paged_core.api import CompiledStrategy  # type: ignore[attr-defined]
-except ImportError:  # older cores: replaying is simply calling again
-    CompiledStrategy = None
 
 
 class ExampleBackend(AttentionBackend):
@@ -79,5 +74,5 @@ class ExampleBackend(AttentionBackend):
         kernels.copy_blocks(kv_caches, src_to_dst.to(torch.int64))
 
     def graph_strategy(self) -> GraphCaptureStrategy:
-        """``torch.compile`` per captured size when the core offers it, else eager replay."""
-        return CompiledStrategy() if CompiledStrategy is not None else EagerStrategy()
+        """Decode steps compiled with ``torch.compile``, once per captured size."""
+        return CompiledStrategy()

@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-from paged_core.api import AttentionBackend, hookimpl
-
 from paged_backend_example.backend import ExampleBackend
+from paged_core.api import AttentionBackend, hookimpl
 
 
 @hookimpl

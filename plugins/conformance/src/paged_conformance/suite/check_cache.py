@@ -12,12 +12,12 @@ import itertools
 
 import pytest
 import torch
-from paged_core.api import build_attention_metadata
 
 from paged_conformance.batch import SPARE_BLOCKS, make_batch
 from paged_conformance.grid import NUM_KV_HEADS, Case, base_config, declared_dtypes
 from paged_conformance.harness import assert_close, run_batch
 from paged_conformance.session import Conformance
+from paged_core.api import build_attention_metadata
 
 
 def _case(conformance: Conformance, block_size: int, kind: str = "mixed", length: str = "block+1") -> Case:

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from paged_core.api import AttentionSpec, GraphCaptureStrategy, GraphSupport, UnsupportedConfigError
 
 from paged_conformance.grid import DTYPES, GQA_RATIOS, HEAD_SIZES, NUM_KV_HEADS, base_config, declared_dtypes
 from paged_conformance.session import Conformance
+from paged_core.api import AttentionSpec, GraphCaptureStrategy, GraphSupport, UnsupportedConfigError
 
 AXES = ("dtype", "head_size", "block_size", "gqa", "sliding_window", "soft_cap")
 

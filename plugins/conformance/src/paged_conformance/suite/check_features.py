@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import pytest
-from paged_core.api import AttentionSpec
 
 from paged_conformance.batch import make_batch
 from paged_conformance.grid import NUM_KV_HEADS, Case
 from paged_conformance.harness import assert_close, run_batch
 from paged_conformance.session import Conformance
+from paged_core.api import AttentionSpec
 
 SOFT_CAP = 2.0
 """Small enough that capping changes the scores the suite's queries produce."""

@@ -13,13 +13,13 @@ from dataclasses import dataclass
 
 import pytest
 import torch
-from paged_core.api import AttentionBackend, AttentionMetadata, AttentionSpec, GraphSupport
-from paged_core.graph import GraphRunner, StaticInput
 
 from paged_conformance.batch import Batch, make_batch
 from paged_conformance.grid import NUM_KV_HEADS, Case, base_config, declared_dtypes, graph_capture_sizes
 from paged_conformance.harness import assert_close
 from paged_conformance.session import Conformance
+from paged_core.api import AttentionBackend, AttentionMetadata, AttentionSpec, GraphSupport
+from paged_core.graph import GraphRunner, StaticInput
 
 MAX_BLOCKS_PER_SEQ = 5
 CACHE_BLOCKS = 96
