@@ -105,12 +105,12 @@ class Scheduler:
     # ---- one step -----------------------------------------------------
     def schedule(self) -> SchedulerOutput:
         """Plan one step and advance ``num_computed_tokens`` of every scheduled request."""
-        cfg, kv = self.config, self.kv
-        budget = cfg.max_num_batched_tokens
-        lookahead = cfg.num_lookahead_tokens
+        kv, max_len = self.kv, self.max_len
+        budget = self.config.max_num_batched_tokens
+        lookahead = self.config.num_lookahead_tokens
         num_sched: dict[str, int] = {}
-        new_blocks_of: dict[str, list[KVBlock]] = {}
-        new_ids: set[str] = set()
+        # (request, tokens, blocks gained; None for rows the runner does not know yet)
+        scheduled: list[tuple[Request, int, list[KVBlock] | None]] = []
         preempted: list[str] = []
         running = self.running
 
@@ -120,8 +120,8 @@ class Scheduler:
             num_new = len(req.all_token_ids) + len(req.spec_token_ids) - req.num_computed_tokens
             if num_new > budget:
                 num_new = budget
-            if req.spec_token_ids and req.num_computed_tokens + num_new > self.max_len:
-                num_new = self.max_len - req.num_computed_tokens  # drafts never run past the length cap
+            if req.spec_token_ids and req.num_computed_tokens + num_new > max_len:
+                num_new = max_len - req.num_computed_tokens  # drafts never run past the length cap
             if num_new <= 0:
                 i += 1
                 continue
@@ -133,7 +133,6 @@ class Scheduler:
                 preempted.append(victim.request_id)
                 if victim.request_id in num_sched:
                     budget += num_sched.pop(victim.request_id)
-                    new_blocks_of.pop(victim.request_id, None)
                 if victim is req:
                     break
                 if vi < i:
@@ -142,17 +141,24 @@ class Scheduler:
             if new_blocks is None:
                 continue  # req itself was preempted; running[i] is now the next one
             num_sched[req.request_id] = num_new
-            new_blocks_of[req.request_id] = new_blocks
+            scheduled.append((req, num_new, new_blocks))
             budget -= num_new
             i += 1
 
-        # Admit waiting requests, unless memory was short this step (admitting now would only thrash).
-        if not preempted:
-            budget = self._admit(budget, num_sched, new_ids)
+        if preempted:
+            # Rare: drop rows whose request became a victim after being scheduled.
+            scheduled = [row for row in scheduled if row[0].status is _RUNNING]
+        else:
+            # Admit waiting requests only when memory was not short (admitting now would only thrash).
+            self._admit(budget, num_sched, scheduled)
+        return self._build_output(num_sched, scheduled, preempted)
 
-        return self._build_output(num_sched, new_blocks_of, new_ids, preempted)
-
-    def _admit(self, budget: int, num_sched: dict[str, int], new_ids: set[str]) -> int:
+    def _admit(
+        self,
+        budget: int,
+        num_sched: dict[str, int],
+        scheduled: list[tuple[Request, int, list[KVBlock] | None]],
+    ) -> None:
         cfg, kv, waiting = self.config, self.kv, self.waiting
         while waiting and budget > 0 and len(self.running) < cfg.max_num_seqs:
             req = waiting.peek()
@@ -171,40 +177,38 @@ class Scheduler:
                 req.num_cached_tokens = num_hit
             self.running.append(req)
             num_sched[req.request_id] = num_new
-            new_ids.add(req.request_id)
+            scheduled.append((req, num_new, None))
             budget -= num_new
-        return budget
 
     def _build_output(
         self,
         num_sched: dict[str, int],
-        new_blocks_of: dict[str, list[KVBlock]],
-        new_ids: set[str],
+        scheduled: list[tuple[Request, int, list[KVBlock] | None]],
         preempted: list[str],
     ) -> SchedulerOutput:
-        requests, kv = self.requests, self.kv
+        kv = self.kv
         new_reqs: list[NewRequestData] = []
         cached = CachedRequestData()
+        cached_ids, cached_blocks, cached_computed = cached.req_ids, cached.new_block_ids, cached.num_computed_tokens
         spec: dict[str, list[int]] = {}
         unannounced = self._unannounced
         copies, replaced = kv.take_copies()
         total = 0
-        for rid, n in num_sched.items():
-            req = requests[rid]
-            if rid in new_ids or rid in unannounced:
+        for req, n, gained in scheduled:
+            rid = req.request_id
+            if gained is None or (unannounced and rid in unannounced):
                 unannounced.discard(rid)
                 replaced.pop(rid, None)  # a new row's block_ids are already final
                 block_ids = kv.block_ids(req)
                 new_reqs.append(NewRequestData(rid, list(req.all_token_ids), block_ids, req.num_computed_tokens))
             else:
-                cached.req_ids.append(rid)
-                nb = new_blocks_of[rid]
-                cached.new_block_ids.append([b.block_id for b in nb] if nb else [])
-                cached.num_computed_tokens.append(req.num_computed_tokens)
-            num_spec = req.num_computed_tokens + n - len(req.all_token_ids)
-            if num_spec > 0:
-                spec[rid] = req.spec_token_ids[:num_spec]
-            req.num_computed_tokens += n
+                cached_ids.append(rid)
+                cached_blocks.append([b.block_id for b in gained] if gained else [])
+                cached_computed.append(req.num_computed_tokens)
+            computed = req.num_computed_tokens + n
+            if computed > len(req.all_token_ids):
+                spec[rid] = req.spec_token_ids[: computed - len(req.all_token_ids)]
+            req.num_computed_tokens = computed
             total += n
         finished, self._finished_ids = self._finished_ids, set()
         return SchedulerOutput(
@@ -276,7 +280,7 @@ class Scheduler:
                 if status is not None:
                     break
             if status is None:
-                updates.append(RequestUpdate(rid, list(toks[:appended])))
+                updates.append(RequestUpdate(rid, list(toks)))
                 continue
             req.status = status
             any_finished = True
