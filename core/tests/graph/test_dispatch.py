@@ -96,6 +96,26 @@ def test_fallback_reasons(
     assert runner.stats.fallback_reasons == {reason: 1} and runner.stats.replays == 0
 
 
+def test_other_block_size_falls_back(g: SimpleNamespace) -> None:
+    runner, _ = make(g, g.VectorBackend)
+    runner.capture_all()
+    md = build_attention_metadata([1], [3], [[1, 2, 3]], 2, max_blocks_per_seq=3)
+    runner.run(md, x=torch.zeros(1, dtype=torch.int64))
+    assert runner.stats.fallback_reasons == {"block size differs from the captured one": 1}
+
+
+def test_a_strategy_captured_elsewhere_is_still_usable(g: SimpleNamespace) -> None:
+    runner, _ = make(g, g.VectorBackend)
+    runner.capture_all()
+    again = GraphRunner(
+        g.VectorBackend(), Recorder(), block_size=4, max_blocks_per_seq=3, capture_sizes=[1, 2, 4],
+        inputs=[StaticInput("x", (), torch.int64)], strategy=runner.strategy, max_model_len=10,
+    )  # fmt: skip
+    again.capture_all()
+    again.run(batch([1], [3]), x=torch.tensor([1]))
+    assert again.stats.replays == 1
+
+
 def test_not_captured_until_capture_all_and_after_reset(g: SimpleNamespace) -> None:
     runner, _ = make(g, g.VectorBackend)
     md = batch([1], [2])

@@ -148,3 +148,44 @@ def test_usage_tracks_allocation() -> None:
     assert kv.usage == 0.0
     admit_and_compute(kv, Request("a", list(range(8))))
     assert kv.usage == 0.5
+
+
+def test_three_way_fork_copies_twice_and_pairs_are_independent() -> None:
+    kv = make()
+    parent = Request("p", list(range(6)))
+    admit_and_compute(kv, parent)
+    parent.all_token_ids.append(50)
+    family = [parent]
+    for k in range(2):
+        child = Request(f"c{k}", list(range(6)))
+        child.all_token_ids = list(parent.all_token_ids)
+        child.num_computed_tokens = parent.num_computed_tokens
+        kv.fork(parent, child)
+        family.append(child)
+    shared_partial = kv.req_to_blocks["p"][1]
+    assert shared_partial.ref_cnt == 3
+    for r in family:  # everyone writes position 6 in the same step
+        assert kv.allocate_slots(r, 1) == []
+    copies, _ = kv.take_copies()
+    # The first two writers copy; the last one is then the sole owner and writes in place.
+    assert len(copies) == 2 and {s for s, _ in copies} == {shared_partial.block_id}
+    dsts = [d for _, d in copies]
+    assert len(set(dsts)) == 2 and not set(dsts) & {s for s, _ in copies}
+    assert shared_partial.ref_cnt == 1 and kv.req_to_blocks["c1"][1] is shared_partial
+
+
+def test_copies_into_a_freed_request_are_dropped() -> None:
+    kv = make()
+    parent = Request("p", list(range(6)))
+    admit_and_compute(kv, parent)
+    parent.all_token_ids.append(50)
+    child = Request("c", list(range(6)))
+    child.all_token_ids = list(parent.all_token_ids)
+    child.num_computed_tokens = parent.num_computed_tokens
+    kv.fork(parent, child)
+    kv.allocate_slots(child, 1)  # child copies the shared partial block
+    assert len(kv.pending_copies) == 1
+    kv.free(child)  # e.g. preempted later in the same step
+    copies, repl = kv.take_copies()
+    assert copies == [] and repl == {}
+    assert kv.req_to_blocks["p"][1].ref_cnt == 1

@@ -12,6 +12,7 @@ from paged_core.contract.capabilities import AttentionSpec, BackendCapabilities
 from paged_core.contract.graph_strategy import EagerStrategy, GraphCaptureStrategy
 from paged_core.contract.metadata import AttentionMetadata
 from paged_core.contract.version import PLUGIN_API_VERSION
+from paged_core.errors import PagedError
 
 
 @dataclass(frozen=True)
@@ -21,6 +22,15 @@ class Availability:
     available: bool
     reason: str = ""
     device: str = "cpu"
+
+    def __post_init__(self) -> None:
+        # Written by plugins: coerce the reason, and refuse a device torch cannot parse.
+        object.__setattr__(self, "available", bool(self.available))
+        object.__setattr__(self, "reason", "" if self.reason is None else str(self.reason))
+        try:
+            torch.device(self.device)
+        except (RuntimeError, TypeError, ValueError) as exc:
+            raise PagedError(f"Availability.device {self.device!r} is not a torch device: {exc}") from None
 
 
 class AttentionBackend(ABC):
@@ -36,6 +46,11 @@ class AttentionBackend(ABC):
     ``metadata.slot_mapping`` and returns attention over the paged cache.
     Before a step whose scheduler output lists block copies, the core calls
     :meth:`copy_blocks` once for all layers.
+
+    Rules every hook follows: metadata tensors are read-only (one
+    :class:`AttentionMetadata` serves every layer of a step); ``query``,
+    ``key`` and ``value`` may be non-contiguous views (for example slices of
+    a fused QKV projection); outputs are new tensors in ``query.dtype``.
     """
 
     name: ClassVar[str]
@@ -111,7 +126,13 @@ class AttentionBackend(ABC):
 
     @abstractmethod
     def copy_blocks(self, kv_caches: list[torch.Tensor], src_to_dst: torch.Tensor) -> None:
-        """Copy whole blocks in every layer: ``src_to_dst`` is int64 ``[N, 2]`` of (source, destination) ids."""
+        """Copy whole blocks (keys and values) in every layer; ``src_to_dst`` is int64 ``[N, 2]``.
+
+        Each row is a (source, destination) block id. The pairs of one call
+        are independent: no block is a destination twice, and no destination
+        is also a source (the core's KV manager guarantees it), so a backend
+        may perform them in any order or in parallel.
+        """
 
     def graph_strategy(self) -> GraphCaptureStrategy:
         """How this backend captures steps; must agree with ``capabilities().graph_support``."""

@@ -35,6 +35,8 @@ class AttentionSpec:
     num_kv_heads: int
     head_size: int
     scale: float | None = None
+    """Multiplier of ``q . k`` before soft cap and softmax; ``None`` means ``head_size ** -0.5``.
+    Backends must honour an explicit value (several model families set their own)."""
     sliding_window: int | None = None
     logits_soft_cap: float | None = None
 
@@ -88,10 +90,43 @@ class BackendCapabilities:
     extra: dict[str, object] = field(default_factory=dict, compare=False)
 
     def __post_init__(self) -> None:
+        # Declarations come from third-party code: normalise types here so that a
+        # plain int or a list is either accepted as meant or refused by name.
+        def dtype_set(field_name: str, values: object) -> frozenset[torch.dtype]:
+            if not isinstance(values, (set, frozenset, list, tuple)) or not all(
+                isinstance(v, torch.dtype) for v in values
+            ):
+                raise UnsupportedConfigError(f"{field_name} must be a set of torch.dtype, got {values!r}")
+            return frozenset(values)
+
+        def int_set(field_name: str, values: object) -> frozenset[int]:
+            if not isinstance(values, (set, frozenset, list, tuple)) or not all(
+                isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in values
+            ):
+                raise UnsupportedConfigError(f"{field_name} must be a set of positive ints or None, got {values!r}")
+            return frozenset(values)
+
+        set_ = object.__setattr__
+        set_(self, "dtypes", dtype_set("dtypes", self.dtypes))
         if not self.dtypes:
             raise UnsupportedConfigError("a backend must declare at least one dtype")
-        if not self.block_sizes or any(b <= 0 for b in self.block_sizes):
-            raise UnsupportedConfigError(f"block_sizes must be non-empty and positive, got {self.block_sizes}")
+        if self.kv_cache_dtypes is not None:
+            set_(self, "kv_cache_dtypes", dtype_set("kv_cache_dtypes", self.kv_cache_dtypes))
+        if not isinstance(self.block_sizes, (list, tuple)) or not self.block_sizes:
+            raise UnsupportedConfigError(f"block_sizes must be a non-empty sequence of ints, got {self.block_sizes!r}")
+        int_set("block_sizes", self.block_sizes)
+        set_(self, "block_sizes", tuple(self.block_sizes))
+        if self.head_sizes is not None:
+            set_(self, "head_sizes", int_set("head_sizes", self.head_sizes))
+        if self.gqa_ratios is not None:
+            set_(self, "gqa_ratios", int_set("gqa_ratios", self.gqa_ratios))
+        try:
+            set_(self, "graph_support", GraphSupport(self.graph_support))
+        except ValueError:
+            allowed = ", ".join(f"{g.name} ({g.value})" for g in GraphSupport)
+            raise UnsupportedConfigError(
+                f"graph_support must be a GraphSupport ({allowed}), got {self.graph_support!r}"
+            ) from None
 
     @property
     def effective_kv_cache_dtypes(self) -> frozenset[torch.dtype]:

@@ -16,6 +16,16 @@ slot_mapping       int64 [T]      ``block_id * block_size + offset`` per token; 
 Token ``t`` of row ``b`` sits at absolute position
 ``seq_lens[b] - query_len[b] + (t - qsl[b])`` and attends causally to every
 cached or new key at a position ``<=`` its own (and inside the sliding window).
+
+Metadata is read-only for backends: one instance serves every layer of a
+step. Under graph capture (see :mod:`paged_core.graph.runner` for the full
+rules) the tensors keep the captured shapes and hold the live batch followed
+by padding, while the Python ints are frozen at capture time:
+``num_actual_tokens`` then equals the padded token count, padding tokens
+carry slot ``-1``, and for ``GraphSupport.ANY`` trailing rows may be empty
+(query length 0, seq_len 0) and must get no work. A capturable backend
+therefore takes shapes from the tensors, never reads metadata tensors on the
+host, and treats slot ``-1`` as "not a real token".
 """
 
 from __future__ import annotations
@@ -32,9 +42,10 @@ from paged_core.errors import PagedError
 class AttentionMetadata:
     """One step's batch, as described in the module docstring.
 
-    ``num_actual_tokens`` excludes padding added for graph replay; tokens at
-    ``[num_actual_tokens, T)`` carry ``slot_mapping == -1`` and their outputs are
-    discarded.
+    Eagerly, ``num_actual_tokens`` is the real token count and tokens at
+    ``[num_actual_tokens, T)`` (if any) are padding with ``slot_mapping == -1``
+    whose outputs are discarded. Inside a captured graph it is frozen to the
+    padded count (see the module docstring).
     """
 
     query_start_loc: torch.Tensor

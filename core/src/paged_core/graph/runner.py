@@ -110,11 +110,11 @@ class GraphRunner:
 
     def capture_all(self) -> None:
         """Warm up and capture every size, largest first (so smaller graphs can reuse its pool memory)."""
-        if self.support is GraphSupport.NEVER:
+        if self.support == GraphSupport.NEVER:
             return
         for n in reversed(self.sizes):
-            if self.strategy.has(n):
-                continue
+            if self.strategy.has(n) and n in self._static_metadata:
+                continue  # captured by an earlier call; a strategy shared with others is re-captured
             fn, metadata = self._step_fn(n)
             args = self.buffers.args(n)
             self.buffers.fill_padding(n)  # all slots -1: warm-up and capture write nothing to the KV cache
@@ -152,12 +152,14 @@ class GraphRunner:
 
     def _admit(self, metadata: AttentionMetadata) -> tuple[int | None, str]:
         """The padded size to replay, or ``None`` and why the batch runs eagerly."""
-        if self.support is GraphSupport.NEVER:
+        if self.support == GraphSupport.NEVER:
             return None, "backend graph_support is never"
         tokens = metadata.num_actual_tokens
         if tokens <= 0:
             return None, "empty batch"
-        if self.support is GraphSupport.UNIFORM_DECODE and not (
+        if metadata.block_size != self.block_size:
+            return None, "block size differs from the captured one"
+        if self.support == GraphSupport.UNIFORM_DECODE and not (
             metadata.num_prefills == 0 and metadata.num_decodes == tokens
         ):
             return None, "not a uniform decode batch"
@@ -174,7 +176,7 @@ class GraphRunner:
 
     def _frozen_ints(self, n: int) -> dict[str, int]:
         """The host ints a size-``n`` graph sees, as the module docstring promises."""
-        uniform = self.support is GraphSupport.UNIFORM_DECODE
+        uniform = self.support == GraphSupport.UNIFORM_DECODE
         return {
             "block_size": self.block_size,
             "num_decodes": n if uniform else 0,

@@ -37,6 +37,11 @@ class KVCacheManager:
         self.stats = PrefixCacheStats()
         self.pending_copies: list[tuple[int, int]] = []
         self.pending_replacements: dict[str, list[tuple[int, int]]] = {}
+        # Copy sources keep a reference until their copies are handed out, so
+        # none of them can be reallocated (and become a copy destination) in the
+        # same step: the pairs of one copy_blocks call stay independent.
+        self._pinned: list[KVBlock] = []
+        self._pins: dict[int, int] = {}
 
     # ---- prefix cache -------------------------------------------------
     def _extra_keys(self, req: Request, index: int) -> tuple[Any, ...]:
@@ -137,10 +142,11 @@ class KVCacheManager:
         num_have = len(blocks) + len(new_computed_blocks)
         num_new_blocks = max(0, -(-(write_end + num_lookahead_tokens) // bs) - num_have)
         # Shared blocks about to be written must be copied first (copy-on-write).
+        pins = self._pins
         cow = [
             i
             for i in range(num_computed // bs, min(len(blocks), -(-write_end // bs)))
-            if blocks[i].ref_cnt > 1
+            if blocks[i].ref_cnt - pins.get(blocks[i].block_id, 0) > 1
         ]
         if num_new_blocks == 0 and not cow and not admitting:
             return []
@@ -162,7 +168,8 @@ class KVCacheManager:
             self.pending_copies.append((old.block_id, fresh.block_id))
             self.pending_replacements.setdefault(rid, []).append((i, fresh.block_id))
             blocks[i] = fresh
-            self.pool.free_blocks((old,))
+            self._pinned.append(old)  # this request's reference now pins the source
+            pins[old.block_id] = pins.get(old.block_id, 0) + 1
         new_blocks = self.pool.get_new_blocks(num_new_blocks)
         blocks.extend(new_blocks)
         return new_blocks
@@ -183,15 +190,26 @@ class KVCacheManager:
         self.pending_replacements.pop(req.request_id, None)
         if blocks:
             self.pool.free_blocks(reversed(blocks))
+            if self.pending_copies:
+                # Copies into blocks this request just gave up are stale: drop them, so a
+                # block reallocated in the same step is never a destination twice.
+                gone = {b.block_id for b in blocks if b.ref_cnt == 0}
+                self.pending_copies = [(s, d) for s, d in self.pending_copies if d not in gone]
 
     # ---- views --------------------------------------------------------
     def block_ids(self, req: Request) -> list[int]:
         return [b.block_id for b in self.req_to_blocks.get(req.request_id, ())]
 
     def take_copies(self) -> tuple[list[tuple[int, int]], dict[str, list[tuple[int, int]]]]:
-        """Drain the block copies and table replacements queued since the last call."""
+        """Drain the block copies and table replacements queued since the last call.
+
+        Call once per step, after all allocation; releases the copy sources' pins.
+        """
         copies, repl = self.pending_copies, self.pending_replacements
         self.pending_copies, self.pending_replacements = [], {}
+        if self._pinned:
+            self.pool.free_blocks(self._pinned)
+            self._pinned, self._pins = [], {}
         return copies, repl
 
     @property

@@ -20,8 +20,8 @@ def _capabilities(cls: type[AttentionBackend]) -> tuple[BackendCapabilities | No
     """The declared capabilities, or ``None`` and why they could not be read."""
     try:
         caps = cls.capabilities()
-    except Exception as exc:  # a vendor bug must only break this backend
-        return None, f"availability check raised {describe_exception(exc)} (in capabilities())"
+    except (Exception, SystemExit) as exc:  # a vendor bug must only break this backend
+        return None, f"capabilities() raised {describe_exception(exc)}"
     if not isinstance(caps, BackendCapabilities):
         return None, f"capabilities() returned {type(caps).__name__}, expected BackendCapabilities"
     return caps, ""
@@ -54,14 +54,14 @@ def classify(source: PluginSource, cls: type[AttentionBackend]) -> BackendRecord
 
     try:
         avail = cls.availability()
-    except Exception as exc:  # a vendor bug must only break this backend
+    except (Exception, SystemExit) as exc:  # a vendor bug must only break this backend
         return rec(BackendStatus.UNAVAILABLE, f"availability check raised {describe_exception(exc)}")
     if not isinstance(avail, Availability):
         return rec(BackendStatus.UNAVAILABLE, f"availability() returned {type(avail).__name__}, expected Availability")
 
     caps, caps_problem = _capabilities(cls)
     if not avail.available:
-        reason = one_line(avail.reason) or "availability() said no without giving a reason"
+        reason = one_line(str(avail.reason or "")) or "availability() said no without giving a reason"
         return rec(BackendStatus.UNAVAILABLE, reason, device=avail.device, capabilities=caps)
     if caps is None:
         return rec(BackendStatus.UNAVAILABLE, caps_problem, device=avail.device)

@@ -90,7 +90,7 @@ def load_source(pm: pluggy.PluginManager, source: PluginSource) -> list[BackendR
 
     try:
         result = impls[0].function()
-    except Exception as exc:  # one raising plugin only breaks itself
+    except (Exception, SystemExit) as exc:  # one raising (or exiting) plugin only breaks itself
         return failed(f"{HOOK_NAME}() raised {describe_exception(exc)}")
     classes = _as_backend_classes(result)
     if classes is None:

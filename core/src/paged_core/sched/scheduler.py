@@ -107,7 +107,6 @@ class Scheduler:
         """Plan one step and advance ``num_computed_tokens`` of every scheduled request."""
         kv, max_len = self.kv, self.max_len
         budget = self.config.max_num_batched_tokens
-        lookahead = self.config.num_lookahead_tokens
         num_sched: dict[str, int] = {}
         # (request, tokens, blocks gained; None for rows the runner does not know yet)
         scheduled: list[tuple[Request, int, list[KVBlock] | None]] = []
@@ -125,6 +124,7 @@ class Scheduler:
             if num_new <= 0:
                 i += 1
                 continue
+            lookahead = self._lookahead(req.num_computed_tokens + num_new)
             new_blocks = kv.allocate_slots(req, num_new, num_lookahead_tokens=lookahead)
             while new_blocks is None:
                 victim = self._pick_victim()
@@ -165,10 +165,11 @@ class Scheduler:
             hits, num_hit = kv.get_computed_blocks(req)
             num_new = req.num_tokens - num_hit
             if num_new > budget:
-                if not cfg.enable_chunked_prefill:
+                # A resumed request may have outgrown one step's budget: it recomputes in chunks.
+                if not cfg.enable_chunked_prefill and req.num_preemptions == 0:
                     break
                 num_new = budget
-            if kv.allocate_slots(req, num_new, hits, cfg.num_lookahead_tokens) is None:
+            if kv.allocate_slots(req, num_new, hits, self._lookahead(num_hit + num_new)) is None:
                 break
             waiting.pop()
             req.status = _RUNNING
@@ -222,6 +223,11 @@ class Scheduler:
             finished_req_ids=finished,
             preempted_req_ids=preempted,
         )
+
+    def _lookahead(self, end: int) -> int:
+        """Lookahead slots after ``end``; none past the length cap (never written, and they could
+        make a request that fits the cache unschedulable)."""
+        return max(0, min(self.config.num_lookahead_tokens, self.max_len - end))
 
     def _pick_victim(self) -> Request:
         if self.config.policy == "priority":
