@@ -239,3 +239,13 @@ def test_reset_prefix_cache_refused_while_running() -> None:
     s.add_request(req("a", 9, max_tokens=5))
     step(s)
     assert s.reset_prefix_cache() is False
+
+
+def test_fork_never_exceeds_max_num_seqs() -> None:
+    s = make_scheduler(max_num_seqs=2)
+    s.add_request(req("p", 5, max_tokens=4, ignore_eos=True))
+    step(s)
+    s.fork("p", "p#1")
+    with pytest.raises(RequestRejectedError, match="max_num_seqs=2"):
+        s.fork("p", "p#2")
+    assert s.num_running == 2 and "p#2" not in s.requests

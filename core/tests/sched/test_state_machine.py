@@ -138,6 +138,10 @@ class SchedulerMachine(RuleBasedStateMachine):
         parent = self.s.running[pick % len(self.s.running)]
         assert parent.num_computed_tokens < parent.num_tokens  # between steps the last token is never computed
         self.clock += 1
+        if len(self.s.running) >= self.s.config.max_num_seqs:
+            with pytest.raises(RequestRejectedError, match="max_num_seqs"):
+                self.s.fork(parent.request_id, f"f{self.clock}")
+            return
         child = self.s.fork(parent.request_id, f"f{self.clock}", last_token_id=token if replace else None)
         assert child.all_token_ids[:-1] == parent.all_token_ids[:-1]
         assert self.s.kv.block_ids(child) == self.s.kv.block_ids(parent)

@@ -67,6 +67,12 @@ class Scheduler:
             raise ValueError(f"can only fork a running request; {parent_id!r} is not running")
         if child_id in self.requests:
             raise RequestRejectedError(f"request id {child_id!r} is already in use")
+        if len(self.running) >= self.config.max_num_seqs:
+            # Batches never exceed max_num_seqs rows (static buffers are sized by it).
+            raise RequestRejectedError(
+                f"cannot fork {parent_id!r}: {len(self.running)} requests already running "
+                f"(max_num_seqs={self.config.max_num_seqs})"
+            )
         child = parent.clone(child_id)
         child.all_token_ids = list(parent.all_token_ids)
         child.num_computed_tokens = parent.num_computed_tokens
