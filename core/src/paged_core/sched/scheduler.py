@@ -113,6 +113,7 @@ class Scheduler:
         """Plan one step and advance ``num_computed_tokens`` of every scheduled request."""
         kv, max_len = self.kv, self.max_len
         budget = self.config.max_num_batched_tokens
+        has_lookahead = self.config.num_lookahead_tokens > 0
         num_sched: dict[str, int] = {}
         # (request, tokens, blocks gained; None for rows the runner does not know yet)
         scheduled: list[tuple[Request, int, list[KVBlock] | None]] = []
@@ -130,7 +131,7 @@ class Scheduler:
             if num_new <= 0:
                 i += 1
                 continue
-            lookahead = self._lookahead(req.num_computed_tokens + num_new)
+            lookahead = self._lookahead(req.num_computed_tokens + num_new) if has_lookahead else 0
             new_blocks = kv.allocate_slots(req, num_new, num_lookahead_tokens=lookahead)
             while new_blocks is None:
                 victim = self._pick_victim()
