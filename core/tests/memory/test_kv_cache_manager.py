@@ -71,6 +71,15 @@ def test_failed_allocation_changes_nothing() -> None:
     assert "b" not in kv.req_to_blocks and kv.stats.requests == 1
 
 
+def fork_of(kv: KVCacheManager, parent: Request, child_id: str) -> Request:
+    """A child sharing the parent's tokens, progress and blocks (what Scheduler.fork does)."""
+    child = Request(child_id, parent.prompt_token_ids)
+    child.all_token_ids = list(parent.all_token_ids)
+    child.num_computed_tokens = parent.num_computed_tokens
+    kv.fork(parent, child)
+    return child
+
+
 def test_different_cache_salt_never_hits() -> None:
     kv = make()
     admit_and_compute(kv, Request("a", list(range(13)), cache_salt="tenant-1"))
@@ -124,10 +133,7 @@ def test_fork_shares_blocks_and_first_write_copies() -> None:
     parent = Request("p", list(range(6)))  # 1 full block + 2 tokens
     admit_and_compute(kv, parent)
     parent.all_token_ids.append(77)
-    child = Request("c", list(range(6)))
-    child.all_token_ids = list(parent.all_token_ids)
-    child.num_computed_tokens = parent.num_computed_tokens
-    kv.fork(parent, child)
+    child = fork_of(kv, parent, "c")
     shared = kv.req_to_blocks["p"]
     assert [b.ref_cnt for b in shared] == [2, 2]
     # The child writes token 6 into the shared partial block: it must copy it first.
@@ -155,13 +161,7 @@ def test_three_way_fork_copies_twice_and_pairs_are_independent() -> None:
     parent = Request("p", list(range(6)))
     admit_and_compute(kv, parent)
     parent.all_token_ids.append(50)
-    family = [parent]
-    for k in range(2):
-        child = Request(f"c{k}", list(range(6)))
-        child.all_token_ids = list(parent.all_token_ids)
-        child.num_computed_tokens = parent.num_computed_tokens
-        kv.fork(parent, child)
-        family.append(child)
+    family = [parent, fork_of(kv, parent, "c0"), fork_of(kv, parent, "c1")]
     shared_partial = kv.req_to_blocks["p"][1]
     assert shared_partial.ref_cnt == 3
     for r in family:  # everyone writes position 6 in the same step
@@ -179,10 +179,7 @@ def test_copies_into_a_freed_request_are_dropped() -> None:
     parent = Request("p", list(range(6)))
     admit_and_compute(kv, parent)
     parent.all_token_ids.append(50)
-    child = Request("c", list(range(6)))
-    child.all_token_ids = list(parent.all_token_ids)
-    child.num_computed_tokens = parent.num_computed_tokens
-    kv.fork(parent, child)
+    child = fork_of(kv, parent, "c")
     kv.allocate_slots(child, 1)  # child copies the shared partial block
     assert len(kv.pending_copies) == 1
     kv.free(child)  # e.g. preempted later in the same step
