@@ -1,27 +1,16 @@
 """Small fake backends for the meta-tests: one correct, the others each broken in one known way.
 
 Imported by the nested suite runs as ``conformance_fakes:ClassName`` (the
-tests put this folder on ``sys.path``). Written as plain loops so each bug
+tests put this folder on ``sys.path``); graph-capturing fakes live in
+``graph_fakes``. Written as plain loops so each bug
 is one obvious line.
 """
 
 from __future__ import annotations
 
-from collections.abc import Hashable
-
 import torch
 
-from paged_core.api import (
-    AttentionBackend,
-    AttentionMetadata,
-    AttentionSpec,
-    Availability,
-    BackendCapabilities,
-    EagerStrategy,
-    GraphCaptureStrategy,
-    GraphSupport,
-    StepFn,
-)
+from paged_core.api import AttentionBackend, AttentionMetadata, AttentionSpec, Availability, BackendCapabilities
 
 
 class GoodFake(AttentionBackend):
@@ -57,6 +46,10 @@ class GoodFake(AttentionBackend):
         """The block table row used for sequence ``row``."""
         return metadata.block_table[row].tolist()
 
+    def scale(self, spec: AttentionSpec) -> float:
+        """The softmax scale applied to scores."""
+        return spec.softmax_scale
+
     def write_kv(
         self, key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor, metadata: AttentionMetadata
     ) -> None:
@@ -82,7 +75,7 @@ class GoodFake(AttentionBackend):
                 mask = torch.tensor([self.visible(j, pos, spec) and j < seq_len for j in range(seq_len)])
                 for h in range(spec.num_heads):
                     kh = self.kv_head(h, spec)
-                    scores = keys[:, kh] @ query[t, h].float() * spec.softmax_scale
+                    scores = keys[:, kh] @ query[t, h].float() * self.scale(spec)
                     if spec.logits_soft_cap is not None:
                         scores = spec.logits_soft_cap * torch.tanh(scores / spec.logits_soft_cap)
                     probs = scores.masked_fill(~mask, float("-inf")).softmax(0)
@@ -130,47 +123,6 @@ class WrongGqaMapping(GoodFake):
         return head % spec.num_kv_heads
 
 
-class SnapshotStrategy(GraphCaptureStrategy):
-    """Bug: copies the static inputs at capture, so replays never see new block tables or lengths."""
-
-    name = "snapshot"
-
-    def __init__(self) -> None:
-        self.steps: dict[Hashable, tuple[StepFn, tuple[torch.Tensor, ...]]] = {}
-
-    def capture(self, key: Hashable, fn: StepFn, args: tuple[torch.Tensor, ...]) -> None:
-        self.steps[key] = (fn, tuple(a.clone() for a in args))
-
-    def replay(self, key: Hashable) -> torch.Tensor:
-        fn, args = self.steps[key]
-        return fn(*args)
-
-    def has(self, key: Hashable) -> bool:
-        return key in self.steps
-
-    def reset(self) -> None:
-        self.steps.clear()
-
-
-class GoodGraphFake(GoodFake):
-    """Correct, and declares uniform-decode capture (replay is an eager call)."""
-
-    @classmethod
-    def capabilities(cls) -> BackendCapabilities:
-        return BackendCapabilities(dtypes=frozenset({torch.float32}), block_sizes=(4,), head_sizes=frozenset({64}),
-                                   gqa_ratios=frozenset({1, 4}), graph_support=GraphSupport.UNIFORM_DECODE)
-
-    def graph_strategy(self) -> GraphCaptureStrategy:
-        return EagerStrategy()
-
-
-class StaleGraph(GoodGraphFake):
-    """Bug: its capture strategy replays the metadata seen at capture time."""
-
-    def graph_strategy(self) -> GraphCaptureStrategy:
-        return SnapshotStrategy()
-
-
 class ClaimsSlidingWindow(GoodFake):
     """Bug: declares sliding-window support but attends to the whole causal prefix."""
 
@@ -181,3 +133,64 @@ class ClaimsSlidingWindow(GoodFake):
 
     def visible(self, key_pos: int, query_pos: int, spec: AttentionSpec) -> bool:
         return key_pos <= query_pos
+
+
+class FirstLayerMemo(GoodFake):
+    """Bug: ``prepare`` starts a per-step memo, then every layer attends over the first layer's KV cache."""
+
+    def prepare(self, metadata: AttentionMetadata) -> None:
+        self.memo: torch.Tensor | None = None
+
+    def attention(self, query: torch.Tensor, kv_cache: torch.Tensor, metadata: AttentionMetadata,
+                  spec: AttentionSpec) -> torch.Tensor:
+        memo = getattr(self, "memo", None)
+        if memo is None:
+            memo = self.memo = kv_cache.clone()
+        return super().attention(query, memo, metadata, spec)
+
+
+class MutatesSeqLens(GoodFake):
+    """Bug: after attending, turns ``metadata.seq_lens`` into context lengths in place."""
+
+    def attention(self, query: torch.Tensor, kv_cache: torch.Tensor, metadata: AttentionMetadata,
+                  spec: AttentionSpec) -> torch.Tensor:
+        out = super().attention(query, kv_cache, metadata, spec)
+        metadata.seq_lens -= metadata.query_lens().to(metadata.seq_lens.dtype)
+        return out
+
+
+class ManyRowsWrong(GoodFake):
+    """Bug: rows from the fifth on read through row 0's block table (a work list sized for four rows)."""
+
+    def block_row(self, metadata: AttentionMetadata, row: int) -> list[int]:
+        return metadata.block_table[0 if row >= 4 else row].tolist()
+
+
+class LongSeqWrong(GoodFake):
+    """Bug: a split-K path for positions past 256 loses the first 256-key partition."""
+
+    def visible(self, key_pos: int, query_pos: int, spec: AttentionSpec) -> bool:
+        return super().visible(key_pos, query_pos, spec) and (query_pos < 256 or key_pos >= 256)
+
+
+class IgnoresSpecScale(GoodFake):
+    """Bug: always scales by ``head_size ** -0.5``, ignoring an explicit ``spec.scale``."""
+
+    def scale(self, spec: AttentionSpec) -> float:
+        return float(spec.head_size**-0.5)
+
+
+class AvailabilityRaises(GoodFake):
+    """Broken packaging: ``availability()`` raises instead of answering."""
+
+    @classmethod
+    def availability(cls) -> Availability:
+        raise RuntimeError("driver library not found")
+
+
+class CapabilitiesAsDict(GoodFake):
+    """Broken declaration: ``capabilities()`` returns a plain dict."""
+
+    @classmethod
+    def capabilities(cls) -> BackendCapabilities:
+        return {"dtypes": ["float32"], "block_sizes": [4]}  # type: ignore[return-value]

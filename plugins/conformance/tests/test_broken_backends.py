@@ -59,7 +59,7 @@ def test_wrong_gqa_mapping_fails_grouped_heads_only(run_suite) -> None:
 
 
 def test_stale_graph_metadata_fails_graph_replay(run_suite) -> None:
-    code, report = run_suite("StaleGraph", "-k", "graph")
+    code, report = run_suite("graph_fakes:StaleGraph", "-k", "graph")
     failed = failed_nodes(report)
     assert code != 0
     assert failed and all("test_graph_replay_matches_eager" in n for n in failed), failed
@@ -67,11 +67,11 @@ def test_stale_graph_metadata_fails_graph_replay(run_suite) -> None:
 
 
 def test_good_graph_fake_replays(run_suite) -> None:
-    code, report = run_suite("GoodGraphFake", "-k", "graph")
+    code, report = run_suite("graph_fakes:GoodGraphFake", "-k", "graph")
     assert code == 0, failed_nodes(report)
     assert report["capabilities"]["graph"] == {"declared": True, "status": "pass",
                                               "counts": report["capabilities"]["graph"]["counts"]}
-    assert report["capabilities"]["graph"]["counts"]["passed"] == 5  # strategy hook + 4 batch sizes
+    assert report["capabilities"]["graph"]["counts"]["passed"] == 6  # strategy hook, trace, 4 batch sizes
 
 
 def test_declared_capability_disproved(run_suite) -> None:

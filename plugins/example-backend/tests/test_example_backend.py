@@ -11,7 +11,7 @@ import torch
 
 from paged_backend_example import ExampleBackend
 from paged_backend_example.kernels import paged_attention
-from paged_core.api import build_attention_metadata, load_registry
+from paged_core.api import AttentionSpec, build_attention_metadata, load_registry
 
 BIN = Path(sys.executable).parent
 
@@ -54,3 +54,18 @@ def test_conformance_suite_passes(tmp_path: Path) -> None:
     assert caps["dtype:float16"] == {"declared": False, "status": "n/a", "counts": caps["dtype:float16"]["counts"]}
     assert report["summary"].get("failed", 0) == 0 and report["summary"]["passed"] > 50
     assert "paged-conformance: example on cpu" in proc.stdout and junit.is_file()
+
+
+def test_strided_views_give_the_same_result_as_contiguous_inputs() -> None:
+    """q/k/v as slices of one fused projection (the contract allows views) need no copy and change nothing."""
+    backend = ExampleBackend("cpu")
+    spec = AttentionSpec(8, 2, 64)
+    md = build_attention_metadata([1, 3], [5, 3], [[1], [2]], 16)
+    fused = torch.randn(4, (8 + 2 + 2) * 64 + 8)
+    q, k, v = fused[:, :512].view(4, 8, 64), fused[:, 512:640].view(4, 2, 64), fused[:, 640:768].view(4, 2, 64)
+    assert not (q.is_contiguous() or k.is_contiguous() or v.is_contiguous())
+    outs = []
+    for args in ((q, k, v), (q.contiguous(), k.contiguous(), v.contiguous())):
+        cache = backend.allocate_kv_cache(4, 16, spec, torch.float32)
+        outs.append(backend.forward(*args, cache, md, spec))
+    torch.testing.assert_close(outs[0], outs[1], rtol=0, atol=0)

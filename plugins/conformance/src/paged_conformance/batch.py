@@ -14,11 +14,16 @@ from dataclasses import dataclass
 
 import torch
 
-from paged_conformance.grid import NUM_KV_HEADS, Case
+from paged_conformance.grid import KINDS, Case
 from paged_core.api import AttentionMetadata, AttentionSpec, build_attention_metadata
 
-SPARE_BLOCKS = 3
-"""Blocks no row uses, so stray writes land somewhere a later read can notice."""
+SPARE_BLOCKS = 4
+"""Blocks no row uses, so stray writes land somewhere a later read can notice.
+
+The harness reads them back through attention after every step (see
+:func:`paged_conformance.integrity.assert_spare_blocks_untouched`); the copy
+test uses them as destinations.
+"""
 
 
 def row_shapes(kind: str, tokens: int, block_size: int) -> list[tuple[int, int]]:
@@ -35,7 +40,14 @@ def row_shapes(kind: str, tokens: int, block_size: int) -> list[tuple[int, int]]
         cached = b * (2 if n > b else 1)
         # Cached whole blocks, as a prefix-cache hit leaves them, and one chunk continuing mid-block.
         return [(n, cached + n), (n + 1, b + n + 1), (n, cached + 1 + n)]
-    raise ValueError(f"unknown batch kind {kind!r} (known: decode, prefill, mixed, prefix)")
+    if kind == "wide":
+        # 14 decodes whose lengths straddle block edges (row index >= 4 is where per-row work lists go wrong).
+        lens = [1, 2, b - 1, b, b + 1, 2 * b - 1, 2 * b, 2 * b + 1, n, n + 1, 3, b + 2, n - 1, 5]
+        return [(1, max(1, s)) for s in lens] + [(max(n, 2), max(n, 2)), (3, b + 3)]
+    if kind == "long_context":
+        # A long decode, a short one, and a chunk of a long prompt continuing mid-block past a long context.
+        return [(1, n), (1, b + 1), (2 * b + 3, n // 2 + 2 * b + 3)]
+    raise ValueError(f"unknown batch kind {kind!r} (known: {', '.join(KINDS)})")
 
 
 @dataclass
@@ -44,6 +56,10 @@ class Batch:
 
     spec: AttentionSpec
     dtype: torch.dtype
+    kv_dtype: torch.dtype
+    """The KV cache's dtype for the backend under test (keys and values are exactly representable in it)."""
+    layout: str
+    """How q/k/v are handed to the backend under test (see :data:`paged_conformance.grid.LAYOUTS`)."""
     block_size: int
     num_blocks: int
     query_lens: list[int]
@@ -58,6 +74,11 @@ class Batch:
     @property
     def max_blocks(self) -> int:
         return max(len(t) for t in self.block_tables)
+
+    def spare_blocks(self) -> list[int]:
+        """Blocks no row's table uses, the null block 0 excluded."""
+        used = {b for t in self.block_tables for b in t}
+        return [b for b in range(1, self.num_blocks) if b not in used]
 
     def context_lens(self) -> list[int]:
         return [s - q for q, s in zip(self.query_lens, self.seq_lens, strict=True)]
@@ -100,15 +121,25 @@ class Batch:
         return md, k, v
 
 
+def case_spec(case: Case) -> AttentionSpec:
+    """The layer shape a case describes."""
+    return AttentionSpec(case.num_heads, case.num_kv_heads, case.head_size, scale=case.scale)
+
+
 def make_batch(
     case: Case,
     rows: list[tuple[int, int]] | None = None,
     spec: AttentionSpec | None = None,
     extra_blocks: int = SPARE_BLOCKS,
+    layer: int = 0,
 ) -> Batch:
-    """Build the seeded batch for ``case`` (``rows`` overrides the kind's row shapes)."""
+    """Build the seeded batch for ``case`` (``rows`` overrides the kind's row shapes).
+
+    Every ``layer`` shares the row shapes and block tables but gets its own
+    queries, keys and values, as the layers of one model step do.
+    """
     shapes = rows if rows is not None else row_shapes(case.kind, case.tokens, case.block_size)
-    spec = spec or AttentionSpec(case.num_heads, NUM_KV_HEADS, case.head_size)
+    spec = spec or case_spec(case)
     gen = torch.Generator().manual_seed(case.seed)
     bs = case.block_size
     needed = [math.ceil(s / bs) for _, s in shapes]
@@ -119,15 +150,39 @@ def make_batch(
         tables.append(order[:n])
         order = order[n:]
 
+    gen = torch.Generator().manual_seed(case.seed + 7919 * (layer + 1))
+    kv_dtype = case.cache_dtype
+
     def rand(*shape: int, scale: float = 1.0) -> torch.Tensor:
         return (scale * torch.randn(shape, generator=gen)).to(case.dtype)
 
-    # Queries scaled up so softmax is peaked: a wrongly visible key is plainly visible.
-    queries = [rand(q, spec.num_heads, spec.head_size, scale=2.0) for q, _ in shapes]
-    keys = [rand(s, spec.num_kv_heads, spec.head_size) for _, s in shapes]
-    values = [rand(s, spec.num_kv_heads, spec.head_size) for _, s in shapes]
+    def stored(t: torch.Tensor) -> torch.Tensor:
+        # Round through the cache dtype, so storing loses nothing and the oracle can keep the compute dtype.
+        return t.to(kv_dtype).to(case.dtype)
+
+    # Queries scaled up so softmax is peaked: a wrongly visible key is plainly visible. With an explicit
+    # spec.scale the logits keep the same spread as under the default one.
+    q_scale = 2.0 * spec.head_size**-0.5 / spec.softmax_scale
+    queries = [rand(q, spec.num_heads, spec.head_size, scale=q_scale) for q, _ in shapes]
+    keys = [stored(rand(s, spec.num_kv_heads, spec.head_size)) for _, s in shapes]
+    values = [stored(rand(s, spec.num_kv_heads, spec.head_size)) for _, s in shapes]
     return Batch(
-        spec=spec, dtype=case.dtype, block_size=bs, num_blocks=num_blocks,
+        spec=spec, dtype=case.dtype, kv_dtype=kv_dtype, layout=case.layout, block_size=bs, num_blocks=num_blocks,
         query_lens=[q for q, _ in shapes], seq_lens=[s for _, s in shapes], block_tables=tables,
         queries=queries, keys=keys, values=values,
     )
+
+
+def independent_pairs(pairs: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """``pairs`` unchanged if they obey the contract (no destination twice, none also a source), else ValueError.
+
+    A backend may run the block copies of one call in any order or in
+    parallel, so the suite must never hand it a chain such as ``(1, 2), (2, 3)``.
+    """
+    dsts = [d for _, d in pairs]
+    twice = sorted({d for d in dsts if dsts.count(d) > 1})
+    chained = sorted({s for s, _ in pairs} & set(dsts))
+    if twice or chained:
+        raise ValueError(f"block copies are not independent: destinations twice {twice}, "
+                         f"destinations also sources {chained}")
+    return pairs

@@ -3,7 +3,7 @@
 A TOML file with one ``[[expect]]`` table per entry::
 
     [[expect]]
-    node = "check_attention.py::test_attention[float16-*]"   # glob over node ids
+    node = "check_attention.py::test_attention[float16-*]"   # * and ? are wildcards; [ ] are literal
     status = "xfail"                                         # or "skip"
     reason = "fp16 accumulates in fp16 on this chip"
 
@@ -35,6 +35,15 @@ class ExpectationsError(ValueError):
     """The expectations file is malformed; the message names the entry and the problem."""
 
 
+def node_glob(pattern: str) -> str:
+    """``pattern`` for :func:`fnmatch.fnmatchcase` with ``[`` and ``]`` taken literally.
+
+    Node ids hold brackets (``test_attention[float16-...]``); fnmatch would
+    read them as a character class. Only ``*`` and ``?`` stay wildcards.
+    """
+    return "".join("[[]" if c == "[" else "[]]" if c == "]" else c for c in pattern)
+
+
 @dataclass
 class Expectation:
     """One entry: what it matches, what to expect, why, and what it matched during this run."""
@@ -53,7 +62,8 @@ class Expectation:
     def matches(self, nodeid: str, capabilities: list[str]) -> bool:
         """Whether this entry applies to a test with ``nodeid`` counted under ``capabilities``."""
         if self.node is not None:
-            return fnmatch.fnmatchcase(nodeid, self.node) or fnmatch.fnmatchcase(nodeid, "*" + self.node)
+            pattern = node_glob(self.node)
+            return fnmatch.fnmatchcase(nodeid, pattern) or fnmatch.fnmatchcase(nodeid, "*" + pattern)
         return self.capability in capabilities
 
     def stale_reason(self) -> str | None:

@@ -2,9 +2,10 @@
 
 The full cartesian product of every axis is far too large for a CPU run, so a
 grid is a union of sweeps: every batch kind and length edge case at each
-declared dtype and block size, plus head-size and GQA sweeps on one mixed
-batch. Only declared values are generated; an undeclared one is N/A, never a
-failure.
+declared dtype and block size, plus smaller sweeps: head size x GQA ratio x
+KV-head count, a wide batch (many rows), a long context, an explicit softmax
+scale, each declared KV-cache dtype, and strided input views. Only declared
+values are generated; an undeclared one is N/A, never a failure.
 """
 
 from __future__ import annotations
@@ -21,12 +22,26 @@ DTYPES: tuple[torch.dtype, ...] = (torch.float32, torch.bfloat16, torch.float16)
 """Every dtype the suite knows how to test."""
 HEAD_SIZES: tuple[int, ...] = (64, 80, 128, 256)
 GQA_RATIOS: tuple[int, ...] = (1, 4, 8)
-KINDS: tuple[str, ...] = ("decode", "prefill", "mixed", "prefix")
-"""Batch kinds: pure decode, pure prefill, decodes then prefills, prefill over cached blocks."""
+EDGE_KINDS: tuple[str, ...] = ("decode", "prefill", "mixed", "prefix")
+"""Batch kinds swept over every length edge: pure decode, pure prefill, decodes then prefills, prefill over cache."""
+KINDS: tuple[str, ...] = (*EDGE_KINDS, "wide", "long_context")
+"""Every batch kind; ``wide`` is 14 decodes and 2 prefills, ``long_context`` has a row of ~1.3k tokens."""
 LENGTHS: tuple[str, ...] = ("1", "block-1", "block", "block+1", "long")
 GRIDS: tuple[str, ...] = ("quick", "full")
 NUM_KV_HEADS = 2
 """Two KV heads, so a wrong query-to-KV head mapping cannot hide behind a single head."""
+KV_HEAD_SWEEP: tuple[int, ...] = (1, 8)
+"""Other KV-head counts, swept with every GQA ratio."""
+LONG_CONTEXT = 1283
+"""Tokens of the longest row (not block aligned; far past any 256-key split of a kernel)."""
+SCALE = 0.3
+"""An explicit ``AttentionSpec.scale``, far from ``head_size ** -0.5`` for every head size the suite uses."""
+LAYOUTS: tuple[str, ...] = ("contiguous", "fused", "head_major")
+"""How q/k/v reach the backend: contiguous, slices of one fused QKV tensor, or token-major views of head-major data."""
+KV_DTYPES: tuple[torch.dtype, ...] = DTYPES + tuple(
+    getattr(torch, n) for n in ("float8_e4m3fn", "float8_e5m2") if hasattr(torch, n)
+)
+"""Every KV-cache dtype the suite knows how to test."""
 
 
 def dtype_name(dtype: torch.dtype) -> str:
@@ -42,6 +57,7 @@ def length_value(label: str, block_size: int) -> int:
         "block": block_size,
         "block+1": block_size + 1,
         "long": max(3 * block_size + 3, 35),
+        "1k": max(LONG_CONTEXT, 4 * block_size + 3),
     }
     if label not in table:
         raise ValueError(f"unknown length label {label!r} (known: {', '.join(LENGTHS)})")
@@ -58,15 +74,44 @@ class Case:
     gqa: int
     kind: str
     length: str
+    num_kv_heads: int = NUM_KV_HEADS
+    scale: float | None = None
+    """``AttentionSpec.scale``; None means the default ``head_size ** -0.5``."""
+    kv_dtype: torch.dtype | None = None
+    """The KV cache's dtype; None means the compute dtype."""
+    layout: str = "contiguous"
+    """One of :data:`LAYOUTS`."""
+
+    def __post_init__(self) -> None:
+        if self.layout not in LAYOUTS:
+            raise ValueError(f"unknown layout {self.layout!r} (known: {', '.join(LAYOUTS)})")
 
     @property
     def id(self) -> str:
-        """Readable pytest id: ``dtype-head-block-gqa-kind-len``."""
-        return f"{dtype_name(self.dtype)}-h{self.head_size}-b{self.block_size}-gqa{self.gqa}-{self.kind}-{self.length}"
+        """Readable pytest id: ``dtype-head-block-gqa-kind-len``, then any non-default extras.
+
+        Extras: ``-kvhN`` (KV heads), ``-scaleS``, ``-kvcache_DTYPE``, ``-LAYOUT``.
+        """
+        base = f"{dtype_name(self.dtype)}-h{self.head_size}-b{self.block_size}-gqa{self.gqa}-{self.kind}-{self.length}"
+        extras = []
+        if self.num_kv_heads != NUM_KV_HEADS:
+            extras.append(f"kvh{self.num_kv_heads}")
+        if self.scale is not None:
+            extras.append(f"scale{self.scale:g}")
+        if self.kv_dtype is not None and self.kv_dtype != self.dtype:
+            extras.append(f"kvcache_{dtype_name(self.kv_dtype)}")
+        if self.layout != "contiguous":
+            extras.append(self.layout)
+        return "-".join([base, *extras])
 
     @property
     def num_heads(self) -> int:
-        return NUM_KV_HEADS * self.gqa
+        return self.num_kv_heads * self.gqa
+
+    @property
+    def cache_dtype(self) -> torch.dtype:
+        """The KV cache's dtype (the compute dtype unless ``kv_dtype`` says otherwise)."""
+        return self.kv_dtype if self.kv_dtype is not None else self.dtype
 
     @property
     def tokens(self) -> int:
@@ -86,6 +131,10 @@ class Case:
             f"block_size:{self.block_size}",
             f"gqa:{self.gqa}",
             f"batch:{self.kind}",
+            f"kv_dtype:{dtype_name(self.cache_dtype)}",
+            f"num_kv_heads:{self.num_kv_heads}",
+            *(["scale"] if self.scale is not None else []),
+            *(["strided_inputs"] if self.layout != "contiguous" else []),
         ]
 
 
@@ -102,9 +151,14 @@ def declared_gqa(caps: BackendCapabilities) -> list[int]:
     return [g for g in GQA_RATIOS if caps.gqa_ratios is None or g in caps.gqa_ratios]
 
 
+def declared_kv_dtypes(caps: BackendCapabilities) -> list[torch.dtype]:
+    """Known KV-cache dtypes the backend declares (its compute dtypes when it declares none)."""
+    return [d for d in KV_DTYPES if d in caps.effective_kv_cache_dtypes]
+
+
 def _valid(kind: str, tokens: int) -> bool:
     # A one-token query is a decode row, so prefill kinds need at least two.
-    return tokens >= 1 and (kind == "decode" or kind == "mixed" or tokens >= 2)
+    return tokens >= 1 and (kind in ("decode", "mixed") or tokens >= 2)
 
 
 def base_config(caps: BackendCapabilities) -> tuple[int, int] | None:
@@ -126,12 +180,14 @@ def attention_cases(caps: BackendCapabilities, grid: str) -> list[Case]:
     if base is None or not dtypes:
         return []
     head, gqa = base
+    full = grid == "full"
+    preferred = caps.block_sizes[0]
     blocks = list(caps.block_sizes)
-    lengths = list(LENGTHS)
-    if grid == "quick":
+    if not full:
         # Edges at the preferred block size, a reduced set at the smallest and largest ones.
-        blocks = sorted({blocks[0], min(blocks), max(blocks)}, key=blocks.index)
+        blocks = sorted({preferred, min(blocks), max(blocks)}, key=blocks.index)
         dtypes = dtypes[:2]
+    first = dtypes[0]
     seen: dict[str, Case] = {}
 
     def add(case: Case) -> None:
@@ -140,15 +196,34 @@ def attention_cases(caps: BackendCapabilities, grid: str) -> list[Case]:
 
     for dtype in dtypes:
         for block in blocks:
-            lens = lengths if grid == "full" or block == caps.block_sizes[0] else ["1", "block+1", "long"]
-            for kind in KINDS:
+            lens = LENGTHS if full or block == preferred else ("1", "block+1", "long")
+            for kind in EDGE_KINDS:
                 for length in lens:
                     add(Case(dtype, head, block, gqa, kind, length))
-    sweep_dtypes = dtypes if grid == "full" else dtypes[:1]
-    for dtype in sweep_dtypes:
+    # Many rows: every block size at the first dtype, every dtype at the preferred block size.
+    for block in blocks:
+        add(Case(first, head, block, gqa, "wide", "long"))
+    for dtype in dtypes:
+        add(Case(dtype, head, preferred, gqa, "wide", "long"))
+    for dtype in dtypes if full else [first]:
+        add(Case(dtype, head, preferred, gqa, "long_context", "1k"))
+    for dtype in dtypes if full else [first]:
         for h in declared_head_sizes(caps):
             for g in declared_gqa(caps):
-                add(Case(dtype, h, caps.block_sizes[0], g, "mixed", "block+1"))
+                add(Case(dtype, h, preferred, g, "mixed", "block+1"))
+    for g in declared_gqa(caps):
+        for kv_heads in KV_HEAD_SWEEP:
+            add(Case(first, head, preferred, g, "mixed", "block+1", num_kv_heads=kv_heads))
+    kinds = ("mixed", "prefix") if full else ("mixed",)
+    for kind in kinds:
+        add(Case(first, head, preferred, gqa, kind, "block+1", scale=SCALE))
+        for layout in LAYOUTS[1:]:
+            add(Case(first, head, preferred, gqa, kind, "block+1", layout=layout))
+    for dtype in dtypes if full else [first]:
+        for kv in declared_kv_dtypes(caps):
+            for kind in kinds:
+                if kv != dtype:
+                    add(Case(dtype, head, preferred, gqa, kind, "block+1", kv_dtype=kv))
     return list(seen.values())
 
 
@@ -159,7 +234,7 @@ def feature_cases(caps: BackendCapabilities, grid: str) -> list[Case]:
     if base is None or not dtypes:
         return []
     head, gqa = base
-    kinds = KINDS if grid == "full" else ("decode", "mixed")
+    kinds = EDGE_KINDS if grid == "full" else ("decode", "mixed")
     return [Case(dtypes[0], head, caps.block_sizes[0], gqa, kind, "long") for kind in kinds]
 
 
@@ -183,3 +258,7 @@ def iter_universe() -> Iterator[tuple[str, str]]:
         yield "gqa", str(g)
     for k in KINDS:
         yield "batch", k
+    for d in KV_DTYPES:
+        yield "kv_dtype", dtype_name(d)
+    for n in sorted({NUM_KV_HEADS, *KV_HEAD_SWEEP}):
+        yield "num_kv_heads", str(n)

@@ -2,21 +2,40 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
-from paged_conformance.batch import Batch
-from paged_conformance.grid import dtype_name
+from paged_conformance.batch import Batch, make_batch
+from paged_conformance.grid import Case, dtype_name
+from paged_conformance.integrity import assert_spare_blocks_untouched, assert_unchanged, snapshot
+from paged_conformance.layouts import strided
 from paged_conformance.oracle import dense_attention, reference_backend_cls
 from paged_core.api import AttentionBackend, AttentionSpec
+
+if TYPE_CHECKING:
+    from paged_conformance.session import Conformance
 
 TOLERANCES: dict[torch.dtype, tuple[float, float]] = {
     torch.float32: (2e-4, 2e-4),
     torch.bfloat16: (3e-2, 3e-2),
     torch.float16: (1e-2, 1e-2),
+    **{getattr(torch, n): (1e-1, 1e-1) for n in ("float8_e4m3fn", "float8_e5m2") if hasattr(torch, n)},
 }
 """``(atol, rtol)`` per dtype, applied against a float32 (or reference) result."""
+
+
+def tolerance(batch: Batch) -> tuple[float, float]:
+    """The looser of the compute dtype's and the KV-cache dtype's tolerances.
+
+    Keys and values are exactly representable in the cache dtype, but a
+    kernel may also compute in it (an fp8 cache often means fp8 queries).
+    """
+    a, r = TOLERANCES.get(batch.dtype, (1e-2, 1e-2))
+    ka, kr = TOLERANCES.get(batch.kv_dtype, (1e-1, 1e-1))
+    return max(a, ka), max(r, kr)
 
 
 @dataclass
@@ -27,6 +46,60 @@ class Step:
     kv_cache: torch.Tensor
 
 
+LAYERS = 2
+"""Layers per checked step: one ``prepare``, then ``forward`` per layer with its own cache and q/k/v."""
+
+
+def run_layers(
+    backend: AttentionBackend,
+    layers: list[Batch],
+    spec: AttentionSpec | None = None,
+    pad: int = 0,
+    fill: torch.Tensor | None = None,
+) -> list[Step]:
+    """Run one step of several layers: store each layer's context, then ``prepare`` once and ``forward`` each.
+
+    The layers share row shapes and block tables (so one metadata serves
+    all, as in a model). After every call the metadata must be bit-identical
+    to a copy taken before; without ``fill``, blocks no row uses must still
+    read as zeros afterwards. ``pad`` appends padding tokens (slot -1);
+    ``fill`` pre-fills each cache (instead of zeros) so stray writes show.
+    q/k/v reach the backend in the first batch's layout.
+    """
+    first = layers[0]
+    spec = spec or first.spec
+    device = backend.device
+    caches = []
+    for batch in layers:
+        cache = backend.allocate_kv_cache(batch.num_blocks, batch.block_size, spec, batch.kv_dtype)
+        if fill is not None:
+            cache.copy_(fill.to(device=cache.device, dtype=cache.dtype))
+        caches.append(cache)
+    contexts = [batch.context_step(device) for batch in layers]
+    if contexts[0] is not None:
+        md = contexts[0][0]
+        before = snapshot(md)
+        backend.prepare(md)
+        for layer, (ctx, cache) in enumerate(zip(contexts, caches, strict=True)):
+            assert ctx is not None
+            k, v = strided(first.layout, ctx[1], ctx[2])
+            backend.write_kv(k, v, cache, md)
+            assert_unchanged(md, before, f"layer {layer}: write_kv (storing the context)")
+    md = first.metadata(device, pad)
+    before = snapshot(md)
+    backend.prepare(md)
+    assert_unchanged(md, before, "prepare")
+    steps = []
+    for layer, (batch, cache) in enumerate(zip(layers, caches, strict=True)):
+        q, k, v = strided(first.layout, *batch.step_tensors(device, pad))
+        out = backend.forward(q, k, v, cache, md, spec)
+        assert_unchanged(md, before, f"layer {layer}: forward")
+        steps.append(Step(out[: md.num_actual_tokens], cache))
+    if fill is None:
+        assert_spare_blocks_untouched(backend, caches, first.spare_blocks(), first.block_size, spec, first.dtype)
+    return steps
+
+
 def run_batch(
     backend: AttentionBackend,
     batch: Batch,
@@ -34,36 +107,38 @@ def run_batch(
     pad: int = 0,
     fill: torch.Tensor | None = None,
 ) -> Step:
-    """Store the batch's context, then run its step through ``prepare`` and ``forward``.
-
-    ``pad`` appends padding tokens (slot -1); ``fill`` pre-fills the cache
-    (instead of zeros) so stray writes show.
-    """
-    spec = spec or batch.spec
-    device = backend.device
-    cache = backend.allocate_kv_cache(batch.num_blocks, batch.block_size, spec, batch.dtype)
-    if fill is not None:
-        cache.copy_(fill.to(device=cache.device, dtype=cache.dtype))
-    ctx = batch.context_step(device)
-    if ctx is not None:
-        md, k, v = ctx
-        backend.prepare(md)
-        backend.write_kv(k, v, cache, md)
-    md = batch.metadata(device, pad)
-    q, k, v = batch.step_tensors(device, pad)
-    backend.prepare(md)
-    out = backend.forward(q, k, v, cache, md, spec)
-    return Step(out[: md.num_actual_tokens], cache)
+    """:func:`run_layers` for a single layer."""
+    return run_layers(backend, [batch], spec, pad, fill)[0]
 
 
 def expected(oracle: str, batch: Batch, device: torch.device, spec: AttentionSpec | None = None) -> torch.Tensor:
-    """The oracle's output rows for ``batch`` (on the CPU)."""
+    """The oracle's output rows for ``batch`` (on the CPU).
+
+    The oracle always gets contiguous inputs and a cache in the compute
+    dtype: the batch's keys and values are exactly representable in its
+    KV-cache dtype, so storing them there loses nothing.
+    """
     if oracle == "dense":
         return dense_attention(batch, spec)
     ref_cls = reference_backend_cls()
     if ref_cls is None:
         raise RuntimeError("the reference oracle is not available in this paged-core")
-    return run_batch(ref_cls(device), batch, spec).output.cpu()
+    plain = dataclasses.replace(batch, kv_dtype=batch.dtype, layout="contiguous")
+    return run_batch(ref_cls(device), plain, spec).output.cpu()
+
+
+def check_layers(conformance: Conformance, case: Case, spec: AttentionSpec | None = None,
+                 what: str = "attention output vs oracle") -> None:
+    """Run ``case`` over :data:`LAYERS` layers in one step and compare every layer with the oracle."""
+    layers = [make_batch(case, spec=spec, layer=i) for i in range(LAYERS)]
+    spec = spec or layers[0].spec
+    conformance.caps.check(spec, case.dtype, case.block_size, kv_cache_dtype=case.cache_dtype)  # declared: accepted
+    steps = run_layers(conformance.backend(), layers, spec)
+    for layer, (batch, step) in enumerate(zip(layers, steps, strict=True)):
+        assert step.output.dtype == case.dtype, (
+            f"layer {layer}: attention returned {step.output.dtype}, expected the query's {case.dtype}"
+        )
+        assert_close(step.output, conformance.expected(batch, spec), batch, f"layer {layer}: {what}")
 
 
 def row_of(batch: Batch, token: int) -> int:
@@ -82,7 +157,7 @@ def assert_close(
     """Fail with the worst token, its row and position when ``actual`` differs from ``want`` beyond tolerance."""
     if tuple(actual.shape) != tuple(want.shape):
         raise AssertionError(f"{what}: shape {tuple(actual.shape)} != expected {tuple(want.shape)}")
-    atol, rtol = TOLERANCES.get(batch.dtype, (1e-2, 1e-2))
+    atol, rtol = tolerance(batch)
     a, w = actual.detach().float().cpu(), want.float().cpu()
     bad = ~torch.isclose(a, w, atol=atol, rtol=rtol)
     if not bad.any():
@@ -95,7 +170,8 @@ def assert_close(
     raise AssertionError(
         f"{what} mismatch: max abs error {float(err.max()):.3g} at token {token} "
         f"(row {b}, position {pos}, query_len {batch.query_lens[b]}, seq_len {batch.seq_lens[b]}, head {head}); "
-        f"{int(bad.sum())}/{bad.numel()} elements outside atol={atol}, rtol={rtol} ({dtype_name(batch.dtype)})"
+        f"{int(bad.sum())}/{bad.numel()} elements outside atol={atol}, rtol={rtol} ({dtype_name(batch.dtype)}, "
+        f"KV cache {dtype_name(batch.kv_dtype)})"
     )
 
 

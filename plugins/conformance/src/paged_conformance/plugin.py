@@ -43,7 +43,7 @@ def pytest_configure(config: pytest.Config) -> None:
     import torch
 
     from paged_conformance.expectations import ExpectationsError, load_expectations
-    from paged_conformance.loading import resolve_backend
+    from paged_conformance.loading import check_declarations, resolve_backend
     from paged_conformance.oracle import choose_oracle
     from paged_conformance.session import CAPABILITY_MARK, CASES_MARK, Conformance, ConformanceSession
 
@@ -51,7 +51,7 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", f"{CAPABILITY_MARK}(*names): report rows this test counts towards")
     try:
         info = resolve_backend(spec)
-        avail = info.cls.availability()
+        avail = check_declarations(info)
         device_opt = config.getoption("paged_device")
         if not avail.available and device_opt is None:
             raise pytest.UsageError(f"backend {info.name!r} is not available here: {avail.reason}")

@@ -13,8 +13,8 @@ OUTCOMES = ("passed", "failed", "error", "xfailed", "xpassed", "skipped", "n/a")
 NA_PREFIX = "N/A:"
 """Skip reasons starting with this mark an undeclared capability, not a skipped test."""
 
-FEATURES = ("kv_cache_shape", "capability_check", "write_kv", "padding", "copy_blocks",
-            "sliding_window", "soft_cap", "graph")
+FEATURES = ("kv_cache_shape", "capability_check", "write_kv", "padding", "copy_blocks", "scale",
+            "strided_inputs", "sliding_window", "soft_cap", "graph")
 """Capability rows that are not an axis of the grid."""
 
 
@@ -97,11 +97,15 @@ def declared_rows(caps: BackendCapabilities) -> dict[str, CapabilityRow]:
             declared = caps.head_sizes is None or int(value) in caps.head_sizes
         elif axis == "gqa":
             declared = caps.gqa_ratios is None or int(value) in caps.gqa_ratios
+        elif axis == "kv_dtype":
+            declared = value in {dtype_name(d) for d in caps.effective_kv_cache_dtypes}
         else:
             declared = True
         rows[f"{axis}:{value}"] = CapabilityRow(f"{axis}:{value}", declared)
     for b in caps.block_sizes:
         rows[f"block_size:{b}"] = CapabilityRow(f"block_size:{b}", True)
+    for d in caps.effective_kv_cache_dtypes:  # declared ones the suite cannot test show as "not run"
+        rows.setdefault(f"kv_dtype:{dtype_name(d)}", CapabilityRow(f"kv_dtype:{dtype_name(d)}", True))
     optional = {"sliding_window": caps.sliding_window, "soft_cap": caps.logits_soft_cap,
                 "graph": caps.graph_support > GraphSupport.NEVER}
     for name in FEATURES:

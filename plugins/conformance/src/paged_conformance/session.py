@@ -11,7 +11,7 @@ import torch
 from paged_conformance import grid as grids
 from paged_conformance.batch import Batch
 from paged_conformance.expectations import Expectation
-from paged_conformance.harness import expected
+from paged_conformance.harness import LAYERS, expected
 from paged_conformance.loading import BackendInfo
 from paged_conformance.report import build_report, write_report
 from paged_conformance.results import TestResult, absorb, declared_rows, fold, render_table
@@ -132,7 +132,9 @@ class ConformanceSession:
         grid = {"name": conf.grid, "graph_capture_sizes": list(grids.graph_capture_sizes(conf.grid)),
                 "graph_batch_sizes": list(grids.graph_batch_sizes(conf.grid)), "head_sizes": list(grids.HEAD_SIZES),
                 "gqa_ratios": list(grids.GQA_RATIOS), "kinds": list(grids.KINDS), "lengths": list(grids.LENGTHS),
-                "num_kv_heads": grids.NUM_KV_HEADS}
+                "num_kv_heads": grids.NUM_KV_HEADS, "num_kv_heads_sweep": list(grids.KV_HEAD_SWEEP),
+                "long_context": grids.LONG_CONTEXT, "scale": grids.SCALE, "layouts": list(grids.LAYOUTS),
+                "kv_dtypes": [grids.dtype_name(d) for d in grids.KV_DTYPES], "layers": LAYERS}
         return {"backend": info, "grid": grid, "oracle": conf.oracle}
 
     def info_dict(self) -> dict[str, object]:

@@ -13,8 +13,8 @@ import itertools
 import pytest
 import torch
 
-from paged_conformance.batch import SPARE_BLOCKS, make_batch
-from paged_conformance.grid import NUM_KV_HEADS, Case, base_config, declared_dtypes
+from paged_conformance.batch import independent_pairs, make_batch
+from paged_conformance.grid import NUM_KV_HEADS, Case, base_config, declared_dtypes, declared_kv_dtypes
 from paged_conformance.harness import assert_close, run_batch
 from paged_conformance.session import Conformance
 from paged_core.api import build_attention_metadata
@@ -31,7 +31,7 @@ def _case(conformance: Conformance, block_size: int, kind: str = "mixed", length
 @pytest.mark.paged_capability("kv_cache_shape")
 @pytest.mark.paged_cases("block_sizes")
 def test_kv_cache_shape(conformance: Conformance, block_size: int) -> None:
-    """``allocate_kv_cache`` returns exactly ``kv_cache_shape``, in the asked dtype, on the backend's device."""
+    """``allocate_kv_cache`` returns exactly ``kv_cache_shape``, in the asked dtype (each declared KV dtype too)."""
     case = _case(conformance, block_size)
     backend = conformance.backend()
     spec = make_batch(case).spec
@@ -42,6 +42,9 @@ def test_kv_cache_shape(conformance: Conformance, block_size: int) -> None:
         assert cache.dtype == case.dtype, f"allocate_kv_cache dtype {cache.dtype} != {case.dtype}"
         assert cache.device.type == backend.device.type, f"cache on {cache.device}, backend on {backend.device}"
     assert backend.kv_cache_shape(1, block_size, NUM_KV_HEADS, case.head_size) != want, "shape ignores num_blocks"
+    for kv_dtype in declared_kv_dtypes(conformance.caps):
+        cache = backend.allocate_kv_cache(7, block_size, spec, kv_dtype)
+        assert cache.dtype == kv_dtype, f"allocate_kv_cache in a declared KV dtype gave {cache.dtype}, not {kv_dtype}"
 
 
 @pytest.mark.paged_capability("padding")
@@ -87,15 +90,19 @@ def test_write_kv_round_trip(conformance: Conformance, block_size: int) -> None:
 @pytest.mark.paged_capability("copy_blocks")
 @pytest.mark.paged_cases("block_sizes")
 def test_copy_blocks(conformance: Conformance, block_size: int) -> None:
-    """After ``copy_blocks`` in two layers, attention over the copies and over the sources both match the oracle."""
+    """One ``copy_blocks`` call with several pairs (a source copied twice) in three layers; copies read back right.
+
+    Attention over the copies (both variants of the last block) and over the
+    untouched sources must match the oracle in every layer.
+    """
     n = 2 * block_size + 1  # three blocks, the last one partly filled
     case = _case(conformance, block_size, "decode", "long")
-    layers = [make_batch(case, rows=[(1, n)]), make_batch(dataclasses.replace(case, kind="prefill"), rows=[(1, n)])]
-    layers[1] = dataclasses.replace(layers[1], block_tables=layers[0].block_tables)
+    layers = [make_batch(case, rows=[(1, n)], layer=i) for i in range(3)]  # one seed: shared block tables
     src = layers[0].block_tables[0]
-    used = set(src)
-    spare = [b for b in range(1, layers[0].num_blocks) if b not in used][:SPARE_BLOCKS]
-    assert len(spare) == len(src), "internal: the batch has too few spare blocks"
+    spare = layers[0].spare_blocks()
+    assert len(spare) >= len(src) + 1, "internal: the batch has too few spare blocks"
+    # The last source goes to two destinations, as a fork of a partly filled block does.
+    pairs = independent_pairs([*zip(src, spare, strict=False), (src[-1], spare[len(src)])])
     backend = conformance.backend()
     caches = []
     for batch in layers:
@@ -104,14 +111,15 @@ def test_copy_blocks(conformance: Conformance, block_size: int) -> None:
         backend.prepare(md)
         backend.write_kv(batch.keys[0].to(backend.device), batch.values[0].to(backend.device), cache, md)
         caches.append(cache)
-    pairs = torch.tensor(list(zip(src, spare, strict=True)), dtype=torch.int64, device=backend.device)
-    backend.copy_blocks(caches, pairs)
+    backend.copy_blocks(caches, torch.tensor(pairs, dtype=torch.int64, device=backend.device))
+    tables = {"copied": spare[: len(src)], "second copy of the last": [*spare[: len(src) - 1], spare[len(src)]],
+              "source": src}
     for layer, (batch, cache) in enumerate(zip(layers, caches, strict=True)):
-        for label, table in (("copied", spare), ("source", src)):
+        want = conformance.expected(batch)
+        for label, table in tables.items():
             moved = dataclasses.replace(batch, block_tables=[table])
             md = moved.metadata(backend.device)
             q = torch.cat(moved.queries).to(backend.device)
             backend.prepare(md)
             out = backend.attention(q, cache, md, moved.spec)
-            assert_close(out[: md.num_actual_tokens], conformance.expected(moved), moved,
-                         f"layer {layer}, attention over the {label} blocks")
+            assert_close(out[: md.num_actual_tokens], want, moved, f"layer {layer}, attention over the {label} blocks")

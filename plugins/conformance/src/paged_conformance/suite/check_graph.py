@@ -1,9 +1,11 @@
-"""Graph replay through the core's GraphRunner equals eager execution (only when capture is declared).
+"""Graph replay through the core's GraphRunner equals eager execution and the oracle (only when declared).
 
 One runner per module captures every size once; each test then replays two
 batches of its size, the second in different blocks with different lengths,
 so a strategy or backend that froze the capture-time block table or
 sequence lengths fails. Row counts between capture sizes exercise padding.
+Replays are compared with the oracle too: a bug shared by the eager and
+replayed paths would otherwise pass.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ class GraphRig:
     cache: torch.Tensor
     spec: AttentionSpec
     case: Case
+    conformance: Conformance
 
 
 @pytest.fixture(scope="module")
@@ -60,7 +63,7 @@ def graph_rig(conformance: Conformance) -> GraphRig:
     runner = GraphRunner(backend, step, block_size=case.block_size, max_blocks_per_seq=MAX_BLOCKS_PER_SEQ,
                          capture_sizes=graph_capture_sizes(conformance.grid), device=backend.device, inputs=inputs)
     runner.capture_all()
-    return GraphRig(backend, runner, cache, spec, case)
+    return GraphRig(backend, runner, cache, spec, case, conformance)
 
 
 def _batch(rig: GraphRig, rows: list[tuple[int, int]], phase: str, offset: int) -> Batch:
@@ -88,6 +91,7 @@ def _replay_and_compare(rig: GraphRig, batch: Batch, phase: str) -> None:
     reasons = dict(rig.runner.stats.fallback_reasons)
     assert rig.runner.stats.replays == before + 1, f"{phase}: batch ran eagerly instead of replaying ({reasons})"
     assert_close(out, eager, batch, f"graph replay ({phase}) vs eager")
+    assert_close(out, rig.conformance.expected(batch, rig.spec), batch, f"graph replay ({phase}) vs oracle")
     differ = int((rig.cache != eager_cache).sum())
     assert differ == 0, f"{phase}: KV cache after replay differs from eager in {differ} elements"
 
@@ -95,7 +99,7 @@ def _replay_and_compare(rig: GraphRig, batch: Batch, phase: str) -> None:
 @pytest.mark.paged_capability("graph")
 @pytest.mark.paged_cases("graph_sizes")
 def test_graph_replay_matches_eager(graph_rig: GraphRig, batch_size: int) -> None:
-    """Decode batches of ``batch_size`` rows replay equal to eager, also after the block tables change."""
+    """Decode batches of ``batch_size`` rows replay equal to eager and the oracle, also after the tables change."""
     rig, block = graph_rig, graph_rig.case.block_size
     rig.cache.zero_()
     first = _batch(rig, [(1, m * block + e) for m, e in FIRST_LENGTHS[:batch_size]], "graph-a", 0)

@@ -1,0 +1,128 @@
+"""The captured step reads metadata only on the device (only when graph capture is declared).
+
+A device graph records kernels, not Python: a step that reads a metadata
+tensor on the host (``.item()``, ``.tolist()``, ``int()``, a branch on a
+value) runs fine eagerly and under ``torch.compile`` with graph breaks, but a
+CUDA/HIP/XPU graph freezes the capture-time value. Tracing the runner's step
+with ``torch.compile(fullgraph=True)`` turns every such read that steers
+the computation into an error, with no device needed; an eager run under a
+torch-function mode also catches reads whose result the compiler would
+drop as dead code.
+"""
+
+from __future__ import annotations
+
+import itertools
+import types
+from collections.abc import Callable, Collection, Hashable
+from typing import Any
+
+import pytest
+import torch
+from torch.overrides import TorchFunctionMode
+
+from paged_conformance.batch import make_batch
+from paged_conformance.grid import Case, base_config, declared_dtypes
+from paged_conformance.session import Conformance
+from paged_core.api import AttentionMetadata, EagerStrategy, GraphRunner, GraphSupport, StaticInput, StepFn
+
+TRACE_SIZE = 2
+"""Decode rows in the traced step."""
+_TAGS = itertools.count()
+
+
+class RecordingStrategy(EagerStrategy):
+    """Eager replay that also keeps each captured step and its static arguments for tracing."""
+
+    name = "conformance-recording"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.recorded: dict[Hashable, tuple[StepFn, tuple[torch.Tensor, ...]]] = {}
+
+    def capture(self, key: Hashable, fn: StepFn, args: tuple[torch.Tensor, ...]) -> None:
+        super().capture(key, fn, args)
+        self.recorded[key] = (fn, args)
+
+
+class HostReads(TorchFunctionMode):
+    """Records every tensor-to-Python conversion made while active (each one a device sync)."""
+
+    READS = frozenset({"item", "tolist", "__bool__", "__int__", "__float__", "__index__", "numpy"})
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: list[str] = []
+
+    def __torch_function__(
+        self,
+        func: Callable[..., Any],
+        type_list: Collection[type],
+        args: tuple[Any, ...] = (),
+        kwargs: dict[str, Any] | None = None,
+    ) -> Any:
+        name = getattr(func, "__name__", "")
+        if name in self.READS:
+            self.seen.append(name)
+        return func(*args, **(kwargs or {}))
+
+
+def _own_entry(fn: StepFn) -> StepFn:
+    """Call ``fn`` through a function with a code object of its own.
+
+    The compiler caches per code object and gives up after a few
+    recompilations; every check (many backends may be checked in one
+    process) gets a fresh entry so it is really traced.
+    """
+
+    def entry(*args: torch.Tensor) -> torch.Tensor:
+        return fn(*args)
+
+    code = entry.__code__.replace(co_name=f"paged_conformance_trace_{next(_TAGS)}")
+    return types.FunctionType(code, entry.__globals__, code.co_name, None, entry.__closure__)
+
+
+@pytest.mark.paged_capability("graph")
+def test_graph_step_has_no_host_reads(conformance: Conformance) -> None:
+    """The uniform-decode step the runner captures compiles with ``fullgraph=True`` (no graph break)."""
+    caps = conformance.caps
+    if caps.graph_support == GraphSupport.NEVER:
+        pytest.skip("N/A: graph capture not declared (graph_support is never)")
+    head, gqa = base_config(caps) or pytest.skip("N/A: no head size or GQA ratio the suite knows is declared")
+    case = Case(declared_dtypes(caps)[0], head, caps.block_sizes[0], gqa, "decode", "block+1")
+    batch = make_batch(case, rows=[(1, case.block_size + 1), (1, 2 * case.block_size + 3)])
+    spec = batch.spec
+    backend = conformance.backend()
+    cache = backend.allocate_kv_cache(batch.num_blocks, case.block_size, spec, case.dtype)
+
+    def step(metadata: AttentionMetadata, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
+        return backend.forward(query, key, value, cache, metadata, spec)
+
+    recorder = RecordingStrategy()
+    inputs = [StaticInput(name, (heads, head), case.dtype)
+              for name, heads in (("query", spec.num_heads), ("key", spec.num_kv_heads), ("value", spec.num_kv_heads))]
+    runner = GraphRunner(backend, step, block_size=case.block_size, max_blocks_per_seq=batch.max_blocks,
+                         capture_sizes=(TRACE_SIZE,), device=backend.device, inputs=inputs, strategy=recorder,
+                         warmup_iters=1)
+    runner.capture_all()
+    md = batch.metadata(backend.device)
+    q, k, v = batch.step_tensors(backend.device)
+    runner.run(md, query=q, key=k, value=v)  # fills the static buffers with a real batch
+    assert TRACE_SIZE in recorder.recorded, "the runner captured no step for a uniform decode batch"
+    fn, args = recorder.recorded[TRACE_SIZE]
+    try:
+        torch.compile(_own_entry(fn), backend="eager", fullgraph=True, dynamic=False)(*args)
+    except Exception as exc:
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
+        raise AssertionError(
+            "the captured decode step does not trace as one graph (torch.compile fullgraph=True): "
+            f"{type(exc).__name__}: {first}. A host-side read of metadata (.item(), .tolist(), int(), a Python "
+            "branch on a tensor value) would be frozen into a device graph at capture time."
+        ) from None
+    with HostReads() as reads:
+        fn(*args)
+    if reads.seen:
+        raise AssertionError(
+            f"the captured decode step reads tensors on the host ({', '.join(dict.fromkeys(reads.seen))}): "
+            "a device graph would freeze the values seen at capture time"
+        )
