@@ -62,26 +62,13 @@ class GoodGraphFake(GoodFake):
         return torch.einsum("ths,tshd->thd", scores.softmax(-1), values).to(query.dtype)
 
 
-class SnapshotStrategy(GraphCaptureStrategy):
+class SnapshotStrategy(EagerStrategy):
     """Bug: copies the static inputs at capture, so replays never see new block tables or lengths."""
 
     name = "snapshot"
 
-    def __init__(self) -> None:
-        self.steps: dict[Hashable, tuple[StepFn, tuple[torch.Tensor, ...]]] = {}
-
     def capture(self, key: Hashable, fn: StepFn, args: tuple[torch.Tensor, ...]) -> None:
-        self.steps[key] = (fn, tuple(a.clone() for a in args))
-
-    def replay(self, key: Hashable) -> torch.Tensor:
-        fn, args = self.steps[key]
-        return fn(*args)
-
-    def has(self, key: Hashable) -> bool:
-        return key in self.steps
-
-    def reset(self) -> None:
-        self.steps.clear()
+        super().capture(key, fn, tuple(a.clone() for a in args))
 
 
 class StaleGraph(GoodGraphFake):

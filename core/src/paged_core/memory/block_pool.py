@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 
 from paged_core.errors import ConfigError, PagedError
 from paged_core.memory.block import FreeBlockQueue, KVBlock
@@ -102,6 +102,3 @@ class BlockPool:
             block.block_hash = None
         self.cached.clear()
         return True
-
-    def block_ids(self, blocks: Sequence[KVBlock]) -> list[int]:
-        return [b.block_id for b in blocks]

@@ -17,11 +17,11 @@ import pytest
 import torch
 
 from paged_conformance.batch import Batch, make_batch
-from paged_conformance.grid import NUM_KV_HEADS, Case, base_config, declared_dtypes, graph_capture_sizes
+from paged_conformance.graphs import attention_runner, graph_case
+from paged_conformance.grid import NUM_KV_HEADS, Case, graph_capture_sizes
 from paged_conformance.harness import assert_close
 from paged_conformance.session import Conformance
-from paged_core.api import AttentionBackend, AttentionMetadata, AttentionSpec, GraphSupport
-from paged_core.graph import GraphRunner, StaticInput
+from paged_core.api import AttentionBackend, AttentionSpec, GraphRunner, GraphSupport
 
 MAX_BLOCKS_PER_SEQ = 5
 CACHE_BLOCKS = 96
@@ -45,23 +45,12 @@ class GraphRig:
 @pytest.fixture(scope="module")
 def graph_rig(conformance: Conformance) -> GraphRig:
     """Capture every graph size once for this module (N/A when capture is not declared)."""
-    caps = conformance.caps
-    if caps.graph_support == GraphSupport.NEVER:
-        pytest.skip("N/A: graph capture not declared (graph_support is never)")
-    head, gqa = base_config(caps) or pytest.skip("N/A: no head size or GQA ratio the suite knows is declared")
-    case = Case(declared_dtypes(caps)[0], head, caps.block_sizes[0], gqa, "decode", "1")
-    spec = AttentionSpec(case.num_heads, NUM_KV_HEADS, head)
+    case = graph_case(conformance, "1")
+    spec = AttentionSpec(case.num_heads, NUM_KV_HEADS, case.head_size)
     backend = conformance.backend()
     cache = backend.allocate_kv_cache(CACHE_BLOCKS, case.block_size, spec, case.dtype)
-
-    def step(metadata: AttentionMetadata, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
-        return backend.forward(query, key, value, cache, metadata, spec)
-
-    inputs = [StaticInput("query", (spec.num_heads, head), case.dtype),
-              StaticInput("key", (NUM_KV_HEADS, head), case.dtype),
-              StaticInput("value", (NUM_KV_HEADS, head), case.dtype)]
-    runner = GraphRunner(backend, step, block_size=case.block_size, max_blocks_per_seq=MAX_BLOCKS_PER_SEQ,
-                         capture_sizes=graph_capture_sizes(conformance.grid), device=backend.device, inputs=inputs)
+    runner = attention_runner(backend, cache, spec, case, max_blocks_per_seq=MAX_BLOCKS_PER_SEQ,
+                              capture_sizes=graph_capture_sizes(conformance.grid))
     runner.capture_all()
     return GraphRig(backend, runner, cache, spec, case, conformance)
 

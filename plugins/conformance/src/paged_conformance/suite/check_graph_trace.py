@@ -22,9 +22,9 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from paged_conformance.batch import make_batch
-from paged_conformance.grid import Case, base_config, declared_dtypes
+from paged_conformance.graphs import attention_runner, graph_case
 from paged_conformance.session import Conformance
-from paged_core.api import AttentionMetadata, EagerStrategy, GraphRunner, GraphSupport, StaticInput, StepFn
+from paged_core.api import EagerStrategy, StepFn
 
 TRACE_SIZE = 2
 """Decode rows in the traced step."""
@@ -85,25 +85,14 @@ def _own_entry(fn: StepFn) -> StepFn:
 @pytest.mark.paged_capability("graph")
 def test_graph_step_has_no_host_reads(conformance: Conformance) -> None:
     """The uniform-decode step the runner captures compiles with ``fullgraph=True`` (no graph break)."""
-    caps = conformance.caps
-    if caps.graph_support == GraphSupport.NEVER:
-        pytest.skip("N/A: graph capture not declared (graph_support is never)")
-    head, gqa = base_config(caps) or pytest.skip("N/A: no head size or GQA ratio the suite knows is declared")
-    case = Case(declared_dtypes(caps)[0], head, caps.block_sizes[0], gqa, "decode", "block+1")
+    case = graph_case(conformance, "block+1")
     batch = make_batch(case, rows=[(1, case.block_size + 1), (1, 2 * case.block_size + 3)])
     spec = batch.spec
     backend = conformance.backend()
     cache = backend.allocate_kv_cache(batch.num_blocks, case.block_size, spec, case.dtype)
-
-    def step(metadata: AttentionMetadata, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
-        return backend.forward(query, key, value, cache, metadata, spec)
-
     recorder = RecordingStrategy()
-    inputs = [StaticInput(name, (heads, head), case.dtype)
-              for name, heads in (("query", spec.num_heads), ("key", spec.num_kv_heads), ("value", spec.num_kv_heads))]
-    runner = GraphRunner(backend, step, block_size=case.block_size, max_blocks_per_seq=batch.max_blocks,
-                         capture_sizes=(TRACE_SIZE,), device=backend.device, inputs=inputs, strategy=recorder,
-                         warmup_iters=1)
+    runner = attention_runner(backend, cache, spec, case, max_blocks_per_seq=batch.max_blocks,
+                              capture_sizes=(TRACE_SIZE,), strategy=recorder, warmup_iters=1)
     runner.capture_all()
     md = batch.metadata(backend.device)
     q, k, v = batch.step_tensors(backend.device)
