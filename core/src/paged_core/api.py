@@ -13,6 +13,10 @@ from paged_core.contract.capabilities import AttentionSpec, BackendCapabilities,
 from paged_core.contract.graph_strategy import EagerStrategy, GraphCaptureStrategy, StepFn
 from paged_core.contract.metadata import AttentionMetadata, build_attention_metadata
 from paged_core.contract.version import PLUGIN_API_VERSION, SUPPORTED_PLUGIN_API_VERSIONS
+from paged_core.engine.config import EngineConfig
+from paged_core.engine.engine import LLMEngine
+from paged_core.engine.llm import LLM
+from paged_core.engine.outputs import CompletionOutput, RequestMetrics, RequestOutput
 from paged_core.errors import (
     BackendNotFoundError,
     BackendUnavailableError,
@@ -36,11 +40,18 @@ from paged_core.memory.stats import PrefixCacheStats
 from paged_core.reference.backend import ReferenceBackend
 from paged_core.reference.dense import dense_causal_attention
 from paged_core.registry import BackendRecord, BackendRegistry, BackendStatus, hookimpl, load_registry
+from paged_core.sampling.logprobs import TokenLogprobs
+from paged_core.sampling.params import SamplingParams
+from paged_core.sampling.sampler import Sampler, SamplerOutput
+from paged_core.sampling.state import SamplingState
 from paged_core.sched.output import CachedRequestData, NewRequestData, RequestUpdate, SchedulerOutput
 from paged_core.sched.request import Request, RequestStatus
 from paged_core.sched.scheduler import Scheduler
+from paged_core.text.detokenizer import IncrementalDetokenizer
+from paged_core.text.stop import StopStringChecker
 
 __all__ = [
+    "LLM",
     "PLUGIN_API_VERSION",
     "SUPPORTED_PLUGIN_API_VERSIONS",
     "AttentionBackend",
@@ -57,28 +68,40 @@ __all__ = [
     "CacheConfig",
     "CachedRequestData",
     "CompiledStrategy",
+    "CompletionOutput",
     "ConfigError",
     "DeviceGraphStrategy",
     "EagerStrategy",
+    "EngineConfig",
     "GraphCaptureStrategy",
     "GraphRunner",
     "GraphStats",
     "GraphSupport",
+    "IncrementalDetokenizer",
     "KVBlock",
     "KVCacheManager",
+    "LLMEngine",
     "NewRequestData",
     "PagedError",
     "PrefixCacheStats",
     "ReferenceBackend",
     "Request",
+    "RequestMetrics",
+    "RequestOutput",
     "RequestRejectedError",
     "RequestStatus",
     "RequestUpdate",
+    "Sampler",
+    "SamplerOutput",
+    "SamplingParams",
+    "SamplingState",
     "Scheduler",
     "SchedulerConfig",
     "SchedulerOutput",
     "StaticInput",
     "StepFn",
+    "StopStringChecker",
+    "TokenLogprobs",
     "UnsupportedConfigError",
     "build_attention_metadata",
     "capture_sizes",

@@ -90,8 +90,14 @@ class Scheduler:
         self._unannounced.add(child_id)
         return child
 
-    def abort(self, request_ids: Sequence[str]) -> list[str]:
-        """Abort requests by id (unknown ids are ignored); returns the ids actually aborted."""
+    def abort(self, request_ids: Sequence[str], status: RequestStatus = RequestStatus.FINISHED_ABORTED) -> list[str]:
+        """End requests by id and free their blocks (unknown ids are ignored); returns the ids actually ended.
+
+        ``status`` records why: aborted by the client (the default), or a stop
+        rule the engine detected outside the scheduler (a stop string).
+        """
+        if not status.is_finished:
+            raise ValueError(f"abort needs a finished status, got {status}")
         done = []
         for rid in request_ids:
             req = self.requests.pop(rid, None)
@@ -102,7 +108,7 @@ class Scheduler:
             else:
                 self.waiting.remove(req)
             self.kv.free(req)
-            req.status = RequestStatus.FINISHED_ABORTED
+            req.status = status
             self._unannounced.discard(rid)
             self._finished_ids.add(rid)
             done.append(rid)

@@ -1,0 +1,175 @@
+"""Assembling an engine's parts: backend choice, model, KV cache and scheduler, with the reasons logged."""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from paged_core.config import CacheConfig, SchedulerConfig
+from paged_core.contract.backend import AttentionBackend
+from paged_core.contract.capabilities import AttentionSpec
+from paged_core.engine.attention import layer_specs, register_paged_attention
+from paged_core.engine.config import EngineConfig
+from paged_core.engine.dtype import resolve_dtype
+from paged_core.engine.kv_budget import default_budget, parse_size
+from paged_core.engine.loader import ModelSource, load_model, load_tokenizer, resolve_source
+from paged_core.engine.model_runner import ModelRunner
+from paged_core.errors import BackendUnavailableError, ConfigError, UnsupportedConfigError
+from paged_core.registry import BackendStatus, load_registry
+from paged_core.sched.scheduler import Scheduler
+
+log = logging.getLogger("paged.engine")
+
+
+@dataclass
+class EngineParts:
+    """Everything :class:`~paged_core.engine.engine.LLMEngine` runs on."""
+
+    loaded: LoadedModel
+    runner: ModelRunner
+    scheduler: Scheduler
+    max_model_len: int
+
+
+def meta_specs(source: ModelSource) -> tuple[Any, list[AttentionSpec]]:
+    """The model config and per-layer attention specs, read from a weightless (meta-device) instance."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    try:
+        config = AutoConfig.from_pretrained(str(source.directory), gguf_file=source.gguf_file)
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"{source.directory}: cannot read the model config ({exc})") from None
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)  # type: ignore[no-untyped-call]
+    return config, layer_specs(model)
+
+
+def _check(cls: type[AttentionBackend], specs: list[AttentionSpec], dtype: torch.dtype, block_size: int) -> None:
+    caps = cls.capabilities()
+    for spec in dict.fromkeys(specs):
+        caps.check(spec, dtype, block_size)
+
+
+def choose_backend(
+    config: EngineConfig, specs: list[AttentionSpec]
+) -> tuple[type[AttentionBackend], torch.device, torch.dtype, int]:
+    """The backend, device, dtype and block size to run with.
+
+    An explicit backend must accept the model (else the error says why); the
+    automatic choice takes the highest-priority available backend that does.
+    """
+    registry = load_registry()
+    if config.backend:
+        candidates = [registry.select(config.backend)]
+    else:
+        candidates = [r.backend_cls for r in registry.records() if r.status is BackendStatus.LOADED and r.backend_cls]
+    refusals = []
+    for cls in candidates:
+        device = torch.device(config.device or cls.availability().device)
+        dtype = resolve_dtype(config.dtype, device)
+        caps = cls.capabilities()
+        if config.dtype == "auto" and dtype not in caps.dtypes and torch.float32 in caps.dtypes:
+            dtype = torch.float32
+        block_size = config.block_size or caps.default_block_size
+        try:
+            _check(cls, specs, dtype, block_size)
+        except UnsupportedConfigError as exc:
+            if config.backend:
+                raise UnsupportedConfigError(f"backend {cls.name!r} cannot serve this model: {exc}") from None
+            refusals.append(f"{cls.name}: {exc}")
+            continue
+        return cls, device, dtype, block_size
+    raise BackendUnavailableError("no available backend can serve this model: " + "; ".join(refusals))
+
+
+def bytes_per_block(backend: AttentionBackend, specs: list[AttentionSpec], block_size: int, dtype: torch.dtype) -> int:
+    """KV bytes one block costs across all layers, in the backend's own layout."""
+    item = torch.empty((), dtype=dtype).element_size()
+    total = 0
+    for s in specs:
+        one = math.prod(backend.kv_cache_shape(1, block_size, s.num_kv_heads, s.head_size))
+        two = math.prod(backend.kv_cache_shape(2, block_size, s.num_kv_heads, s.head_size))
+        total += (two - one) * item
+    return total
+
+
+def _eos_ids(model: Any, tokenizer: Any | None) -> tuple[int, ...]:
+    ids: list[int] = []
+    for source in (getattr(model, "generation_config", None), model.config, tokenizer):
+        value = getattr(source, "eos_token_id", None) if source is not None else None
+        for v in value if isinstance(value, (list, tuple)) else [value]:
+            if isinstance(v, int) and v not in ids:
+                ids.append(v)
+        if ids:
+            break
+    return tuple(ids)
+
+
+@dataclass
+class LoadedModel:
+    """The expensive, reusable half of an engine: weights, tokenizer and the chosen backend."""
+
+    source: ModelSource
+    tokenizer: Any | None
+    model: Any
+    specs: list[AttentionSpec]
+    backend: AttentionBackend
+    dtype: torch.dtype
+    eos_token_ids: tuple[int, ...]
+    model_max_len: int
+
+
+def load(config: EngineConfig) -> LoadedModel:
+    """Choose the backend for the model, then load tokenizer and weights onto its device."""
+    source = resolve_source(config.model)
+    model_config, specs = meta_specs(source)
+    cls, device, dtype, _ = choose_backend(config, specs)
+    tokenizer = load_tokenizer(source)
+    model = load_model(source, dtype, device, register_paged_attention())
+    limit = int(getattr(model_config.get_text_config(), "max_position_embeddings", 0) or 0) or 2**20
+    return LoadedModel(source, tokenizer, model, specs, cls(device=device), dtype, _eos_ids(model, tokenizer), limit)
+
+
+def build_parts(config: EngineConfig, loaded: LoadedModel | None = None) -> EngineParts:
+    """Size the KV cache and the scheduler around a (possibly already) loaded model."""
+    if loaded is None:
+        loaded = load(config)
+    else:
+        _check(type(loaded.backend), loaded.specs, loaded.dtype,
+               config.block_size or type(loaded.backend).capabilities().default_block_size)  # fmt: skip
+    backend, specs, dtype = loaded.backend, loaded.specs, loaded.dtype
+    block_size = config.block_size or type(backend).capabilities().default_block_size
+    limit = loaded.model_max_len
+    max_model_len = min(config.max_model_len or limit, limit)
+    if config.max_model_len and config.max_model_len > limit:
+        log.warning("max_model_len %d exceeds the model's %d; using %d", config.max_model_len, limit, limit)
+    per_block = bytes_per_block(backend, specs, block_size, dtype)
+    budget = (
+        parse_size(config.kv_cache_memory)
+        if config.kv_cache_memory is not None
+        else default_budget(backend.device, config.memory_fraction)
+    )
+    cache_config = CacheConfig.from_memory(budget, per_block, block_size=block_size,
+                                           enable_prefix_caching=config.enable_prefix_caching)  # fmt: skip
+    kv_caches = [backend.allocate_kv_cache(cache_config.num_blocks, block_size, s, dtype) for s in specs]
+    sched_config = SchedulerConfig(
+        max_model_len=max_model_len,
+        max_num_batched_tokens=config.max_num_batched_tokens,
+        max_num_seqs=config.max_num_seqs,
+        enable_chunked_prefill=config.enable_chunked_prefill,
+        policy=config.policy,
+    )
+    scheduler = Scheduler(sched_config, cache_config)
+    runner = ModelRunner(loaded.model, backend, specs, kv_caches, block_size)
+    log.info(
+        "model %s (%s) on backend %s, device %s; KV cache: %d blocks of %d tokens (%.2f GiB), "
+        "at most %d tokens in flight; max_model_len %d",
+        loaded.source.name, str(dtype).removeprefix("torch."), backend.name, backend.device,
+        cache_config.num_blocks - 1, block_size, cache_config.num_blocks * per_block / 2**30,
+        (cache_config.num_blocks - 1) * block_size, scheduler.max_len,
+    )  # fmt: skip
+    return EngineParts(loaded, runner, scheduler, scheduler.max_len)

@@ -1,0 +1,68 @@
+"""Tiny random-weight decoder models of several architectures, built from a config in-process."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+VOCAB = 512
+
+
+def _common(**extra: Any) -> dict[str, Any]:
+    base = {
+        "vocab_size": VOCAB,
+        "hidden_size": 128,
+        "intermediate_size": 256,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 64,
+        "max_position_embeddings": 1024,
+        # Wide weights make the logits peaky, so greedy choices are not decided by rounding.
+        "initializer_range": 0.3,
+        "tie_word_embeddings": False,
+        "bos_token_id": 1,
+        "eos_token_id": 2,
+        "pad_token_id": 0,
+    }
+    base.update(extra)
+    return base
+
+
+def _qwen3() -> Any:
+    from transformers import Qwen3Config
+
+    return Qwen3Config(**_common())
+
+
+def _mistral() -> Any:
+    from transformers import MistralConfig
+
+    # A window shorter than most prompts, so sliding-window attention is really exercised.
+    return MistralConfig(**_common(sliding_window=48))
+
+
+def _gemma2() -> Any:
+    from transformers import Gemma2Config
+
+    return Gemma2Config(
+        **_common(
+            sliding_window=40, attn_logit_softcapping=30.0, final_logit_softcapping=20.0, query_pre_attn_scalar=48
+        )
+    )
+
+
+ARCHITECTURES = {"qwen3": _qwen3, "mistral": _mistral, "gemma2": _gemma2}
+
+
+def save_tiny_model(arch: str, directory: Path, seed: int = 0) -> Path:
+    """Build ``arch`` with random weights (seeded) and save it as safetensors under ``directory``."""
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(ARCHITECTURES[arch](), dtype=torch.float32)
+    out = directory / arch
+    model.save_pretrained(out)
+    return out
