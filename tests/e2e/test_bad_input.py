@@ -41,14 +41,14 @@ def test_token_ids_outside_the_vocabulary(smol: LLM) -> None:
     ("field", "value", "accepted"),
     [
         ("max_tokens", 0, ">= 1"),
-        ("temperature", -0.5, "temperature"),
+        ("temperature", -0.5, ">= 0"),
         ("top_p", 0.0, r"\(0, 1\]"),
         ("top_p", 1.5, r"\(0, 1\]"),
         ("n", 0, ">= 1"),
     ],
 )
 def test_sampling_params_name_the_field(field: str, value: object, accepted: str) -> None:
-    with pytest.raises(RequestRejectedError, match=rf"SamplingParams\.{field}.*{accepted}|{accepted}.*{field}"):
+    with pytest.raises(RequestRejectedError, match=rf"SamplingParams\.{field} must be .*{accepted}.*got"):
         SamplingParams(**{field: value})  # type: ignore[arg-type]
 
 

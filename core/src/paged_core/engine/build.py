@@ -16,8 +16,9 @@ from paged_core.engine.attention import layer_specs, register_paged_attention
 from paged_core.engine.config import EngineConfig
 from paged_core.engine.dtype import resolve_dtype
 from paged_core.engine.kv_budget import default_budget, parse_size
-from paged_core.engine.loader import ModelSource, load_model, load_tokenizer, resolve_source
+from paged_core.engine.loader import ModelSource, check_gguf, load_model, load_tokenizer, resolve_source
 from paged_core.engine.model_runner import ModelRunner
+from paged_core.engine.profile import profile_peak_bytes
 from paged_core.errors import BackendUnavailableError, ConfigError, UnsupportedConfigError
 from paged_core.registry import BackendStatus, load_registry
 from paged_core.sched.scheduler import Scheduler
@@ -42,7 +43,8 @@ def meta_specs(source: ModelSource) -> tuple[Any, list[AttentionSpec]]:
     try:
         config = AutoConfig.from_pretrained(str(source.directory), gguf_file=source.gguf_file)
     except (OSError, ValueError) as exc:
-        raise ConfigError(f"{source.directory}: cannot read the model config ({exc})") from None
+        where = source.directory / source.gguf_file if source.gguf_file else source.directory
+        raise ConfigError(f"{where}: cannot read the model config ({exc})") from None
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config)  # type: ignore[no-untyped-call]
     return config, layer_specs(model)
@@ -126,6 +128,8 @@ class LoadedModel:
 def load(config: EngineConfig) -> LoadedModel:
     """Choose the backend for the model, then load tokenizer and weights onto its device."""
     source = resolve_source(config.model)
+    if source.gguf_file is not None:
+        check_gguf(source.directory / source.gguf_file)
     model_config, specs = meta_specs(source)
     cls, device, dtype, _ = choose_backend(config, specs)
     tokenizer = load_tokenizer(source)
@@ -148,11 +152,11 @@ def build_parts(config: EngineConfig, loaded: LoadedModel | None = None) -> Engi
     if config.max_model_len and config.max_model_len > limit:
         log.warning("max_model_len %d exceeds the model's %d; using %d", config.max_model_len, limit, limit)
     per_block = bytes_per_block(backend, specs, block_size, dtype)
-    budget = (
-        parse_size(config.kv_cache_memory)
-        if config.kv_cache_memory is not None
-        else default_budget(backend.device, config.memory_fraction)
-    )
+    if config.kv_cache_memory is not None:
+        budget = parse_size(config.kv_cache_memory)
+    else:
+        peak = profile_peak_bytes(loaded.model, backend, specs, dtype, block_size, config.max_num_batched_tokens)
+        budget = default_budget(backend.device, config.memory_fraction, peak)
     cache_config = CacheConfig.from_memory(budget, per_block, block_size=block_size,
                                            enable_prefix_caching=config.enable_prefix_caching)  # fmt: skip
     kv_caches = [backend.allocate_kv_cache(cache_config.num_blocks, block_size, s, dtype) for s in specs]

@@ -104,8 +104,6 @@ def load_model(source: ModelSource, dtype: torch.dtype, device: torch.device, at
     """The transformers causal LM in ``dtype`` on ``device``, with attention routed to ``attn_implementation``."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    if source.gguf_file is not None:
-        check_gguf(source.directory / source.gguf_file)
     try:
         config = AutoConfig.from_pretrained(str(source.directory), gguf_file=source.gguf_file)
     except (OSError, ValueError) as exc:

@@ -94,6 +94,11 @@ class ModelRunner:
             return [], None
         self.copy_blocks(out.block_copies)
         batch = self.prepare_batch(out)
+        return batch.sample_req_ids, self.forward(batch)
+
+    @torch.inference_mode()
+    def forward(self, batch: StepBatch) -> torch.Tensor:
+        """One model forward over a prepared batch; logits ``[K, V]`` of its sampled rows."""
         self.backend.prepare(batch.metadata)
         ctx = ForwardContext(self.backend, self.kv_caches, self.specs, batch.metadata)
         with forward_context(ctx):
@@ -103,4 +108,5 @@ class ModelRunner:
                 use_cache=False,
                 logits_to_keep=batch.logits_indices,
             )
-        return batch.sample_req_ids, result.logits[0]
+        logits: torch.Tensor = result.logits[0]
+        return logits

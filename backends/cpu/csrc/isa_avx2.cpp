@@ -1,0 +1,185 @@
+// AVX2 + FMA + F16C kernels (8 fp32 lanes) for x86-64 CPUs without AVX-512.
+#include <cmath>
+#include <cstdint>
+
+#include "kernel_api.h"
+
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)  // GCC: #pragma GCC target
+#include <immintrin.h>
+
+// See isa_avx512.cpp: system headers first, then the target pragma over this file's own code.
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,f16c")
+namespace paged_cpu {
+namespace avx2 {
+
+constexpr bool kBf16Dot = false;
+
+inline __m256 load_bf16(const uint16_t* p) {
+  const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(raw), 16));
+}
+
+inline __m256 load_f16(const uint16_t* p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
+
+// Lane i of the result is the sum of all lanes of v[i].
+inline __m256 hsum8(const __m256* v) {
+  __m256 b[4];
+  for (int k = 0; k < 4; ++k)
+    b[k] = _mm256_add_ps(_mm256_unpacklo_ps(v[2 * k], v[2 * k + 1]), _mm256_unpackhi_ps(v[2 * k], v[2 * k + 1]));
+  __m256 c[2];
+  for (int k = 0; k < 2; ++k) {
+    const __m256d x = _mm256_castps_pd(b[2 * k]);
+    const __m256d y = _mm256_castps_pd(b[2 * k + 1]);
+    c[k] = _mm256_add_ps(_mm256_castpd_ps(_mm256_unpacklo_pd(x, y)), _mm256_castpd_ps(_mm256_unpackhi_pd(x, y)));
+  }
+  return _mm256_add_ps(_mm256_permute2f128_ps(c[0], c[1], 0x20), _mm256_permute2f128_ps(c[0], c[1], 0x31));
+}
+
+inline float hsum(__m256 v) {
+  __m128 x = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  x = _mm_add_ps(x, _mm_movehl_ps(x, x));
+  x = _mm_add_ss(x, _mm_movehdup_ps(x));
+  return _mm_cvtss_f32(x);
+}
+
+// exp for x <= 0: range reduction by ln2, degree-6 polynomial, 2^n built in the exponent bits.
+inline __m256 exp_neg(__m256 x) {
+  x = _mm256_max_ps(x, _mm256_set1_ps(-87.0f));
+  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504f)),
+                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693145751953125f), x);
+  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(1.428606765330187e-06f), r);
+  __m256 y = _mm256_set1_ps(1.0f / 720);
+  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.0f / 120));
+  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.0f / 24));
+  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.0f / 6));
+  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(0.5f));
+  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.0f));
+  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.0f));
+  const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  return _mm256_mul_ps(y, _mm256_castsi256_ps(e));
+}
+
+template <KvType K, int D>
+void stage_rows(const void* const* src, int n, float* dst) {
+  for (int j = 0; j < n; ++j) {
+    const auto* h = static_cast<const uint16_t*>(src[j]);
+    for (int d = 0; d < D; d += 8)
+      _mm256_storeu_ps(dst + j * D + d, K == KvType::BF16 ? load_bf16(h + d) : load_f16(h + d));
+  }
+}
+
+template <int D>
+void dot_rows(const float* q, int M, const float* const* keys, int n, float* s, int ld) {
+  __m256 a[8];
+  float tmp[8];
+  for (int r = 0; r < M; ++r) {
+    const float* qr = q + r * D;
+    for (int j0 = 0; j0 < n; j0 += 8) {
+      const int cnt = n - j0 < 8 ? n - j0 : 8;
+      for (int i = 0; i < 8; ++i) {
+        __m256 x = _mm256_setzero_ps();
+        if (i < cnt) {
+          const float* k = keys[j0 + i];
+          for (int d = 0; d < D; d += 8) x = _mm256_fmadd_ps(_mm256_loadu_ps(qr + d), _mm256_loadu_ps(k + d), x);
+        }
+        a[i] = x;
+      }
+      if (cnt == 8) {
+        _mm256_storeu_ps(s + r * ld + j0, hsum8(a));
+      } else {
+        _mm256_storeu_ps(tmp, hsum8(a));
+        for (int i = 0; i < cnt; ++i) s[r * ld + j0 + i] = tmp[i];
+      }
+    }
+  }
+}
+
+template <int D>
+void dot_rows_bf16(const uint16_t*, int, const void* const*, int, float*, int) {}
+inline void to_bf16(const float*, int, uint16_t*) {}
+template <int D>
+void axpy_rows_bf16(float*, int, const float*, int, const void* const*, int) {}
+template <int D>
+void finish_acc(float*, int) {}
+
+// acc[r] += sum_j p[r][j] * v_j, in segments of 8 registers of accumulators (16 are architectural).
+template <int D>
+void axpy_rows(float* acc, int M, const float* p, int ld, const float* const* vals, int n) {
+  constexpr int SEG = D % 64 == 0 ? 64 : (D % 48 == 0 ? 48 : 40);
+  for (int r = 0; r < M; ++r) {
+    for (int d0 = 0; d0 < D; d0 += SEG) {
+      float* a = acc + r * D + d0;
+      __m256 av[SEG / 8];
+      for (int c = 0; c < SEG / 8; ++c) av[c] = _mm256_loadu_ps(a + 8 * c);
+      for (int j = 0; j < n; ++j) {
+        const __m256 w = _mm256_set1_ps(p[r * ld + j]);
+        const float* v = vals[j] + d0;
+        for (int c = 0; c < SEG / 8; ++c) av[c] = _mm256_fmadd_ps(w, _mm256_loadu_ps(v + 8 * c), av[c]);
+      }
+      for (int c = 0; c < SEG / 8; ++c) _mm256_storeu_ps(a + 8 * c, av[c]);
+    }
+  }
+}
+
+inline float scale_max(float* x, int n, float scale) {
+  const __m256 sc = _mm256_set1_ps(scale);
+  __m256 m = _mm256_set1_ps(-INFINITY);
+  int i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256 v = _mm256_mul_ps(_mm256_loadu_ps(x + i), sc);
+    _mm256_storeu_ps(x + i, v);
+    m = _mm256_max_ps(m, v);
+  }
+  float tmp[8];
+  _mm256_storeu_ps(tmp, m);
+  float best = tmp[0];
+  for (int k = 1; k < 8; ++k) best = tmp[k] > best ? tmp[k] : best;
+  for (; i < n; ++i) {
+    x[i] *= scale;
+    best = x[i] > best ? x[i] : best;
+  }
+  return best;
+}
+
+inline float exp_sum(float* x, int n, float sub) {
+  const __m256 sv = _mm256_set1_ps(sub);
+  __m256 total = _mm256_setzero_ps();
+  int i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256 e = exp_neg(_mm256_sub_ps(_mm256_loadu_ps(x + i), sv));
+    _mm256_storeu_ps(x + i, e);
+    total = _mm256_add_ps(total, e);
+  }
+  float rest = hsum(total);
+  for (; i < n; ++i) {
+    x[i] = std::exp(x[i] - sub);
+    rest += x[i];
+  }
+  return rest;
+}
+
+inline void scale_vec(float* x, int n, float a) {
+  const __m256 av = _mm256_set1_ps(a);
+  int i = 0;
+  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(x + i, _mm256_mul_ps(_mm256_loadu_ps(x + i), av));
+  for (; i < n; ++i) x[i] *= a;
+}
+
+#include "attention_impl.h"
+
+const IsaKernels kKernels{"avx2", &attend_item};
+
+}  // namespace avx2
+}  // namespace paged_cpu
+#pragma GCC pop_options
+
+namespace paged_cpu {
+const IsaKernels* avx2_kernels() { return &avx2::kKernels; }
+}  // namespace paged_cpu
+#else
+namespace paged_cpu {
+const IsaKernels* avx2_kernels() { return nullptr; }
+}  // namespace paged_cpu
+#endif

@@ -1,0 +1,240 @@
+// AVX-512 primitives (16 fp32 lanes), included by isa_avx512.cpp and isa_avx512bf16.cpp
+// inside their namespace and target pragma. PAGED_CPU_BF16DOT selects AVX512-BF16 dot products.
+
+#ifdef PAGED_CPU_BF16DOT
+constexpr bool kBf16Dot = true;
+#else
+constexpr bool kBf16Dot = false;
+#endif
+
+inline __m512 load_bf16(const uint16_t* p) {
+  const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
+}
+
+inline __m512 load_f16(const uint16_t* p) {
+  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+}
+
+// Lane i of the result is the sum of all lanes of v[i] (a transposing tree: 45 ops for 16 sums).
+inline __m512 hsum16(const __m512* v) {
+  __m512 b[8];
+  for (int k = 0; k < 8; ++k)
+    b[k] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * k], v[2 * k + 1]), _mm512_unpackhi_ps(v[2 * k], v[2 * k + 1]));
+  __m512 c[4];
+  for (int k = 0; k < 4; ++k) {
+    const __m512d x = _mm512_castps_pd(b[2 * k]);
+    const __m512d y = _mm512_castps_pd(b[2 * k + 1]);
+    c[k] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(x, y)), _mm512_castpd_ps(_mm512_unpackhi_pd(x, y)));
+  }
+  const __m512 d0 = _mm512_add_ps(_mm512_shuffle_f32x4(c[0], c[1], 0x88), _mm512_shuffle_f32x4(c[0], c[1], 0xDD));
+  const __m512 d1 = _mm512_add_ps(_mm512_shuffle_f32x4(c[2], c[3], 0x88), _mm512_shuffle_f32x4(c[2], c[3], 0xDD));
+  return _mm512_add_ps(_mm512_shuffle_f32x4(d0, d1, 0x88), _mm512_shuffle_f32x4(d0, d1, 0xDD));
+}
+
+// exp for x <= 0 (softmax after subtracting the max): range reduction by ln2, degree-6 polynomial.
+inline __m512 exp_neg(__m512 x) {
+  x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504f)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145751953125f), x);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.428606765330187e-06f), r);
+  __m512 y = _mm512_set1_ps(1.0f / 720);
+  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(1.0f / 120));
+  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(1.0f / 24));
+  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(1.0f / 6));
+  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(0.5f));
+  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(1.0f));
+  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(1.0f));
+  return _mm512_scalef_ps(y, n);
+}
+
+inline __mmask16 tail_mask(int n) { return n >= 16 ? static_cast<__mmask16>(0xffff) : (1u << n) - 1u; }
+
+template <KvType K, int D>
+void stage_rows(const void* const* src, int n, float* dst) {
+  for (int j = 0; j < n; ++j) {
+    const auto* h = static_cast<const uint16_t*>(src[j]);
+    for (int d = 0; d < D; d += 16)
+      _mm512_storeu_ps(dst + j * D + d, K == KvType::BF16 ? load_bf16(h + d) : load_f16(h + d));
+  }
+}
+
+template <int D>
+void dot_rows(const float* q, int M, const float* const* keys, int n, float* s, int ld) {
+  __m512 a[16];
+  for (int r = 0; r < M; ++r) {
+    const float* qr = q + r * D;
+    for (int j0 = 0; j0 < n; j0 += 16) {
+      const int cnt = n - j0 < 16 ? n - j0 : 16;
+      for (int i = 0; i < 16; ++i) {
+        __m512 x = _mm512_setzero_ps();
+        if (i < cnt) {
+          const float* k = keys[j0 + i];
+          for (int d = 0; d < D; d += 16) x = _mm512_fmadd_ps(_mm512_loadu_ps(qr + d), _mm512_loadu_ps(k + d), x);
+        }
+        a[i] = x;
+      }
+      _mm512_mask_storeu_ps(s + r * ld + j0, tail_mask(cnt), hsum16(a));
+    }
+  }
+}
+
+#ifdef PAGED_CPU_BF16DOT
+template <int D>
+void dot_rows_bf16(const uint16_t* qb, int M, const void* const* keys, int n, float* s, int ld) {
+  // 32 bf16 per register; D = 80 ends with a half register, loaded under a mask (zeros add nothing).
+  constexpr int NC = (D + 31) / 32;
+  constexpr __mmask32 last = D % 32 == 0 ? 0xffffffffu : (1u << (D % 32)) - 1u;
+  __m512 a[16];
+  for (int r = 0; r < M; ++r) {
+    __m512bh qv[NC];
+    for (int c = 0; c < NC; ++c)
+      qv[c] = (__m512bh)_mm512_maskz_loadu_epi16(c == NC - 1 ? last : 0xffffffffu, qb + r * D + 32 * c);
+    for (int j0 = 0; j0 < n; j0 += 16) {
+      const int cnt = n - j0 < 16 ? n - j0 : 16;
+      for (int i = 0; i < 16; ++i) {
+        __m512 x = _mm512_setzero_ps();
+        if (i < cnt) {
+          const auto* k = static_cast<const uint16_t*>(keys[j0 + i]);
+          for (int c = 0; c < NC; ++c) {
+            const __m512i kv = c == NC - 1 && D % 32 != 0 ? _mm512_maskz_loadu_epi16(last, k + 32 * c)
+                                                          : _mm512_loadu_si512(k + 32 * c);
+            x = _mm512_dpbf16_ps(x, qv[c], (__m512bh)kv);
+          }
+        }
+        a[i] = x;
+      }
+      _mm512_mask_storeu_ps(s + r * ld + j0, tail_mask(cnt), hsum16(a));
+    }
+  }
+}
+
+inline void to_bf16(const float* x, int n, uint16_t* y) {
+  for (int i = 0; i < n; i += 16) {
+    const __m256bh h = _mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(tail_mask(n - i), x + i));
+    _mm256_mask_storeu_epi16(y + i, tail_mask(n - i), (__m256i)h);
+  }
+}
+
+// acc[r] += sum_j p[r][j] * v_j with bf16 dot products over pairs of keys: the two keys' values are
+// interleaved (unpack lo/hi within 128-bit lanes) and weighted by the pair (p_j, p_j+1) in bf16.
+// The accumulators end up in that interleaved order; finish_acc restores it. Needs D % 32 == 0.
+template <int D>
+void axpy_rows_bf16(float* acc, int M, const float* p, int ld, const void* const* vals, int n) {
+  constexpr int NC = D / 32;
+  constexpr int RB = 24 / (2 * NC) > 0 ? 24 / (2 * NC) : 1;  // rows whose accumulators fit in registers
+  alignas(64) uint16_t pb[RB][66];
+  for (int r0 = 0; r0 < M; r0 += RB) {
+    const int rows = M - r0 < RB ? M - r0 : RB;
+    __m512 lo[RB][NC], hi[RB][NC];
+    for (int r = 0; r < rows; ++r) {
+      to_bf16(p + (r0 + r) * ld, n, pb[r]);
+      pb[r][n] = 0;  // pairs up an odd last key with a zero weight
+      for (int c = 0; c < NC; ++c) {
+        lo[r][c] = _mm512_loadu_ps(acc + (r0 + r) * D + 32 * c);
+        hi[r][c] = _mm512_loadu_ps(acc + (r0 + r) * D + 32 * c + 16);
+      }
+    }
+    for (int j = 0; j < n; j += 2) {
+      const auto* a = static_cast<const uint16_t*>(vals[j]);
+      const auto* b = j + 1 < n ? static_cast<const uint16_t*>(vals[j + 1]) : a;
+      __m512i vl[NC], vh[NC];
+      for (int c = 0; c < NC; ++c) {
+        const __m512i va = _mm512_loadu_si512(a + 32 * c), vb = _mm512_loadu_si512(b + 32 * c);
+        vl[c] = _mm512_unpacklo_epi16(va, vb);
+        vh[c] = _mm512_unpackhi_epi16(va, vb);
+      }
+      for (int r = 0; r < rows; ++r) {
+        uint32_t pair;
+        __builtin_memcpy(&pair, &pb[r][j], 4);
+        const __m512bh w = (__m512bh)_mm512_set1_epi32(static_cast<int>(pair));
+        for (int c = 0; c < NC; ++c) {
+          lo[r][c] = _mm512_dpbf16_ps(lo[r][c], (__m512bh)vl[c], w);
+          hi[r][c] = _mm512_dpbf16_ps(hi[r][c], (__m512bh)vh[c], w);
+        }
+      }
+    }
+    for (int r = 0; r < rows; ++r) {
+      for (int c = 0; c < NC; ++c) {
+        _mm512_storeu_ps(acc + (r0 + r) * D + 32 * c, lo[r][c]);
+        _mm512_storeu_ps(acc + (r0 + r) * D + 32 * c + 16, hi[r][c]);
+      }
+    }
+  }
+}
+
+// Undo axpy_rows_bf16's interleaving: in lane L of a 32-value chunk, lo holds d = 8L..8L+3, hi d = 8L+4..8L+7.
+template <int D>
+void finish_acc(float* acc, int M) {
+  const __m512i first = _mm512_setr_epi32(0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21, 22, 23);
+  const __m512i second = _mm512_setr_epi32(8, 9, 10, 11, 24, 25, 26, 27, 12, 13, 14, 15, 28, 29, 30, 31);
+  for (int64_t i = 0; i < static_cast<int64_t>(M) * D; i += 32) {
+    const __m512 lo = _mm512_loadu_ps(acc + i), hi = _mm512_loadu_ps(acc + i + 16);
+    _mm512_storeu_ps(acc + i, _mm512_permutex2var_ps(lo, first, hi));
+    _mm512_storeu_ps(acc + i + 16, _mm512_permutex2var_ps(lo, second, hi));
+  }
+}
+#else
+template <int D>
+void dot_rows_bf16(const uint16_t*, int, const void* const*, int, float*, int) {}
+inline void to_bf16(const float*, int, uint16_t*) {}
+
+template <int D>
+void axpy_rows_bf16(float*, int, const float*, int, const void* const*, int) {}
+template <int D>
+void finish_acc(float*, int) {}
+#endif
+
+// acc[r] += sum_j p[r][j] * v_j, in segments of at most 8 registers of accumulators.
+template <int D>
+void axpy_rows(float* acc, int M, const float* p, int ld, const float* const* vals, int n) {
+  constexpr int SEG = D % 128 == 0 ? 128 : D;  // 64, 80, 96: one segment; 128, 256: segments of 128
+  for (int r = 0; r < M; ++r) {
+    for (int d0 = 0; d0 < D; d0 += SEG) {
+      float* a = acc + r * D + d0;
+      __m512 av[SEG / 16];
+      for (int c = 0; c < SEG / 16; ++c) av[c] = _mm512_loadu_ps(a + 16 * c);
+      for (int j = 0; j < n; ++j) {
+        const __m512 w = _mm512_set1_ps(p[r * ld + j]);
+        const float* v = vals[j] + d0;
+        for (int c = 0; c < SEG / 16; ++c) av[c] = _mm512_fmadd_ps(w, _mm512_loadu_ps(v + 16 * c), av[c]);
+      }
+      for (int c = 0; c < SEG / 16; ++c) _mm512_storeu_ps(a + 16 * c, av[c]);
+    }
+  }
+}
+
+inline float scale_max(float* x, int n, float scale) {
+  const __m512 sc = _mm512_set1_ps(scale);
+  __m512 m = _mm512_set1_ps(-INFINITY);
+  for (int i = 0; i < n; i += 16) {
+    const __mmask16 k = tail_mask(n - i);
+    const __m512 v = _mm512_mul_ps(_mm512_maskz_loadu_ps(k, x + i), sc);
+    _mm512_mask_storeu_ps(x + i, k, v);
+    m = _mm512_mask_max_ps(m, k, m, v);
+  }
+  return _mm512_reduce_max_ps(m);
+}
+
+inline float exp_sum(float* x, int n, float sub) {
+  const __m512 sv = _mm512_set1_ps(sub);
+  __m512 total = _mm512_setzero_ps();
+  for (int i = 0; i < n; i += 16) {
+    const __mmask16 k = tail_mask(n - i);
+    const __m512 e = exp_neg(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, x + i), sv));
+    _mm512_mask_storeu_ps(x + i, k, e);
+    total = _mm512_mask_add_ps(total, k, total, e);
+  }
+  return _mm512_reduce_add_ps(total);
+}
+
+inline void scale_vec(float* x, int n, float a) {
+  const __m512 av = _mm512_set1_ps(a);
+  for (int i = 0; i < n; i += 16) {
+    const __mmask16 k = tail_mask(n - i);
+    _mm512_mask_storeu_ps(x + i, k, _mm512_mul_ps(_mm512_maskz_loadu_ps(k, x + i), av));
+  }
+}
+
+#include "attention_impl.h"

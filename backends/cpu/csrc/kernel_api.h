@@ -1,0 +1,74 @@
+// The interface between the torch-facing op layer (ops.cpp) and the per-ISA kernels.
+//
+// Kernel translation units include no torch headers: each one is compiled for
+// its own instruction set, and an inline torch function emitted there could be
+// picked by the linker for the whole library and then run on a CPU without it.
+#pragma once
+
+#include <cstdint>
+
+namespace paged_cpu {
+
+// Storage type of the KV cache.
+enum class KvType : int32_t { F32 = 0, BF16 = 1, F16 = 2 };
+
+// One attention call: fp32 queries/outputs plus a paged KV cache in any KvType.
+struct AttnProblem {
+  const float* q;            // [T, H, D] contiguous
+  float* out;                // [T, H, D] contiguous
+  const void* k_cache;       // key plane [num_blocks, block_size, KVH, D]
+  const void* v_cache;       // value plane, same shape
+  KvType kv_type;
+  int64_t block_stride;      // elements from one block to the next
+  int64_t token_stride;      // elements from one token slot to the next (KVH * D)
+  const int32_t* block_table;
+  int64_t table_stride;      // elements between block-table rows
+  int32_t num_heads;
+  int32_t num_kv_heads;
+  int32_t head_size;
+  int32_t block_size;
+  float scale;
+  bool bf16_query;           // queries were bf16: bf16 dot products lose nothing on them
+};
+
+// A tile of query tokens of one row and a range of KV heads against a range of its keys.
+// Rows of the item are head-major: row r is KV head kv_head + r / (q_count * group), token
+// q_start + (r / group) % q_count, query head (kv_head + r / (q_count * group)) * group + r % group.
+struct WorkItem {
+  int32_t row;        // batch row (selects the block-table row)
+  int32_t kv_head;    // first KV head
+  int32_t kv_count;   // KV heads in the item
+  int32_t q_start;    // first token index of the tile
+  int32_t q_count;    // tokens in the tile
+  int32_t first_pos;  // absolute position of the tile's first token
+  int32_t k_begin;    // keys [k_begin, k_end) of this item
+  int32_t k_end;
+  int64_t partial;    // -1: write normalised output; else float offset of this item's partial record
+};
+
+// A partial record for M = kv_count * q_count * group rows: max[M], sum[M], unnormalised acc[M * D].
+inline int64_t partial_floats(int64_t rows, int64_t head_size) { return rows * (head_size + 2); }
+
+// Keys processed per inner chunk: one chunk's staged keys and values stay in L1/L2.
+inline int32_t chunk_tokens(int32_t head_size) { return head_size > 128 ? 32 : 64; }
+
+// Scratch floats one item needs (query tile fp32 + bf16, scores, staged K and V, accumulators).
+inline int64_t workspace_floats(int64_t rows, int64_t head_size) {
+  const int64_t ch = chunk_tokens(static_cast<int32_t>(head_size));
+  return rows * head_size * 2 + rows * ch + 2 * ch * head_size + rows * (head_size + 2) + 64;
+}
+
+using AttendFn = void (*)(const AttnProblem&, const WorkItem&, float* workspace, float* partials);
+
+// One instruction-set variant of the kernels.
+struct IsaKernels {
+  const char* name;
+  AttendFn attend;
+};
+
+const IsaKernels* scalar_kernels();
+const IsaKernels* avx2_kernels();          // nullptr when not built (non-x86)
+const IsaKernels* avx512_kernels();        // nullptr when not built (non-x86)
+const IsaKernels* avx512bf16_kernels();    // nullptr when not built (non-x86)
+
+}  // namespace paged_cpu

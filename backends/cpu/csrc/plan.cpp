@@ -1,0 +1,98 @@
+// Planning: every row is validated (cheap, O(rows)); block ids only under PAGED_CPU_DEBUG (O(blocks read)).
+#include "plan.h"
+
+#include <algorithm>
+
+namespace paged_cpu {
+namespace {
+
+struct Tile {
+  int32_t row, q_start, q_count, first_pos, k_end;
+};
+
+constexpr int64_t kMinSplit = 256;  // below this a split's fixed cost outweighs the parallelism
+
+void check_block_ids(const int32_t* ids, int64_t row, int64_t count, int64_t num_blocks) {
+  for (int64_t i = 0; i < count; ++i)
+    TORCH_CHECK(ids[i] >= 0 && ids[i] < num_blocks, "paged_cpu: block_table[", row, "][", i, "] = ", ids[i],
+                " is out of range for a cache of ", num_blocks, " blocks (PAGED_CPU_DEBUG bounds check)");
+}
+
+std::vector<Tile> make_tiles(const Shape& shape, const int32_t* qsl, const int32_t* lens, const at::Tensor& table,
+                             int32_t q_tile, bool debug) {
+  const int64_t rows = table.size(0), width = table.size(1);
+  TORCH_CHECK(qsl[0] >= 0, "paged_cpu: query_start_loc[0] is ", qsl[0], ", must be >= 0");
+  std::vector<Tile> tiles;
+  for (int64_t b = 0; b < rows; ++b) {
+    const int32_t q0 = qsl[b], q1 = qsl[b + 1], len = lens[b], q_len = q1 - q0;
+    TORCH_CHECK(q_len >= 0 && q1 <= shape.tokens, "paged_cpu: row ", b, ": query_start_loc [", q0, ", ", q1,
+                ") is not an increasing range inside ", shape.tokens, " tokens");
+    TORCH_CHECK(len >= q_len, "paged_cpu: row ", b, ": seq_len ", len, " < query_len ", q_len);
+    if (q_len == 0) continue;  // an empty row (graph padding) gets no work
+    const int64_t blocks = (len + shape.block_size - 1) / shape.block_size;
+    TORCH_CHECK(blocks <= width, "paged_cpu: row ", b, ": seq_len ", len, " needs ", blocks,
+                " blocks, the block table has ", width);
+    if (debug) check_block_ids(table.data_ptr<int32_t>() + b * table.stride(0), b, blocks, shape.num_blocks);
+    const int32_t context = len - q_len;
+    for (int32_t t0 = 0; t0 < q_len; t0 += q_tile) {
+      const int32_t count = std::min(q_tile, q_len - t0);
+      tiles.push_back({static_cast<int32_t>(b), q0 + t0, count, context + t0, context + t0 + count});
+    }
+  }
+  return tiles;
+}
+
+}  // namespace
+
+Plan make_plan(const Shape& shape, const at::Tensor& query_start_loc, const at::Tensor& seq_lens,
+               const at::Tensor& block_table, int64_t split_tokens, int64_t threads, bool debug) {
+  const int64_t group = shape.heads / shape.kv_heads;
+  // Prefill tiles hold about 32 query rows (tokens x group), so each staged key serves many rows.
+  const auto q_tile = static_cast<int32_t>(std::max<int64_t>(1, 32 / group));
+  const int32_t* qsl = query_start_loc.data_ptr<int32_t>();
+  const std::vector<Tile> tiles = make_tiles(shape, qsl, seq_lens.data_ptr<int32_t>(), block_table, q_tile, debug);
+  Plan plan;
+  plan.used_tokens = qsl[seq_lens.size(0)];
+  // An item reads whole slots for a run of KV heads (contiguous memory), up to about 512 bytes per slot.
+  const int64_t elem = shape.kv_elem_size;
+  const auto heads_per_item = static_cast<int32_t>(
+      std::clamp<int64_t>(512 / (shape.head_size * elem), 1, shape.kv_heads));
+  const int64_t items_per_tile = (shape.kv_heads + heads_per_item - 1) / heads_per_item;
+  int64_t total_keys = 0;
+  for (const Tile& t : tiles) total_keys += static_cast<int64_t>(t.k_end) * items_per_tile;
+  // Flash-decoding: cut long key ranges so that every thread gets several items.
+  int64_t split = split_tokens;
+  if (split <= 0) {
+    split = std::max<int64_t>(kMinSplit, (total_keys + 4 * threads - 1) / (4 * std::max<int64_t>(threads, 1)));
+    split = (split + 63) / 64 * 64;
+  }
+  for (const Tile& t : tiles) {
+    const int64_t pieces = (t.k_end + split - 1) / split;
+    const int64_t piece = (t.k_end + pieces - 1) / pieces;
+    for (int32_t h = 0; h < shape.kv_heads; h += heads_per_item) {
+      const int32_t count = std::min<int32_t>(heads_per_item, static_cast<int32_t>(shape.kv_heads) - h);
+      const int32_t rows = count * t.q_count * static_cast<int32_t>(group);
+      plan.max_rows = std::max<int64_t>(plan.max_rows, rows);
+      const int64_t record = partial_floats(rows, shape.head_size);
+      if (pieces > 1) {
+        plan.merges.push_back({plan.partial_floats, record, static_cast<int32_t>(pieces), rows, t.q_start,
+                               t.q_count, h});
+      }
+      for (int64_t s = 0; s < pieces; ++s) {
+        const auto begin = static_cast<int32_t>(s * piece);
+        const auto end = static_cast<int32_t>(std::min<int64_t>(t.k_end, (s + 1) * piece));
+        const int64_t offset = pieces > 1 ? plan.partial_floats + s * record : -1;
+        plan.items.push_back({t.row, h, count, t.q_start, t.q_count, t.first_pos, begin, end, offset});
+      }
+      if (pieces > 1) plan.partial_floats += pieces * record;
+    }
+  }
+  // Longest first, so the dynamic hand-out ends with short items and threads finish together.
+  std::stable_sort(plan.items.begin(), plan.items.end(), [](const WorkItem& a, const WorkItem& b) {
+    return static_cast<int64_t>(a.k_end - a.k_begin) * a.q_count * a.kv_count >
+           static_cast<int64_t>(b.k_end - b.k_begin) * b.q_count * b.kv_count;
+  });
+  return plan;
+}
+
+}  // namespace paged_cpu

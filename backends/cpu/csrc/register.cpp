@@ -1,0 +1,27 @@
+// Operator registration (torch.ops.paged_cpu.*) and the Python module stub that loads it.
+#include <Python.h>
+#include <torch/library.h>
+
+#include "ops.h"
+
+TORCH_LIBRARY(paged_cpu, m) {
+  m.def(
+      "attention(Tensor query, Tensor kv_cache, Tensor query_start_loc, Tensor seq_lens, Tensor block_table, "
+      "float scale, int split_tokens=0) -> Tensor");
+  m.def("write_kv(Tensor key, Tensor value, Tensor(a!) kv_cache, Tensor slot_mapping) -> ()");
+  m.def("copy_blocks(Tensor(a!)[] kv_caches, Tensor src_to_dst) -> ()");
+  m.def("isa() -> str", &paged_cpu::isa_name);
+  m.def("set_isa(str name) -> str", &paged_cpu::set_isa);
+  m.def("supported_isas() -> str[]", &paged_cpu::supported_isas);
+}
+
+TORCH_LIBRARY_IMPL(paged_cpu, CPU, m) {
+  m.impl("attention", &paged_cpu::attention);
+  m.impl("write_kv", &paged_cpu::write_kv);
+  m.impl("copy_blocks", &paged_cpu::copy_blocks);
+}
+
+// Importing paged_backend_cpu._C runs the static registrations above; the module itself is empty.
+static PyModuleDef paged_cpu_module = {PyModuleDef_HEAD_INIT, "_C", "paged_cpu torch operators", -1, nullptr};
+
+PyMODINIT_FUNC PyInit__C() { return PyModule_Create(&paged_cpu_module); }

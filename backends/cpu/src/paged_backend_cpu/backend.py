@@ -1,0 +1,85 @@
+"""CpuBackend: paged attention through the C++ operators of :mod:`paged_backend_cpu.ops`."""
+
+from __future__ import annotations
+
+import platform
+import sys
+
+import torch
+
+from paged_backend_cpu import ops
+from paged_core.api import (
+    AttentionBackend,
+    AttentionMetadata,
+    AttentionSpec,
+    Availability,
+    BackendCapabilities,
+    GraphSupport,
+    PagedError,
+)
+
+_MACHINES = frozenset({"x86_64", "amd64", "aarch64", "arm64"})
+
+
+class CpuBackend(AttentionBackend):
+    """Native paged attention for CPUs (AVX-512 with BF16 dot products, AVX-512, AVX2 or portable C++).
+
+    Declares fp32, bf16 and fp16 compute with fp32, bf16 and fp16 KV caches in
+    any combination (fp32 accumulation throughout), head sizes 64, 80, 96, 128
+    and 256, block sizes 16 (preferred), 32, 64 and 128, any GQA ratio, no
+    sliding window or soft cap, and no graph capture (eager; see the README
+    for the measurement behind that choice).
+    """
+
+    name = "cpu"
+    priority = 50
+
+    @classmethod
+    def availability(cls) -> Availability:
+        """Available on Linux x86-64 and aarch64 once the extension has loaded; otherwise says why not."""
+        machine = platform.machine().lower()
+        if not sys.platform.startswith("linux") or machine not in _MACHINES:
+            return Availability(False, f"needs Linux on x86-64 or aarch64, this is {sys.platform} on {machine}")
+        if ops.LOAD_ERROR is not None:
+            return Availability(False, ops.LOAD_ERROR)
+        return Availability(True, f"kernels: {ops.isa()}", device="cpu")
+
+    @classmethod
+    def capabilities(cls) -> BackendCapabilities:
+        """The declared envelope; the conformance suite tests exactly this (first block size preferred)."""
+        dtypes = frozenset({torch.float32, torch.bfloat16, torch.float16})
+        return BackendCapabilities(
+            dtypes=dtypes,
+            kv_cache_dtypes=dtypes,
+            block_sizes=(16, 32, 64, 128),
+            head_sizes=frozenset({64, 80, 96, 128, 256}),
+            gqa_ratios=None,
+            sliding_window=False,
+            logits_soft_cap=False,
+            graph_support=GraphSupport.NEVER,
+            extra={"isa": ops.isa() if ops.LOAD_ERROR is None else "unavailable"},
+        )
+
+    def write_kv(
+        self, key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor, metadata: AttentionMetadata
+    ) -> None:
+        """Store this step's keys and values at ``metadata.slot_mapping`` (slots of -1 skipped)."""
+        if kv_cache.shape[2] != metadata.block_size:
+            raise PagedError(f"kv_cache block size {kv_cache.shape[2]} != metadata.block_size {metadata.block_size}")
+        ops.write_kv(key, value, kv_cache, metadata.slot_mapping)
+
+    def attention(
+        self, query: torch.Tensor, kv_cache: torch.Tensor, metadata: AttentionMetadata, spec: AttentionSpec
+    ) -> torch.Tensor:
+        """Causal attention over the paged cache for every row (decodes and prefills in one call)."""
+        if kv_cache.shape[2] != metadata.block_size:
+            raise PagedError(f"kv_cache block size {kv_cache.shape[2]} != metadata.block_size {metadata.block_size}")
+        return ops.attention(
+            query, kv_cache, metadata.query_start_loc, metadata.seq_lens, metadata.block_table, spec.softmax_scale
+        )
+
+    def copy_blocks(self, kv_caches: list[torch.Tensor], src_to_dst: torch.Tensor) -> None:
+        """Copy (source, destination) block pairs in every layer, in parallel (the pairs are independent)."""
+        if src_to_dst.dim() != 2 or src_to_dst.shape[1] != 2:
+            raise PagedError(f"src_to_dst must be [N, 2], got shape {tuple(src_to_dst.shape)}")
+        ops.copy_blocks(kv_caches, src_to_dst.to(torch.int64))
