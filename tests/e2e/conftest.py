@@ -28,8 +28,8 @@ def fast_backend() -> str:
 
 @pytest.fixture(scope="session")
 def smol() -> LLM:
-    """The embedded SmolLM2 in fp32 on the fastest CPU backend, 64 MiB of KV."""
-    return LLM(backend=fast_backend(), dtype="float32", kv_cache_memory="64MiB")
+    """The embedded SmolLM2 in fp32 on the fastest CPU backend, room for ~11k tokens of KV."""
+    return LLM(backend=fast_backend(), dtype="float32", kv_cache_memory="512MiB")
 
 
 @pytest.fixture(scope="session")

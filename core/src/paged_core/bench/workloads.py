@@ -1,9 +1,28 @@
-"""The seeded benchmark workloads: same names, same requests on every machine, so figures compare."""
+"""The seeded benchmark workloads: same names, same requests on every machine, so figures compare.
+
+Every generator draws from its own ``random.Random(seed)``, so a workload
+depends only on its arguments; ``num_requests`` shrinks a workload to its
+first requests (the first ``k`` requests of a workload are the same whatever
+``num_requests`` is), which keeps quick runs comparable with full ones.
+"""
 
 from __future__ import annotations
 
+import math
 import random
+from collections.abc import Callable
 from dataclasses import dataclass
+
+# Random prompt ids are drawn from [TOKEN_LOW, TOKEN_HIGH): clear of the special
+# tokens at the bottom of most vocabularies, inside any vocabulary of >= 40k ids.
+TOKEN_LOW = 100
+TOKEN_HIGH = 40000
+
+# ShareGPT means as reported by the PagedAttention paper (input 161, output 338 tokens);
+# sigma 1.0 gives the long right tail of chat traffic.
+SHAREGPT_PROMPT_MEAN = 161.0
+SHAREGPT_OUTPUT_MEAN = 338.0
+SHAREGPT_SIGMA = 1.0
 
 
 @dataclass(frozen=True)
@@ -13,12 +32,110 @@ class BenchRequest:
     prompt_token_ids: list[int]
     max_tokens: int
 
+    @property
+    def num_tokens(self) -> int:
+        """Prompt plus output tokens: the request's length when it finishes."""
+        return len(self.prompt_token_ids) + self.max_tokens
+
+
+def _check_count(name: str, value: int, low: int = 1) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < low:
+        raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
+
+
+def _ids(rng: random.Random, n: int) -> list[int]:
+    return [rng.randrange(TOKEN_LOW, TOKEN_HIGH) for _ in range(n)]
+
 
 def throughput(num_requests: int = 256, seed: int = 0) -> list[BenchRequest]:
     """``throughput``: prompts of 32-512 random ids from [100, 40000), 32-256 output tokens each."""
+    _check_count("num_requests", num_requests)
     rng = random.Random(seed)
     out = []
     for _ in range(num_requests):
-        prompt = [rng.randrange(100, 40000) for _ in range(rng.randint(32, 512))]
+        prompt = [rng.randrange(TOKEN_LOW, TOKEN_HIGH) for _ in range(rng.randint(32, 512))]
         out.append(BenchRequest(prompt, rng.randint(32, 256)))
     return out
+
+
+def prefix(
+    num_requests: int = 64, seed: int = 0, shared_len: int = 1024, suffix_len: int = 64, max_tokens: int = 32
+) -> list[BenchRequest]:
+    """``prefix``: one shared ``shared_len``-token system prompt plus a unique ``suffix_len``-token suffix each."""
+    _check_count("num_requests", num_requests)
+    _check_count("shared_len", shared_len, 0)
+    _check_count("suffix_len", suffix_len)
+    _check_count("max_tokens", max_tokens)
+    rng = random.Random(seed)
+    shared = _ids(rng, shared_len)
+    return [BenchRequest(shared + _ids(rng, suffix_len), max_tokens) for _ in range(num_requests)]
+
+
+def decode_1(seed: int = 0, prompt_len: int = 32, max_tokens: int = 256) -> list[BenchRequest]:
+    """``decode-1``: a single request (a short random prompt) generating ``max_tokens`` tokens."""
+    _check_count("prompt_len", prompt_len)
+    _check_count("max_tokens", max_tokens)
+    return [BenchRequest(_ids(random.Random(seed), prompt_len), max_tokens)]
+
+
+def long(num_requests: int = 8, seed: int = 0, context_len: int = 4096, max_tokens: int = 128) -> list[BenchRequest]:
+    """``long``: ``num_requests`` prompts of ``context_len`` random ids, each decoding ``max_tokens`` tokens."""
+    _check_count("num_requests", num_requests)
+    _check_count("context_len", context_len)
+    _check_count("max_tokens", max_tokens)
+    rng = random.Random(seed)
+    return [BenchRequest(_ids(rng, context_len), max_tokens) for _ in range(num_requests)]
+
+
+def _lognormal_int(rng: random.Random, mean: float, low: int, high: int) -> int:
+    mu = math.log(mean) - SHAREGPT_SIGMA**2 / 2  # so the (unclipped) mean is ``mean``
+    return max(low, min(high, round(rng.lognormvariate(mu, SHAREGPT_SIGMA))))
+
+
+def kv_util(num_requests: int = 1000, seed: int = 0, max_len: int = 2048) -> list[BenchRequest]:
+    """``kv-util``: ShareGPT-like lognormal prompt and output lengths, each request at most ``max_len`` tokens.
+
+    Prompts are capped at half of ``max_len`` and outputs at what is left, so
+    every request fits the length limit the reservation baseline reserves.
+    """
+    _check_count("num_requests", num_requests)
+    _check_count("max_len", max_len, 2)
+    rng = random.Random(seed)
+    out = []
+    for _ in range(num_requests):
+        p = _lognormal_int(rng, SHAREGPT_PROMPT_MEAN, 1, max_len // 2)
+        o = _lognormal_int(rng, SHAREGPT_OUTPUT_MEAN, 1, max_len - p)
+        out.append(BenchRequest(_ids(rng, p), o))
+    return out
+
+
+def _decode_1(num_requests: int, seed: int) -> list[BenchRequest]:
+    if num_requests != 1:
+        raise ValueError(f"decode-1 is a single request; num_requests must be 1, got {num_requests}")
+    return decode_1(seed)
+
+
+WORKLOADS: dict[str, tuple[int, Callable[[int, int], list[BenchRequest]]]] = {
+    "throughput": (256, throughput),
+    "prefix": (64, prefix),
+    "kv-util": (1000, kv_util),
+    "decode-1": (1, _decode_1),
+    "long": (8, long),
+}
+"""Workload name -> (default number of requests, generator taking ``(num_requests, seed)``)."""
+
+
+def build(name: str, num_requests: int | None = None, seed: int = 0) -> list[BenchRequest]:
+    """The requests of workload ``name`` (its default size unless ``num_requests`` is given)."""
+    if name not in WORKLOADS:
+        raise ValueError(f"unknown workload {name!r}; choose one of {', '.join(WORKLOADS)}")
+    default, make = WORKLOADS[name]
+    return make(default if num_requests is None else num_requests, seed)
+
+
+def cap_output(requests: list[BenchRequest], max_tokens: int | None) -> list[BenchRequest]:
+    """The same requests with at most ``max_tokens`` output tokens each (for quick runs); ``None`` keeps them."""
+    if max_tokens is None:
+        return requests
+    _check_count("max_tokens", max_tokens)
+    return [BenchRequest(r.prompt_token_ids, min(r.max_tokens, max_tokens)) for r in requests]

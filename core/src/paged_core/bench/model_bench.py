@@ -1,0 +1,97 @@
+"""The model workloads (``throughput``, ``prefix``, ``decode-1``, ``long``): our engine, then each baseline.
+
+Weights are loaded once; the baselines run on the same module (transformers
+with its own attention switched back on; the reference backend through a
+second engine sharing the loaded model), so every system sees the same
+weights in the same dtype.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+from paged_core.bench.engine_run import engine_config_summary, run_engine, warm_up
+from paged_core.bench.hf_runs import run_hf_cb, run_hf_static
+from paged_core.bench.machine import measure_copy_bandwidth, measure_gemm
+from paged_core.bench.options import BenchOptions
+from paged_core.bench.result import RunResult
+from paged_core.bench.roofline import ModelShape, bandwidth_roofline, flops_roofline
+from paged_core.bench.workloads import BenchRequest
+from paged_core.engine.build import bytes_per_block
+from paged_core.engine.config import EngineConfig
+from paged_core.engine.engine import LLMEngine
+from paged_core.reference.backend import ReferenceBackend
+
+log = logging.getLogger("paged.bench")
+
+OURS = "paged"
+NO_PREFIX_CACHE = "paged-no-prefix-cache"
+
+
+def _kv_bytes(engine: LLMEngine) -> int:
+    """Bytes of the engine's KV cache (the budget the transformers cache gets too)."""
+    loaded, kv = engine.loaded, engine.scheduler.kv
+    return kv.pool.num_blocks * bytes_per_block(loaded.backend, loaded.specs, kv.block_size, loaded.dtype)
+
+
+def _timed(engine: LLMEngine, requests: Sequence[BenchRequest], name: str, progress: bool) -> RunResult:
+    warm_up(engine)
+    return run_engine(engine, requests, name, progress)
+
+
+def run_model_workload(opts: BenchOptions, requests: Sequence[BenchRequest]) -> dict[str, Any]:
+    """Run ours and the chosen baselines; returns ``runs``, ``roofline``, ``engine``, ``model`` and ``device``."""
+    config = EngineConfig(**opts.engine)
+    if opts.workload == "prefix":
+        config = dataclasses.replace(config, enable_prefix_caching=True)
+    engine = LLMEngine(config)
+    summary = engine_config_summary(engine)
+    runs = [_timed(engine, requests, OURS, opts.progress)]
+    if opts.workload == "prefix":
+        # Same weights, fresh cache and scheduler, prefix caching off: the figure caching must beat.
+        off = LLMEngine(dataclasses.replace(config, enable_prefix_caching=False), engine.loaded)
+        runs.append(_timed(off, requests, NO_PREFIX_CACHE, opts.progress))
+        del off
+    model = engine.loaded.model
+    for name in opts.baselines:
+        log.info("baseline %s", name)
+        if name == "hf-static":
+            runs.append(run_hf_static(model, requests, opts.hf_batch, opts.progress))
+        elif name == "hf-cb":
+            runs.append(run_hf_cb(model, requests, _kv_bytes(engine), config.max_num_batched_tokens, opts.progress))
+        elif name == "reference":
+            loaded = dataclasses.replace(engine.loaded, backend=ReferenceBackend(device=engine.loaded.backend.device))
+            ref = LLMEngine(dataclasses.replace(config, block_size=engine.scheduler.kv.block_size), loaded)
+            runs.append(_timed(ref, requests, "reference", opts.progress))
+            del ref
+    shape = ModelShape.from_model(model)
+    return {
+        "runs": runs,
+        "roofline": _roofline(opts.workload, shape, runs[0], requests, engine),
+        "engine": summary,
+        "device": engine.loaded.backend.device,
+        "model": {
+            "source": engine.loaded.source.name,
+            "body_params": shape.body_params,
+            "head_params": shape.head_params,
+            "num_layers": shape.num_layers,
+            "num_heads": shape.num_heads,
+            "head_dim": shape.head_dim,
+        },
+    }
+
+
+def _roofline(
+    workload: str, shape: ModelShape, ours: RunResult, requests: Sequence[BenchRequest], engine: LLMEngine
+) -> dict[str, Any] | None:
+    device, dtype = engine.loaded.backend.device, engine.loaded.dtype
+    if workload == "throughput":
+        # Random prompts never hit the prefix cache, so every prompt token is computed.
+        counts = [(len(r.prompt_token_ids), r.max_tokens, 0) for r in requests]
+        return flops_roofline(shape, counts, ours.seconds, measure_gemm(dtype, device))
+    if workload == "decode-1" and ours.decode_tok_s is not None:
+        return bandwidth_roofline(shape, ours.decode_tok_s, measure_copy_bandwidth(device))
+    return None

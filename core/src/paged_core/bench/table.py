@@ -1,0 +1,82 @@
+"""The human summary printed at the end of ``paged bench``: rich tables drawn from the report."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+
+def _f(value: float | None, fmt: str = "{:.1f}") -> str:
+    return "-" if value is None else fmt.format(value)
+
+
+def _ms(summary: dict[str, Any] | None, key: str) -> str:
+    return "-" if summary is None else f"{summary[key] * 1e3:.0f}"
+
+
+def runs_table(report: dict[str, Any]) -> Table:
+    """One row per system: time, throughput, TTFT, prefill work and our speed-up over it."""
+    t = Table(title=f"paged bench {report['workload']}")
+    for col in ("system", "s", "out tok/s", "all tok/s", "decode tok/s", "TTFT p50 ms", "TTFT p99 ms",
+                "prefill tok", "hit rate", "paged is"):  # fmt: skip
+        t.add_column(col, justify="left" if col == "system" else "right")
+    ratios = report["ratios"]
+    for r in report["runs"]:
+        ratio = ratios.get(f"paged_vs_{r['name']}")
+        t.add_row(
+            r["name"], _f(r["seconds"], "{:.2f}"), _f(r["output_tok_s"]), _f(r["total_tok_s"]), _f(r["decode_tok_s"]),
+            _ms(r["ttft_s"], "p50"), _ms(r["ttft_s"], "p99"), _f(r["prefill_tokens_computed"], "{:d}"),
+            _f(r["prefix_hit_rate"], "{:.1%}"), "-" if ratio is None else f"{ratio:.2f}x",
+        )  # fmt: skip
+    return t
+
+
+def kv_table(report: dict[str, Any]) -> Table:
+    """Both allocators of ``kv-util`` side by side."""
+    t = Table(title="kv-util: same requests, same KV budget")
+    for col in ("allocator", "steps", "utilization", "budget used", "peak reqs", "mean reqs", "preempted"):
+        t.add_column(col, justify="left" if col == "allocator" else "right")
+    for key in ("paged", "reserved"):
+        tr = report["kv_util"][key]
+        t.add_row(tr["name"], str(tr["steps"]), f"{tr['utilization']:.1%}", f"{tr['budget_occupancy']:.1%}",
+                  str(tr["peak_concurrent"]), f"{tr['mean_concurrent']:.1f}", str(tr["preemptions"]))  # fmt: skip
+    return t
+
+
+def goals_table(report: dict[str, Any]) -> Table:
+    """The issue's goals for this workload, with this run's value."""
+    t = Table(title="goals")
+    for col in ("goal", "target", "this run", "met"):
+        t.add_column(col, justify="left" if col == "goal" else "right")
+    for g in report["goals"]:
+        pct = g["target"] < 1
+        fmt = "{:.1%}" if pct else "{:.2f}x"
+        met = "-" if g["met"] is None else ("yes" if g["met"] else "NO")
+        t.add_row(g["goal"], ("≥ " + fmt).format(g["target"]), _f(g["value"], fmt), met)
+    return t
+
+
+def print_summary(report: dict[str, Any], console: Console | None = None) -> None:
+    """Print every table that applies to the report's workload, then the roofline line."""
+    if console is None:
+        console = Console()
+        if not console.is_terminal:  # piped or captured: don't squeeze the tables into 80 columns
+            console = Console(width=150)
+    if report["runs"]:
+        console.print(runs_table(report))
+    if report["kv_util"] is not None:
+        console.print(kv_table(report))
+    roof = report["roofline"]
+    if roof is not None:
+        if roof["kind"] == "flops":
+            console.print(f"roofline: {roof['achieved_flops_per_s'] / 1e9:.1f} of {roof['peak_flops_per_s'] / 1e9:.1f} "
+                          f"GFLOP/s measured ({roof['fraction']:.1%}); ceiling {roof['bound_output_tok_s']:.0f} "
+                          "output tok/s")  # fmt: skip
+        else:
+            achieved, peak = roof["achieved_bytes_per_s"] / 1e9, roof["peak_bytes_per_s"] / 1e9
+            console.print(f"roofline: {achieved:.1f} of {peak:.1f} GB/s of weights ({roof['fraction']:.1%}); "
+                          f"bound {roof['bound_tok_s']:.0f} tok/s")  # fmt: skip
+    if report["goals"]:
+        console.print(goals_table(report))
