@@ -96,3 +96,6 @@ def test_metrics_count_cached_prompt_tokens(smol: LLM) -> None:
     assert first.metrics.num_cached_tokens == 0
     assert second.metrics.num_cached_tokens == 64
     assert second.metrics.time_to_first_token is not None and second.metrics.num_generated_tokens == 2
+    # A request that ends on its first token still reports its hit.
+    one = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=1), use_tqdm=False)[0]
+    assert one.metrics.num_cached_tokens == 64

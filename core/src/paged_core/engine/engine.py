@@ -146,6 +146,14 @@ class LLMEngine:
     def _apply(
         self, out: SchedulerOutput, sampled: dict[str, list[int]], logprobs: dict[str, list[dict[int, float]] | None]
     ) -> set[str]:
+        # Read prefix hits before the update: a request finishing on its first token leaves the scheduler there.
+        hits = {
+            rid: max(req.num_cached_tokens, 0)
+            for rid in sampled
+            if (req := self.scheduler.requests.get(rid)) is not None
+            and (seq := self.seqs.get(rid)) is not None
+            and seq.group.metrics.first_token_time is None
+        }
         updates = self.scheduler.update_from_output(out, sampled)
         touched: set[str] = set()
         now = time.monotonic()
@@ -158,8 +166,7 @@ class LLMEngine:
             touched.add(group.request_id)
             if group.metrics.first_token_time is None and u.new_token_ids:
                 group.metrics.first_token_time = now
-                req = self.scheduler.requests.get(u.req_id)
-                group.metrics.num_cached_tokens = max(req.num_cached_tokens, 0) if req is not None else 0
+                group.metrics.num_cached_tokens = hits.get(u.req_id, 0)
             matched = seq.accept(u.new_token_ids, logprobs.get(u.req_id))
             if u.finish_reason is not None:
                 seq.finish(u.finish_reason, self._stop_reason(u.req_id, u.new_token_ids, u.finish_reason))

@@ -1,0 +1,54 @@
+"""``paged serve [MODEL]``: the OpenAI-compatible HTTP server."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from typing import Any
+
+from paged_core.cli.engine_args import add_engine_args, engine_config_from
+from paged_core.cli.logs import setup_logging
+
+
+def register(subparsers: Any) -> None:
+    """Add the ``serve`` subcommand."""
+    parser = subparsers.add_parser(
+        "serve",
+        help="serve a model over an OpenAI-compatible HTTP API",
+        description="Serve MODEL (default: embedded SmolLM2) at /v1/completions, /v1/chat/completions, /v1/models, "
+        "/tokenize, /detokenize, /health and /metrics.",
+    )
+    parser.add_argument("model_path", nargs="?", default=None, metavar="MODEL",
+                        help="local model directory or .gguf file (same as --model)")  # fmt: skip
+    g = parser.add_argument_group("server")
+    g.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    g.add_argument("--port", type=int, default=8000, help="port to bind (default 8000)")
+    g.add_argument("--api-key", default=os.environ.get("PAGED_API_KEY"),
+                   help="require 'Authorization: Bearer KEY' on API routes (default: $PAGED_API_KEY, else no auth)")
+    g.add_argument("--served-model-name", default=None, help="model id clients must send (default: the model's name)")
+    g.add_argument("--max-body-bytes", type=int, default=4 << 20, help="largest request body (default 4 MiB)")
+    g.add_argument("--max-tokens-limit", type=int, default=None, help="cap on max_tokens (default: context length)")
+    g.add_argument("--max-n", type=int, default=16, help="cap on n (default 16)")
+    g.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"))
+    add_engine_args(parser)
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Load the engine and serve until interrupted."""
+    from paged_core.errors import ConfigError
+    from paged_core.serve.config import ServeConfig
+    from paged_core.serve.server import run_server
+
+    setup_logging(args.log_level in ("info", "debug"))
+    if args.model_path is not None and args.model is not None and args.model_path != args.model:
+        raise ConfigError(f"MODEL {args.model_path!r} and --model {args.model!r} disagree; pass one of them")
+    if args.model_path is not None:
+        args.model = args.model_path
+    config = ServeConfig(
+        host=args.host, port=args.port, api_key=args.api_key, served_model_name=args.served_model_name,
+        max_body_bytes=args.max_body_bytes, max_tokens_limit=args.max_tokens_limit, max_n=args.max_n,
+        log_level=args.log_level,
+    )  # fmt: skip
+    run_server(engine_config_from(args), config)
+    return 0

@@ -1,0 +1,96 @@
+"""``POST /v1/chat/completions``: the chat template, ``n`` choices, streaming deltas and logprobs."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response
+
+from paged_core.engine.outputs import CompletionOutput, RequestOutput
+from paged_core.serve.body import parse_body
+from paged_core.serve.generation import ClientGone, Generation
+from paged_core.serve.logprobs import chat_logprobs
+from paged_core.serve.params import check_context, check_limits, requested_max_tokens, sampling_params
+from paged_core.serve.protocol import ChatCompletionRequest
+from paged_core.serve.responses import collect, sse, stream_response, usage
+from paged_core.serve.state import ServerState, get_state
+
+router = APIRouter()
+
+
+@router.post("/v1/chat/completions")
+async def create_chat_completion(request: Request) -> Response:
+    """OpenAI's chat completions endpoint."""
+    state = get_state(request)
+    req = await parse_body(request, ChatCompletionRequest, state.config.max_body_bytes)
+    state.check_model(req.model)
+    check_limits(req, state.config)
+    sampling_params(req, 1)  # refuse bad sampling fields before paying for the template
+    ids = state.tokens.render_chat(req.messages, req.add_generation_prompt, req.chat_template_kwargs)
+    max_tokens = check_context(len(ids), requested_max_tokens(req), state.max_model_len, "messages")
+    params = sampling_params(req, max_tokens)
+    gen = Generation(state, request, "chatcmpl")
+    await gen.start([ids], [params], req.cache_salt, req.priority)
+    if req.stream:
+        return stream_response(gen, _chunks(gen, req, state))
+    try:
+        (out,) = await collect(gen, 1)
+    except ClientGone:
+        return Response(status_code=499)
+    body = {"id": gen.id, "object": "chat.completion", "created": int(time.time()), "model": state.model_name,
+            "choices": [_choice(c, req, state) for c in out.outputs], "usage": usage([out])}  # fmt: skip
+    return JSONResponse(body)
+
+
+def _top(req: ChatCompletionRequest) -> int:
+    return req.top_logprobs or 0
+
+
+def _choice(c: CompletionOutput, req: ChatCompletionRequest, state: ServerState) -> dict[str, Any]:
+    logprobs = None
+    if req.logprobs and c.logprobs is not None:
+        logprobs = chat_logprobs(state.tokens, c.token_ids, c.logprobs, _top(req))
+    return {"index": c.index, "message": {"role": "assistant", "content": c.text}, "logprobs": logprobs,
+            "finish_reason": c.finish_reason, "stop_reason": c.stop_reason}  # fmt: skip
+
+
+async def _chunks(gen: Generation, req: ChatCompletionRequest, state: ServerState) -> AsyncIterator[str]:
+    created = int(time.time())
+    include_usage = req.stream_options is not None and req.stream_options.include_usage
+    final: RequestOutput | None = None
+
+    def chunk(index: int, delta: dict[str, Any], logprobs: Any = None, finish: str | None = None) -> str:
+        body: dict[str, Any] = {
+            "id": gen.id, "object": "chat.completion.chunk", "created": created, "model": state.model_name,
+            "choices": [{"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}],
+        }  # fmt: skip
+        if include_usage:
+            body["usage"] = None
+        return sse(body)
+
+    # OpenAI opens every choice with a role-only delta.
+    for j in range(req.n):
+        yield chunk(j, {"role": "assistant", "content": ""})
+    done: set[int] = set()
+    async for _, out in gen.events():
+        if out.finished:
+            final = out
+        for c in out.outputs:
+            if c.index in done:
+                continue
+            logprobs = None
+            if req.logprobs and c.logprobs is not None and c.new_token_ids:
+                entries = c.logprobs[-len(c.new_token_ids) :]
+                logprobs = chat_logprobs(state.tokens, c.new_token_ids, entries, _top(req))
+            if c.new_text or logprobs is not None:
+                yield chunk(c.index, {"content": c.new_text}, logprobs)
+            if c.finish_reason is not None:
+                done.add(c.index)
+                yield chunk(c.index, {}, None, c.finish_reason)
+    if include_usage and final is not None:
+        body = {"id": gen.id, "object": "chat.completion.chunk", "created": created, "model": state.model_name,
+                "choices": [], "usage": usage([final])}  # fmt: skip
+        yield sse(body)

@@ -1,0 +1,125 @@
+"""``POST /v1/completions``: text completion, batched prompts, streaming, logprobs and echo."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import AsyncIterator
+from typing import Any, cast
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response
+
+from paged_core.engine.outputs import CompletionOutput, RequestOutput
+from paged_core.serve.body import parse_body
+from paged_core.serve.errors import APIError
+from paged_core.serve.generation import ClientGone, Generation
+from paged_core.serve.logprobs import completion_logprobs
+from paged_core.serve.params import check_context, check_limits, sampling_params
+from paged_core.serve.protocol import CompletionRequest
+from paged_core.serve.responses import collect, sse, stream_response, usage
+from paged_core.serve.state import ServerState, get_state
+
+router = APIRouter()
+
+
+def _prompts(req: CompletionRequest, state: ServerState) -> list[list[int]]:
+    """Each prompt as token ids (text is encoded; ids are checked against the vocabulary)."""
+    p = req.prompt
+    if isinstance(p, str):
+        return [state.tokens.encode(p)]
+    if not p:
+        raise APIError(400, "prompt is empty", param="prompt")
+    if isinstance(p[0], int):
+        return [state.tokens.check_ids(p, "prompt")]
+    if len(p) > state.config.max_prompts:
+        raise APIError(400, f"at most {state.config.max_prompts} prompts per request, got {len(p)}", param="prompt")
+    out = []
+    for i, item in enumerate(p):
+        if isinstance(item, str):
+            out.append(state.tokens.encode(item, f"prompt[{i}]"))
+        else:
+            out.append(state.tokens.check_ids(cast(list[int], item), f"prompt[{i}]"))
+    return out
+
+
+@router.post("/v1/completions")
+async def create_completion(request: Request) -> Response:
+    """OpenAI's completions endpoint."""
+    state = get_state(request)
+    req = await parse_body(request, CompletionRequest, state.config.max_body_bytes)
+    state.check_model(req.model)
+    check_limits(req, state.config)
+    prompts = _prompts(req, state)
+    first = sampling_params(req, 1)  # validates every field once, before any token budget is computed
+    params = [
+        dataclasses.replace(first, max_tokens=check_context(len(ids), req.max_tokens, state.max_model_len, "prompt"))
+        for ids in prompts
+    ]
+    gen = Generation(state, request, "cmpl")
+    await gen.start(prompts, params, req.cache_salt, req.priority)
+    echoes = [state.tokens.decode(ids) if req.echo else "" for ids in prompts]
+    if req.stream:
+        return stream_response(gen, _chunks(gen, req, state, echoes))
+    try:
+        outputs = await collect(gen, len(prompts))
+    except ClientGone:
+        return Response(status_code=499)
+    choices = [_choice(i * req.n + c.index, c, echoes[i], req, state) for i, out in enumerate(outputs)
+               for c in out.outputs]  # fmt: skip
+    body = {"id": gen.id, "object": "text_completion", "created": int(time.time()), "model": state.model_name,
+            "choices": choices, "usage": usage(outputs)}  # fmt: skip
+    return JSONResponse(body)
+
+
+def _choice(index: int, c: CompletionOutput, echo: str, req: CompletionRequest, state: ServerState) -> dict[str, Any]:
+    logprobs = None
+    if req.logprobs is not None and c.logprobs is not None:
+        logprobs = completion_logprobs(state.tokens, c.token_ids, c.logprobs, req.logprobs, len(echo))
+    return {"index": index, "text": echo + c.text, "logprobs": logprobs, "finish_reason": c.finish_reason,
+            "stop_reason": c.stop_reason}  # fmt: skip
+
+
+async def _chunks(gen: Generation, req: CompletionRequest, state: ServerState, echoes: list[str]) -> AsyncIterator[str]:
+    created = int(time.time())
+    include_usage = req.stream_options is not None and req.stream_options.include_usage
+    finals: dict[int, RequestOutput] = {}
+    sent_finish: set[int] = set()
+    offsets: dict[int, int] = {}
+    for i, echo in enumerate(echoes):  # an echoed prompt goes out first, as its own chunk per choice
+        for j in range(req.n if echo else 0):
+            offsets[i * req.n + j] = len(echo)
+            yield sse(_chunk(gen.id, created, state, i * req.n + j, echo, None, None, include_usage))
+    async for i, out in gen.events():
+        if out.finished:
+            finals[i] = out
+        for c in out.outputs:
+            index = i * req.n + c.index
+            if index in sent_finish or not (c.new_text or c.new_token_ids or c.finish_reason):
+                continue
+            logprobs = None
+            if req.logprobs is not None and c.logprobs is not None and c.new_token_ids:
+                entries = c.logprobs[-len(c.new_token_ids) :]
+                logprobs = completion_logprobs(state.tokens, c.new_token_ids, entries, req.logprobs,
+                                               offsets.get(index, 0))  # fmt: skip
+            offsets[index] = offsets.get(index, 0) + len(c.new_text)
+            if c.finish_reason is not None:
+                sent_finish.add(index)
+            yield sse(_chunk(gen.id, created, state, index, c.new_text, logprobs, c.finish_reason, include_usage))
+    if include_usage:
+        body = {"id": gen.id, "object": "text_completion", "created": created, "model": state.model_name,
+                "choices": [], "usage": usage(finals[i] for i in sorted(finals))}  # fmt: skip
+        yield sse(body)
+
+
+def _chunk(
+    rid: str, created: int, state: ServerState, index: int, text: str, logprobs: dict[str, Any] | None,
+    finish: str | None, include_usage: bool,
+) -> dict[str, Any]:  # fmt: skip
+    body: dict[str, Any] = {
+        "id": rid, "object": "text_completion", "created": created, "model": state.model_name,
+        "choices": [{"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish}],
+    }  # fmt: skip
+    if include_usage:
+        body["usage"] = None
+    return body

@@ -1,0 +1,44 @@
+"""ServeConfig: the server's own settings (address, auth, request limits), validated up front."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from paged_core.errors import ConfigError
+
+MiB = 1 << 20
+
+
+@dataclass(frozen=True)
+class ServeConfig:
+    """How ``paged serve`` listens and what it accepts.
+
+    ``api_key`` turns on bearer-token auth for the API routes (``/health``
+    and ``/metrics`` stay open for probes and scrapers). ``max_tokens_limit``
+    caps ``max_tokens`` per request (``None``: only the context length caps
+    it); ``max_n`` caps ``n``; ``max_prompts`` caps a batched ``prompt``
+    list; ``max_body_bytes`` caps the request body.
+    """
+
+    host: str = "127.0.0.1"
+    port: int = 8000
+    api_key: str | None = None
+    served_model_name: str | None = None
+    max_body_bytes: int = 4 * MiB
+    max_tokens_limit: int | None = None
+    max_n: int = 16
+    max_prompts: int = 64
+    log_level: str = "info"
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.port, int) or not 0 <= self.port <= 65535:
+            raise ConfigError(f"port must be an int in [0, 65535], got {self.port!r}")
+        if self.api_key is not None and not self.api_key:
+            raise ConfigError("api_key must be a non-empty string (or unset for no auth)")
+        for name in ("max_body_bytes", "max_n", "max_prompts"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ConfigError(f"{name} must be an int >= 1, got {value!r}")
+        limit = self.max_tokens_limit
+        if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool) or limit < 1):
+            raise ConfigError(f"max_tokens_limit must be an int >= 1 or None, got {limit!r}")

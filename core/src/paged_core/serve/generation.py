@@ -1,0 +1,99 @@
+"""Generation: the engine requests behind one HTTP request (one per prompt), merged into one event stream.
+
+It also watches the connection: when the client goes away, every request
+is aborted at once (freeing its KV blocks) and the stream ends.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import uuid
+from collections.abc import AsyncIterator
+
+from fastapi import Request
+
+from paged_core.engine.outputs import RequestOutput
+from paged_core.errors import PagedError
+from paged_core.sampling.params import SamplingParams
+from paged_core.serve.async_engine import EngineDeadError
+from paged_core.serve.errors import APIError, rejected
+from paged_core.serve.state import ServerState
+
+
+class ClientGone(Exception):
+    """The client closed the connection; its requests were aborted."""
+
+
+class Generation:
+    """Submits ``prompts`` (token ids) with ``params`` and yields ``(prompt_index, output)`` as steps finish."""
+
+    def __init__(self, state: ServerState, request: Request, prefix: str) -> None:
+        self.state = state
+        self.request = request
+        self.id = f"{prefix}-{uuid.uuid4().hex}"
+        self.request_ids: list[str] = []
+        self._sink: asyncio.Queue[RequestOutput | BaseException] = asyncio.Queue()
+        self._pending: set[str] = set()
+        self._watcher: asyncio.Task[None] | None = None
+
+    async def start(self, prompts: list[list[int]], params: list[SamplingParams], cache_salt: str | None,
+                    priority: int = 0) -> None:  # fmt: skip
+        """Queue every prompt; if the engine refuses one, abort the rest and raise a 400."""
+        engine = self.state.engine
+        try:
+            for i, (ids, p) in enumerate(zip(prompts, params, strict=True)):
+                rid = f"{self.id}-{i}"
+                await engine.add(rid, ids, p, cache_salt, priority, sink=self._sink)
+                self.request_ids.append(rid)
+                self._pending.add(rid)
+        except PagedError as exc:
+            self.close()
+            raise rejected(exc) from None
+        except EngineDeadError as exc:
+            self.close()
+            raise APIError(503, str(exc)) from None
+        except BaseException:
+            self.close()
+            raise
+        self._watcher = asyncio.create_task(self._watch())
+
+    async def events(self) -> AsyncIterator[tuple[int, RequestOutput]]:
+        """Outputs in arrival order, tagged with their prompt's index; raises :class:`ClientGone` on disconnect."""
+        index = {rid: i for i, rid in enumerate(self.request_ids)}
+        while self._pending:
+            item = await self._sink.get()
+            if isinstance(item, ClientGone):
+                raise item
+            if isinstance(item, EngineDeadError):
+                raise APIError(503, str(item))
+            if isinstance(item, BaseException):
+                raise APIError(500, f"generation failed: {item}", type="server_error")
+            if item.finished:
+                self._pending.discard(item.request_id)
+            yield index[item.request_id], item
+
+    def close(self) -> None:
+        """Abort whatever has not finished and stop watching the connection (idempotent)."""
+        for rid in self.request_ids:
+            if rid not in self._pending:
+                continue
+            if self.state.engine.abort(rid):
+                self.state.metrics.on_abort(rid)
+            else:  # already failed by the engine thread: nothing to abort, only timing state to drop
+                self.state.metrics.forget(rid)
+        self._pending.clear()
+        if self._watcher is not None and self._watcher is not asyncio.current_task():
+            self._watcher.cancel()
+        self._watcher = None
+
+    async def _watch(self) -> None:
+        # The body was read in full already, so the next message can only be the disconnect.
+        with contextlib.suppress(asyncio.CancelledError):
+            while True:
+                message = await self.request.receive()
+                if message["type"] == "http.disconnect":
+                    break
+            self._watcher = None
+            self.close()
+            self._sink.put_nowait(ClientGone())

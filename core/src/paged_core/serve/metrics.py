@@ -1,0 +1,109 @@
+"""Prometheus metrics of one server: engine gauges from the latest snapshot, plus request counters and latencies.
+
+Each server owns its own :class:`CollectorRegistry`, so several apps in one
+process (tests) never collide.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from paged_core.engine.outputs import RequestOutput
+from paged_core.serve.stats import EngineStats
+
+# Latency buckets in seconds, from fast CPU decode steps to minute-long requests.
+_TTFT = (0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+_ITL = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
+_E2E = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
+
+
+class _EngineCollector(Collector):
+    """Reports the engine snapshot at scrape time (the scrape never touches the engine itself)."""
+
+    def __init__(self, read: Callable[[], EngineStats]) -> None:
+        self.read = read
+
+    def collect(self) -> Iterator[Metric]:
+        s = self.read()
+        yield GaugeMetricFamily("paged_kv_cache_usage_ratio", "Fraction of usable KV blocks in use (0-1).", s.kv_usage)
+        yield GaugeMetricFamily("paged_kv_cache_free_blocks", "KV blocks with no reference.", s.num_free_blocks)
+        yield GaugeMetricFamily("paged_kv_cache_blocks", "KV blocks that can hold tokens.", s.num_usable_blocks)
+        yield GaugeMetricFamily("paged_requests_running", "Requests being scheduled.", s.num_running)
+        yield GaugeMetricFamily("paged_requests_waiting", "Requests waiting for KV blocks or budget.", s.num_waiting)
+        yield CounterMetricFamily("paged_preemptions", "Requests preempted to free KV blocks.", s.num_preemptions)
+        yield CounterMetricFamily(
+            "paged_prefix_cache_queries_tokens", "Prompt tokens looked up in the prefix cache.", s.prefix_queries
+        )
+        yield CounterMetricFamily("paged_prefix_cache_hits_tokens", "Prompt tokens found in the prefix cache.",
+                                  s.prefix_hits)  # fmt: skip
+        yield CounterMetricFamily("paged_engine_steps", "Engine steps run.", s.steps)
+
+
+@dataclass
+class _Tracked:
+    last_token_time: float | None = None
+    counted_prompt: bool = False
+
+
+@dataclass
+class ServerMetrics:
+    """Counters and histograms fed from engine outputs, and the engine gauges."""
+
+    read_stats: Callable[[], EngineStats]
+    registry: CollectorRegistry = field(default_factory=CollectorRegistry)
+
+    def __post_init__(self) -> None:
+        r = self.registry
+        self.prompt_tokens = Counter("paged_prompt_tokens", "Prompt tokens of requests that started.", registry=r)
+        self.generation_tokens = Counter("paged_generation_tokens", "Tokens generated.", registry=r)
+        self.finished = Counter("paged_requests_finished", "Completions finished, by reason.", ["finish_reason"],
+                                registry=r)  # fmt: skip
+        self.aborted = Counter("paged_requests_aborted", "Requests aborted (client gone or error).", registry=r)
+        self.ttft = Histogram("paged_time_to_first_token_seconds", "Arrival to first token.", buckets=_TTFT,
+                              registry=r)  # fmt: skip
+        self.itl = Histogram("paged_inter_token_latency_seconds", "Gap between a request's successive steps.",
+                             buckets=_ITL, registry=r)  # fmt: skip
+        self.e2e = Histogram("paged_e2e_request_latency_seconds", "Arrival to completion.", buckets=_E2E, registry=r)
+        r.register(_EngineCollector(self.read_stats))
+        self._live: dict[str, _Tracked] = {}
+
+    def observe(self, outputs: list[RequestOutput], now: float) -> None:
+        """Account one step's outputs (called on the event loop with the step's end time)."""
+        for out in outputs:
+            state = self._live.setdefault(out.request_id, _Tracked())
+            new = sum(len(c.new_token_ids) for c in out.outputs)
+            if new:
+                self.generation_tokens.inc(new)
+                if state.last_token_time is None:
+                    ttft = out.metrics.time_to_first_token
+                    self.ttft.observe(ttft if ttft is not None else now - out.metrics.arrival_time)
+                else:
+                    self.itl.observe(now - state.last_token_time)
+                state.last_token_time = now
+            if not state.counted_prompt:
+                self.prompt_tokens.inc(len(out.prompt_token_ids))
+                state.counted_prompt = True
+            if out.finished:
+                del self._live[out.request_id]
+                latency = out.metrics.latency
+                self.e2e.observe(latency if latency is not None else now - out.metrics.arrival_time)
+                for c in out.outputs:
+                    self.finished.labels(finish_reason=c.finish_reason or "unknown").inc()
+
+    def on_abort(self, request_id: str) -> None:
+        """Count an abort and forget the request's timing state."""
+        self._live.pop(request_id, None)
+        self.aborted.inc()
+
+    def forget(self, request_id: str) -> None:
+        """Drop a request's timing state without counting it (it failed rather than being aborted)."""
+        self._live.pop(request_id, None)
+
+    def render(self) -> bytes:
+        """The exposition text for ``GET /metrics``."""
+        return generate_latest(self.registry)

