@@ -21,11 +21,14 @@ def assert_same_tokens(outputs: list[RequestOutput], expected: list[list[int]]) 
             raise AssertionError(f"prompt {i}: tokens differ from position {k}: got {got[k:k+5]}, want {want[k:k+5]}")
 
 
-def hf_greedy(llm: LLM, prompts: list[list[int]], max_new_tokens: int) -> list[list[int]]:
-    """transformers' own ``generate`` (sdpa attention, no paging) on the same weights, one prompt at a time."""
+def hf_greedy(llm: LLM, prompts: list[list[int]], max_new_tokens: int, attn: str = "sdpa") -> list[list[int]]:
+    """transformers' own ``generate`` (no paging) on the same weights, one prompt at a time.
+
+    ``attn`` is transformers' attention ("eager" for models whose soft cap sdpa refuses).
+    """
     model = llm.engine.loaded.model
     impl = model.config._attn_implementation
-    model.config._attn_implementation = "sdpa"
+    model.config._attn_implementation = attn
     try:
         outs = []
         with torch.inference_mode():

@@ -66,10 +66,18 @@ def paged_attention_forward(
         raise PagedError("paged attention called outside a model-runner step (no forward context)")
     layer: int = module.layer_idx  # type: ignore[assignment]
     # Token-major views, no copies: the contract accepts strided inputs.
+    spec = ctx.specs[layer]
+    # The model states its window and soft cap per call; they must be what the backend was checked for.
+    window, cap = kwargs.get("sliding_window"), kwargs.get("softcap")
+    if (window or None) != spec.sliding_window or (cap or None) != spec.logits_soft_cap:
+        raise PagedError(
+            f"layer {layer}: the model asks for sliding_window={window}, softcap={cap} but the layer was "
+            f"planned with {spec.sliding_window}, {spec.logits_soft_cap}"
+        )
     q = query[0].transpose(0, 1)
     k = key[0].transpose(0, 1)
     v = value[0].transpose(0, 1)
-    out = ctx.backend.forward(q, k, v, ctx.kv_caches[layer], ctx.metadata, ctx.specs[layer])
+    out = ctx.backend.forward(q, k, v, ctx.kv_caches[layer], ctx.metadata, spec)
     return out.unsqueeze(0), None
 
 
@@ -107,9 +115,13 @@ def layer_specs(model: torch.nn.Module) -> list[AttentionSpec]:
     text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
     num_heads = int(text_config.num_attention_heads)
     num_kv_heads = int(getattr(text_config, "num_key_value_heads", None) or num_heads)
+    # Models with per-layer types keep the window on the module; others (e.g. Mistral) read it from the config.
+    config_window = getattr(text_config, "sliding_window", None)
+    if getattr(text_config, "use_sliding_window", True) is False:
+        config_window = None
     specs = []
     for mod in attention_layers(model):
-        window = getattr(mod, "sliding_window", None)
+        window = getattr(mod, "sliding_window", config_window)
         soft_cap = getattr(mod, "attn_logit_softcapping", None)
         specs.append(
             AttentionSpec(

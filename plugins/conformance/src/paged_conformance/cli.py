@@ -55,7 +55,9 @@ def _parser() -> argparse.ArgumentParser:
     r = sub.add_parser("run", help="run the conformance suite against one backend",
                        epilog="Arguments after `--` go to pytest unchanged (e.g. -- -k decode -x).")
     r.add_argument("--backend", required=True, help="registered backend name, or package.module:ClassName")
-    r.add_argument("--device", default=None, help="device to test on (default: the backend's own)")
+    r.add_argument("--device", default=None,
+                   help="device to test on (default: the backend's own); DEV-interpret, e.g. cpu-interpret, runs "
+                        "Triton kernels on DEV in the Triton interpreter (sets TRITON_INTERPRET=1)")
     r.add_argument("--grid", choices=("quick", "full"), default="full", help="grid size (default: full)")
     r.add_argument("--quick", action="store_const", const="quick", dest="grid", help="same as --grid quick")
     r.add_argument("--oracle", choices=("auto", "reference", "dense"), default="auto",

@@ -8,6 +8,7 @@ hook that does anything.
 
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING
 
 import pytest
@@ -25,7 +26,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("paged-conformance", "paged attention backend conformance")
     group.addoption("--paged-backend", default=None, metavar="NAME",
                     help="backend under test: a registered name or package.module:ClassName (activates the suite)")
-    group.addoption("--paged-device", default=None, metavar="DEV", help="device to test on (default: the backend's)")
+    group.addoption("--paged-device", default=None, metavar="DEV",
+                    help="device to test on (default: the backend's); DEV-interpret (e.g. cpu-interpret) also "
+                         "sets TRITON_INTERPRET=1 before the backend loads")
     group.addoption("--paged-grid", default="full", choices=GRIDS, help="grid size (default: full)")
     group.addoption("--paged-oracle", default="auto", choices=("auto", "reference", "dense"),
                     help="what outputs are compared against (auto: reference, dense when testing the reference)")
@@ -35,11 +38,26 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="stale expectations are errors, not warnings")
 
 
+INTERPRET_SUFFIX = "-interpret"
+"""``--device DEV-interpret`` (e.g. ``cpu-interpret``): test on ``DEV`` with ``TRITON_INTERPRET=1``."""
+
+
+def split_device(device: str | None) -> tuple[str | None, bool]:
+    """``(torch device, Triton interpreter requested)`` for a ``--device`` value."""
+    if device and device.endswith(INTERPRET_SUFFIX):
+        return device[: -len(INTERPRET_SUFFIX)] or "cpu", True
+    return device, False
+
+
 def pytest_configure(config: pytest.Config) -> None:
     """Activate the suite when a backend was named."""
     spec = config.getoption("paged_backend", None)
     if not spec:
         return
+    device_opt, interpret = split_device(config.getoption("paged_device"))
+    if interpret:
+        # Triton fixes its mode when first imported (loading the backend may import it): set it first.
+        os.environ["TRITON_INTERPRET"] = "1"
     import torch
 
     from paged_conformance.expectations import ExpectationsError, load_expectations
@@ -52,7 +70,6 @@ def pytest_configure(config: pytest.Config) -> None:
     try:
         info = resolve_backend(spec)
         avail = check_declarations(info)
-        device_opt = config.getoption("paged_device")
         if not avail.available and device_opt is None:
             raise pytest.UsageError(f"backend {info.name!r} is not available here: {avail.reason}")
         device = torch.device(device_opt or avail.device)

@@ -1,0 +1,193 @@
+# mypy: disable-error-code="no-untyped-def"
+# (Triton reads parameter annotations as kernel types, so the kernel parameters stay unannotated.)
+"""Triton source of paged attention: one tiled kernel for decode and prefill rows, plus the split-K reduction.
+
+These functions carry no ``@triton.jit`` decorator on purpose: :mod:`paged_backend_rocm.kernels` wraps the
+same source either as a compiled ``JITFunction`` (GPUs, ahead-of-time checks) or as the Triton
+interpreter's ``InterpretedFunction`` (CPU tensors), so one process can hold both and no environment
+variable has to be set before import.
+
+Tiling. A program owns ``BLOCK_M`` query rows of one KV head: ``BLOCK_M // group`` consecutive tokens of
+one sequence times the ``group`` query heads that share that KV head (GQA), so each key/value tile is
+loaded once per group. Decode rows use ``BLOCK_M = 16`` (one token, the rest masked) and may split their
+context into partitions (flash-decoding); prefill rows use larger tiles over their new tokens and attend to
+the cached context plus the causal part of the new tokens.
+
+``DOT_FP32`` widens the dot operands to fp32 with IEEE precision. It is always on for fp32 queries (so
+they never drop to tf32/xf32), and on for bf16 only under the Triton interpreter, whose ``tl.dot``
+multiplies raw bf16 bits (triton 3.9): bf16 products are exact in fp32, so the result is the same math
+with another summation order; the compiled bf16 path (native dot) is what the ahead-of-time check builds.
+"""
+
+from __future__ import annotations
+
+import triton.language as tl
+
+
+def paged_attention_kernel(
+    out_ptr,  # contiguous [T, H, HEAD] in the query dtype (written when not SPLIT)
+    part_acc_ptr,  # [Td, H, MAX_SPLITS, HEAD_PAD] fp32 unnormalised partial outputs (SPLIT only)
+    part_ml_ptr,  # [Td, H, MAX_SPLITS, 2] fp32 running max and sum per partition (SPLIT only)
+    q_ptr,
+    k_cache_ptr,  # contiguous [num_blocks, block_size, kv_heads, HEAD] (the key plane of the cache)
+    v_cache_ptr,
+    query_start_loc_ptr,
+    seq_lens_ptr,
+    block_table_ptr,
+    row_offset,  # first batch row handled by this launch (decode rows come first)
+    scale,
+    group,  # query heads per KV head (<= BLOCK_M)
+    head_size,
+    block_size,
+    partition,  # keys per split (a multiple of BLOCK_N); ignored unless SPLIT
+    num_splits,
+    stride_qt,
+    stride_qh,  # the last query dim is contiguous (the launcher guarantees it)
+    stride_bt,
+    HEAD_PAD: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    SPLIT: tl.constexpr,
+    MAX_SPLITS: tl.constexpr,
+    DOT_FP32: tl.constexpr,
+    D_CHUNK: tl.constexpr,
+):
+    row = tl.program_id(0) + row_offset
+    tile = tl.program_id(1) // num_splits
+    split = tl.program_id(1) % num_splits
+    kv_head = tl.program_id(2)
+    # Output and cache are contiguous, so their strides follow from the sizes: fewer kernel arguments
+    # keeps scalar-register pressure (SGPRs on AMD) under the limit.
+    stride_oh = head_size
+    stride_ot = tl.num_programs(2) * group * head_size
+    stride_ch = head_size
+    stride_cs = tl.num_programs(2) * head_size
+    stride_cb = block_size * stride_cs
+
+    q_start = tl.load(query_start_loc_ptr + row)
+    q_len = tl.load(query_start_loc_ptr + row + 1) - q_start
+    seq_len = tl.load(seq_lens_ptr + row)
+    context = seq_len - q_len
+
+    offs_m = tl.arange(0, BLOCK_M)
+    tokens_per_tile = BLOCK_M // group
+    tok = tile * tokens_per_tile + offs_m // group
+    head = kv_head * group + offs_m % group
+    row_ok = (offs_m < tokens_per_tile * group) & (tok < q_len)
+    offs_d = tl.arange(0, HEAD_PAD)
+    d_ok = offs_d < head_size
+    # Per-row offsets as int32 vectors (2-D int64 offsets would double their register cost).
+    q_rows = (q_start + tok) * stride_qt + head * stride_qh
+    q_mask = row_ok[:, None] & d_ok[None, :]
+    if D_CHUNK == HEAD_PAD:
+        q = tl.load(q_ptr + q_rows[:, None] + offs_d[None, :], mask=q_mask, other=0.0)
+    pos = context + tok  # absolute position of each query row
+
+    # Keys this program visits: its partition, cut at the last visible position of the tile (causal).
+    last_tok = tl.minimum(tile * tokens_per_tile + tokens_per_tile, q_len)
+    kv_hi = tl.minimum(seq_len, context + last_tok)
+    kv_lo = 0
+    if SPLIT:
+        kv_lo = split * partition
+        kv_hi = tl.minimum(kv_hi, kv_lo + partition)
+
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_PAD], dtype=tl.float32)
+    qk_scale = scale * 1.4426950408889634  # exp2 instead of exp: fold log2(e) into the scale
+    table_row = block_table_ptr + row.to(tl.int64) * stride_bt
+    for start in range(kv_lo, kv_hi, BLOCK_N):
+        # BLOCK_N divides block_size, so one tile never straddles two paged blocks. The block's base is
+        # a scalar int64 offset (caches can exceed 2**31 elements); offsets inside a block fit int32.
+        block = tl.load(table_row + start // block_size).to(tl.int64)
+        base = block * stride_cb + kv_head * stride_ch
+        offs_n = start + tl.arange(0, BLOCK_N)
+        n_ok = offs_n < kv_hi
+        kv_offs = (offs_n % block_size)[:, None] * stride_cs + offs_d[None, :]
+        kv_mask = n_ok[:, None] & d_ok[None, :]
+        v = tl.load(v_cache_ptr + base + kv_offs, mask=kv_mask, other=0.0).to(q_ptr.dtype.element_ty)
+        if D_CHUNK == HEAD_PAD:
+            k = tl.load(k_cache_ptr + base + kv_offs, mask=kv_mask, other=0.0).to(q_ptr.dtype.element_ty)
+            if DOT_FP32:
+                s = tl.dot(q.to(tl.float32), tl.trans(k.to(tl.float32)), input_precision="ieee")
+            else:
+                s = tl.dot(q, tl.trans(k))
+        else:
+            # Narrow dot operands (RDNA's WMMA holds a whole operand row per lane): q . k over head-dim
+            # chunks, re-reading the query chunk from cache each time instead of keeping all of it live.
+            s = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+            for dc in tl.static_range(0, HEAD_PAD, D_CHUNK):
+                offs_c = dc + tl.arange(0, D_CHUNK)
+                # The loop-dependent term keeps the compiler from hoisting the query chunks (which would
+                # make the whole query live in registers again).
+                c_ok = (offs_c < head_size) & (offs_c * 0 + start >= kv_lo)
+                qc = tl.load(q_ptr + q_rows[:, None] + offs_c[None, :], mask=row_ok[:, None] & c_ok[None, :],
+                             other=0.0)
+                kc_offs = (offs_n % block_size)[:, None] * stride_cs + offs_c[None, :]
+                kc = tl.load(k_cache_ptr + base + kc_offs, mask=n_ok[:, None] & c_ok[None, :], other=0.0)
+                kc = kc.to(q_ptr.dtype.element_ty)
+                if DOT_FP32:
+                    s += tl.dot(qc.to(tl.float32), tl.trans(kc.to(tl.float32)), input_precision="ieee")
+                else:
+                    s += tl.dot(qc, tl.trans(kc))
+        visible = (offs_n[None, :] <= pos[:, None]) & n_ok[None, :]
+        s = tl.where(visible, s * qk_scale, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        # A row that has seen no visible key yet keeps m = -inf; subtract 0 instead so exp2 gives 0, not NaN.
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        p = tl.exp2(s - m_safe[:, None])
+        alpha = tl.exp2(m_i - m_safe)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        if DOT_FP32:
+            pv = p.to(v.dtype).to(tl.float32)  # round p as the native path does, then multiply exactly
+            acc = acc * alpha[:, None] + tl.dot(pv, v.to(tl.float32), input_precision="ieee")
+        else:
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+        m_i = m_new
+
+    if SPLIT:
+        # Decode rows only: token index == q_start. Partials are combined by paged_attention_reduce_kernel.
+        part = ((q_start + tok) * tl.num_programs(2) * group + head) * MAX_SPLITS + split
+        tl.store(part_acc_ptr + part[:, None] * HEAD_PAD + offs_d[None, :], acc, mask=row_ok[:, None])
+        pair = tl.where(tl.arange(0, 2)[None, :] == 0, m_i[:, None], l_i[:, None])
+        tl.store(part_ml_ptr + part[:, None] * 2 + tl.arange(0, 2)[None, :], pair, mask=row_ok[:, None])
+    else:
+        out = acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]
+        o_rows = (q_start + tok) * stride_ot + head * stride_oh
+        tl.store(out_ptr + o_rows[:, None] + offs_d[None, :], out.to(out_ptr.dtype.element_ty),
+                 mask=row_ok[:, None] & d_ok[None, :])
+
+
+def paged_attention_reduce_kernel(
+    out_ptr,  # [T, H, HEAD]
+    part_acc_ptr,
+    part_ml_ptr,
+    num_splits,
+    head_size,
+    stride_ot,
+    stride_oh,
+    HEAD_PAD: tl.constexpr,
+    MAX_SPLITS: tl.constexpr,
+):
+    token = tl.program_id(0).to(tl.int64)
+    head = tl.program_id(1)
+    base = (token * tl.num_programs(1) + head) * MAX_SPLITS
+    offs_d = tl.arange(0, HEAD_PAD)
+    # One pass over the partitions, rescaling as the running maximum grows (as in the main kernel):
+    # one vector of HEAD_PAD live at a time keeps registers (and AMD's scalar registers) low.
+    m_run = float("-inf")
+    l_run = 0.0
+    acc = tl.zeros([HEAD_PAD], dtype=tl.float32)
+    for s in range(0, num_splits):
+        m = tl.load(part_ml_ptr + (base + s) * 2)
+        lsum = tl.load(part_ml_ptr + (base + s) * 2 + 1)
+        m_new = tl.maximum(m_run, m)
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # partitions past the sequence: m = -inf
+        alpha = tl.exp2(m_run - m_safe)
+        w = tl.exp2(m - m_safe)
+        acc = acc * alpha + tl.load(part_acc_ptr + (base + s) * HEAD_PAD + offs_d) * w
+        l_run = l_run * alpha + lsum * w
+        m_run = m_new
+    out = acc / tl.where(l_run > 0.0, l_run, 1.0)
+    tl.store(out_ptr + token * stride_ot + head * stride_oh + offs_d, out.to(out_ptr.dtype.element_ty),
+             mask=offs_d < head_size)

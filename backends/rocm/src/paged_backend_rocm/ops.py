@@ -1,0 +1,57 @@
+"""The kernels as torch custom ops, so a captured step traces as one graph with no host reads.
+
+``torch.compile(fullgraph=True)`` cannot look inside a Triton launch from Python; as opaque custom ops
+(with shape-only fake implementations) the launches appear as single nodes, and their Python ints are
+graph constants, exactly what a HIP/CUDA graph freezes. Importing this module imports triton.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from paged_backend_rocm import kernels
+
+
+@torch.library.custom_op("paged_rocm::write_kv", mutates_args=("kv_cache",))
+def write_kv(key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
+    """Store keys and values at their slots (see :func:`paged_backend_rocm.kernels.write_kv`)."""
+    kernels.write_kv(key, value, kv_cache, slot_mapping)
+
+
+@write_kv.register_fake
+def _write_kv_fake(key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
+    return None
+
+
+@torch.library.custom_op("paged_rocm::attention", mutates_args=())
+def attention(
+    query: torch.Tensor,
+    kv_cache: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    seq_lens: torch.Tensor,
+    block_table: torch.Tensor,
+    num_decodes: int,
+    num_prefills: int,
+    max_query_len: int,
+    max_seq_len: int,
+    scale: float,
+) -> torch.Tensor:
+    """Paged attention over the cache (see :func:`paged_backend_rocm.kernels.attention`)."""
+    return kernels.attention(query, kv_cache, query_start_loc, seq_lens, block_table, num_decodes, num_prefills,
+                             max_query_len, max_seq_len, scale)  # fmt: skip
+
+
+@attention.register_fake
+def _attention_fake(
+    query: torch.Tensor,
+    kv_cache: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    seq_lens: torch.Tensor,
+    block_table: torch.Tensor,
+    num_decodes: int,
+    num_prefills: int,
+    max_query_len: int,
+    max_seq_len: int,
+    scale: float,
+) -> torch.Tensor:
+    return query.new_empty(query.shape)

@@ -1,0 +1,132 @@
+"""Every kernel specialization the backend can launch, derived from its declared capabilities.
+
+A specialization is a kernel plus its compile-time constants, pointer types and launch options; the
+launcher (:mod:`paged_backend_rocm.kernels`) picks them through the same functions in
+:mod:`paged_backend_rocm.tiles`, so this list is complete by construction. Runtime integers are
+compiled as generic ``i32`` (the JIT may additionally specialise on divisibility; resource use is the same
+kernel body).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import torch
+
+from paged_backend_rocm.tiles import (
+    COPY_BLOCK,
+    COPY_LANES,
+    MAX_SPLITS,
+    NVIDIA_ATTENTION_MAXNREG,
+    REDUCE_LANES,
+    WRITE_KV_LANES,
+    attention_tiles,
+    dot_fp32,
+    head_pad,
+    rdna_supported,
+)
+from paged_core.api import BackendCapabilities
+
+POINTER_TYPES = {torch.float32: "*fp32", torch.bfloat16: "*bf16", torch.float16: "*fp16"}
+"""Triton pointer type of a tensor of each dtype."""
+
+
+@dataclass(frozen=True)
+class Specialization:
+    """One compiled variant: kernel name, a readable label, constexprs, pointer types and threads."""
+
+    kernel: str
+    label: str
+    constexprs: tuple[tuple[str, int | bool], ...]
+    pointers: tuple[tuple[str, str], ...]
+    lanes: int
+    """Threads per program; warps = lanes // the target's warp size, as the launcher computes it."""
+    float_args: tuple[str, ...] = field(default=())
+    nvidia_maxnreg: int | None = None
+    """The ``maxnreg`` launch option on NVIDIA targets, as the launcher passes it."""
+
+    def signature(self, arg_names: list[str]) -> dict[str, str]:
+        """Triton signature for ``arg_names``: pointers typed, constexprs marked, other ints ``i32``."""
+        pointers, consts = dict(self.pointers), dict(self.constexprs)
+        sig = {}
+        for name in arg_names:
+            if name in consts:
+                sig[name] = "constexpr"
+            elif name in pointers:
+                sig[name] = pointers[name]
+            elif name in self.float_args:
+                sig[name] = "fp32"
+            else:
+                sig[name] = "i32"
+        return sig
+
+
+def _name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def attention_specializations(caps: BackendCapabilities, rdna: bool = False) -> Iterator[Specialization]:
+    """Attention (decode direct, decode split, prefill) and reduction variants for every declared combination.
+
+    ``rdna`` selects the tiles launched on AMD wave32 GPUs (gfx11).
+    """
+    heads = sorted(caps.head_sizes or ())
+    seen: set[tuple[object, ...]] = set()
+    for q in sorted(caps.dtypes, key=_name):
+        for kv in sorted(caps.effective_kv_cache_dtypes, key=_name):
+            for head in heads:
+                if rdna and not rdna_supported(q, head):
+                    continue  # refused at launch on RDNA (see tiles.rdna_supported)
+                for block in caps.block_sizes:
+                    for decode, split in ((True, False), (True, True), (False, False)):
+                        tiles = attention_tiles(q, head, block, decode, split, rdna, kv_dtype=kv)
+                        key = ("attention", q, kv, tiles)
+                        if key in seen:
+                            continue
+                        seen.add(key)
+                        mode = "decode-split" if split else "decode" if decode else "prefill"
+                        qt, kt = POINTER_TYPES[q], POINTER_TYPES[kv]
+                        yield Specialization(
+                            "attention",
+                            f"attention {mode} q={_name(q)} kv={_name(kv)} D{tiles.head_pad} "
+                            f"M{tiles.block_m} N{tiles.block_n}"
+                            + (f" C{tiles.d_chunk}" if tiles.d_chunk != tiles.head_pad else ""),
+                            tuple(tiles.constexprs(dot_fp32(q, interpreted=False)).items()),
+                            (("out_ptr", qt), ("part_acc_ptr", "*fp32"), ("part_ml_ptr", "*fp32"), ("q_ptr", qt),
+                             ("k_cache_ptr", kt), ("v_cache_ptr", kt), ("query_start_loc_ptr", "*i32"),
+                             ("seq_lens_ptr", "*i32"), ("block_table_ptr", "*i32")),
+                            tiles.lanes, ("scale",), NVIDIA_ATTENTION_MAXNREG,
+                        )  # fmt: skip
+    for q in sorted(caps.dtypes, key=_name):
+        for pad in sorted({head_pad(h) for h in heads}):
+            yield Specialization(
+                "reduce", f"reduce out={_name(q)} D{pad} S{MAX_SPLITS}",
+                (("HEAD_PAD", pad), ("MAX_SPLITS", MAX_SPLITS)),
+                (("out_ptr", POINTER_TYPES[q]), ("part_acc_ptr", "*fp32"), ("part_ml_ptr", "*fp32")), REDUCE_LANES,
+            )  # fmt: skip
+
+
+def cache_specializations(caps: BackendCapabilities) -> Iterator[Specialization]:
+    """write_kv for every (input dtype, cache dtype, head tile) and copy_blocks for every cache dtype."""
+    heads = sorted(caps.head_sizes or ())
+    pads = sorted({head_pad(h) for h in heads})
+    for q in sorted(caps.dtypes, key=_name):
+        for kv in sorted(caps.effective_kv_cache_dtypes, key=_name):
+            for pad in pads:
+                qt, kt = POINTER_TYPES[q], POINTER_TYPES[kv]
+                yield Specialization(
+                    "write_kv", f"write_kv in={_name(q)} cache={_name(kv)} D{pad}", (("HEAD_PAD", pad),),
+                    (("key_ptr", qt), ("value_ptr", qt), ("k_cache_ptr", kt), ("v_cache_ptr", kt),
+                     ("slot_mapping_ptr", "*i64")), WRITE_KV_LANES,
+                )  # fmt: skip
+    for kv in sorted(caps.effective_kv_cache_dtypes, key=_name):
+        yield Specialization(
+            "copy_blocks", f"copy_blocks cache={_name(kv)}", (("BLOCK", COPY_BLOCK),),
+            (("cache_ptr", POINTER_TYPES[kv]), ("pairs_ptr", "*i64")), COPY_LANES,
+        )  # fmt: skip
+
+
+def all_specializations(caps: BackendCapabilities, rdna: bool = False) -> list[Specialization]:
+    """Every specialization, attention kernels first (``rdna``: as launched on AMD wave32 GPUs)."""
+    return [*attention_specializations(caps, rdna), *cache_specializations(caps)]

@@ -1,0 +1,131 @@
+"""Tile sizes and split plans: the one place launch parameters are chosen.
+
+The launcher and the ahead-of-time check (:mod:`paged_backend_rocm.aot`) both call these functions, so
+the specializations compiled for the resource report are exactly the ones the backend launches.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+MAX_SPLITS = 32
+"""Most partitions a decode row's context is split into (the reduction kernel's fixed width)."""
+MIN_PARTITION = 256
+"""Fewest keys per partition: shorter contexts are not split (the reduction would cost more than it saves)."""
+TARGET_PROGRAMS = 2048
+"""Decode programs worth launching: enough to fill an MI300X (304 CUs) or an H200 (132 SMs) several times."""
+KV_TILE_BYTES = 4 * 1024
+"""Budget of one decode key (or value) tile in the compute dtype: larger tiles spill (measured with aot)."""
+RDNA_D_CHUNK = 64
+"""Head-dim chunk of q.k dots on RDNA (gfx11)."""
+RDNA_FP32_D_CHUNK = 32
+RDNA_FP32_MAX_HEAD = 64
+"""Largest head size of fp32 attention on RDNA: its FMA dots spill beyond (aot report); refused there."""
+ATTENTION_LANES = 256
+"""Threads per attention program: 4 waves of 64 on CDNA, 8 warps of 32 on NVIDIA/RDNA."""
+NVIDIA_ATTENTION_MAXNREG = 255
+"""Register cap for attention on NVIDIA: left alone, ptxas caps 256-thread programs at 128 and spills."""
+REDUCE_LANES = 128
+WRITE_KV_LANES = 64
+COPY_LANES = 256
+DECODE_BLOCK_M = 16
+"""Query rows of a decode program: one token times up to 16 query heads (tl.dot needs M >= 16)."""
+MAX_GROUP = DECODE_BLOCK_M
+"""Largest GQA ratio (query heads per KV head) the kernels accept."""
+COPY_BLOCK = 1024
+"""Elements moved per program by copy_blocks."""
+
+
+def head_pad(head_size: int) -> int:
+    """The power-of-two tile width covering ``head_size`` (at least 16)."""
+    return max(16, 1 << (head_size - 1).bit_length())
+
+
+@dataclass(frozen=True)
+class AttentionTiles:
+    """Compile-time shape of one attention launch."""
+
+    head_pad: int
+    block_m: int
+    block_n: int
+    split: bool
+    d_chunk: int
+    """Head-dim width of one q.k dot (``head_pad`` except on RDNA, where wide dot operands spill)."""
+    lanes: int = ATTENTION_LANES
+
+    def constexprs(self, dot_fp32: bool) -> dict[str, int | bool]:
+        """The kernel's ``tl.constexpr`` arguments for these tiles."""
+        return {"HEAD_PAD": self.head_pad, "BLOCK_M": self.block_m, "BLOCK_N": self.block_n,
+                "SPLIT": self.split, "MAX_SPLITS": MAX_SPLITS, "DOT_FP32": dot_fp32, "D_CHUNK": self.d_chunk}
+
+
+def rdna_supported(dtype: torch.dtype, head_size: int) -> bool:
+    """Whether RDNA (gfx11) runs attention in ``dtype`` at ``head_size`` without spilling."""
+    return dtype != torch.float32 or head_pad(head_size) <= RDNA_FP32_MAX_HEAD
+
+
+def dot_fp32(dtype: torch.dtype, interpreted: bool) -> bool:
+    """Whether attention dots run on fp32 operands (see :mod:`paged_backend_rocm.attention_kernels`)."""
+    return dtype == torch.float32 or (interpreted and dtype == torch.bfloat16)
+
+
+def attention_tiles(
+    dtype: torch.dtype,
+    head_size: int,
+    block_size: int,
+    decode: bool,
+    split: bool,
+    rdna: bool = False,
+    interpreter: bool = False,
+    kv_dtype: torch.dtype | None = None,
+) -> AttentionTiles:
+    """Tiles for queries of ``dtype``: BLOCK_N divides the block size and keeps a KV tile in budget.
+
+    ``rdna``: the device is an AMD wave32 GPU (gfx11), whose WMMA operands cost a whole row per lane.
+    ``kv_dtype``: the cache's dtype (a cache wider than the queries is converted after loading).
+    ``interpreter``: the Triton interpreter, where registers cost nothing and every loop trip costs
+    Python time, so tiles are as large as the block allows (same code, fewer trips).
+    """
+    pad = head_pad(head_size)
+    if interpreter:
+        block_n = max(b for b in (16, 32, 64) if block_size % b == 0)
+        return AttentionTiles(pad, DECODE_BLOCK_M if decode else 64, block_n, split and decode, pad)
+    elem = torch.empty((), dtype=dtype).element_size()
+    # Prefill tiles already have BLOCK_M rows; a wider key tile there spills SGPRs on CDNA (aot report).
+    block_n = 64 if decode else 16
+    while block_n > 16 and (block_size % block_n or block_n * pad * elem > KV_TILE_BYTES):
+        block_n //= 2
+    if block_size % block_n:
+        raise ValueError(f"block size {block_size} is not a multiple of 16")
+    block_m = DECODE_BLOCK_M if decode else (64 if pad * elem <= 128 else 32)
+    # fp32 dots have no WMMA on RDNA: they run on FMAs, whose operands are narrower still.
+    chunk = min(pad, RDNA_FP32_D_CHUNK if dot_fp32(dtype, False) else RDNA_D_CHUNK)
+    # Twice the threads where the aot report showed spills at 256: fp32 at head 256, and a cache wider
+    # than the queries (except at head 256 on CDNA, where 512 threads spill SGPRs instead).
+    wide_cache = kv_dtype is not None and torch.empty((), dtype=kv_dtype).element_size() > elem
+    wide = (elem == 4 and pad == 256) or (wide_cache and (pad < 256 or rdna))
+    lanes = 2 * ATTENTION_LANES if wide else ATTENTION_LANES
+    return AttentionTiles(pad, block_m, block_n, split and decode, chunk if rdna else pad, lanes)
+
+
+def split_plan(num_decodes: int, num_kv_heads: int, max_seq_len: int, block_n: int) -> tuple[int, int]:
+    """``(num_splits, partition)`` for decode rows whose longest context is ``max_seq_len`` keys.
+
+    Uses only host ints (under graph capture ``max_seq_len`` is the captured bound, so the plan is
+    frozen with the graph and still covers every replayed batch). ``partition`` is a multiple of
+    ``block_n``; partitions past a row's length do no work and weigh nothing in the reduction.
+    """
+    if max_seq_len <= MIN_PARTITION:
+        return 1, max(1, -(-max_seq_len // block_n)) * block_n
+    wanted = max(1, -(-TARGET_PROGRAMS // max(1, num_decodes * num_kv_heads)))
+    splits = min(MAX_SPLITS, -(-max_seq_len // MIN_PARTITION), wanted)
+    partition = -(-max_seq_len // splits)
+    partition = -(-partition // block_n) * block_n
+    return -(-max_seq_len // partition), partition
+
+
+def num_warps(lanes: int, warp_size: int) -> int:
+    """Warps (waves) giving ``lanes`` threads on a device whose warp/wave has ``warp_size`` threads."""
+    return max(1, lanes // warp_size)
