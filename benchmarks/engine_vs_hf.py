@@ -18,23 +18,8 @@ import time
 import torch
 
 from paged_core.api import LLM, SamplingParams
+from paged_core.bench.hf_runs import attention, run_hf_static
 from paged_core.bench.workloads import throughput
-
-
-def hf_static(model: object, requests: list, batch: int, pad: int) -> float:
-    """Seconds for transformers to run ``requests`` as static batches (left-padded)."""
-    start = time.perf_counter()
-    for i in range(0, len(requests), batch):
-        chunk = requests[i : i + batch]
-        width = max(len(r.prompt_token_ids) for r in chunk)
-        ids = torch.tensor([[pad] * (width - len(r.prompt_token_ids)) + r.prompt_token_ids for r in chunk])
-        mask = torch.tensor([[0] * (width - len(r.prompt_token_ids)) + [1] * len(r.prompt_token_ids) for r in chunk])
-        with torch.inference_mode():
-            model.generate(  # type: ignore[attr-defined]
-                ids, attention_mask=mask, max_new_tokens=max(r.max_tokens for r in chunk), do_sample=False,
-                eos_token_id=None, pad_token_id=pad,
-            )  # fmt: skip
-    return time.perf_counter() - start
 
 
 def main() -> None:
@@ -59,9 +44,8 @@ def main() -> None:
     llm.generate([prompt], single, use_tqdm=False)
     ours_single = args.single_tokens / (time.perf_counter() - t)
 
-    model.config._attn_implementation = "sdpa"
     x = torch.tensor([prompt])
-    with torch.inference_mode():
+    with attention(model, "sdpa"), torch.inference_mode():
         model.generate(x[:, :8], max_new_tokens=4, do_sample=False)  # warm-up
         t = time.perf_counter()
         model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=args.single_tokens, do_sample=False,
@@ -70,8 +54,7 @@ def main() -> None:
 
     reqs = throughput()[: args.requests]
     total_out = sum(r.max_tokens for r in reqs)
-    hf_batch_s = hf_static(model, reqs, args.hf_batch, pad=0)
-    model.config._attn_implementation = "paged"
+    hf_batch_s = run_hf_static(model, reqs, args.hf_batch, progress=False).seconds
     params = [SamplingParams(temperature=0, max_tokens=r.max_tokens, ignore_eos=True) for r in reqs]
     t = time.perf_counter()
     llm.generate([r.prompt_token_ids for r in reqs], params, use_tqdm=False)

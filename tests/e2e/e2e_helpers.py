@@ -8,6 +8,7 @@ from typing import Any
 import torch
 
 from paged_core.api import LLM, RequestOutput, SamplingParams
+from paged_core.bench.hf_runs import attention
 
 
 def assert_same_tokens(outputs: list[RequestOutput], expected: list[list[int]]) -> None:
@@ -27,21 +28,16 @@ def hf_greedy(llm: LLM, prompts: list[list[int]], max_new_tokens: int, attn: str
     ``attn`` is transformers' attention ("eager" for models whose soft cap sdpa refuses).
     """
     model = llm.engine.loaded.model
-    impl = model.config._attn_implementation
-    model.config._attn_implementation = attn
-    try:
-        outs = []
-        with torch.inference_mode():
-            for ids in prompts:
-                x = torch.tensor([ids])
-                y = model.generate(
-                    x, attention_mask=torch.ones_like(x), max_new_tokens=max_new_tokens, do_sample=False,
-                    eos_token_id=None, pad_token_id=0,
-                )  # fmt: skip
-                outs.append(y[0, len(ids) :].tolist())
-        return outs
-    finally:
-        model.config._attn_implementation = impl
+    outs = []
+    with attention(model, attn), torch.inference_mode():
+        for ids in prompts:
+            x = torch.tensor([ids])
+            y = model.generate(
+                x, attention_mask=torch.ones_like(x), max_new_tokens=max_new_tokens, do_sample=False,
+                eos_token_id=None, pad_token_id=0,
+            )  # fmt: skip
+            outs.append(y[0, len(ids) :].tolist())
+    return outs
 
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)

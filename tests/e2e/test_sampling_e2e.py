@@ -7,6 +7,7 @@ from dataclasses import replace
 import torch
 
 from paged_core.api import LLM, SamplingParams
+from paged_core.bench.hf_runs import attention
 
 SEEDED = SamplingParams(temperature=0.9, top_p=0.95, top_k=50, seed=1234, max_tokens=24, ignore_eos=True)
 
@@ -73,13 +74,8 @@ def test_logprobs_match_the_model_distribution(smol: LLM) -> None:
     assert lps is not None and len(lps) == 3
     first = lps[0]
     model = smol.engine.loaded.model
-    impl = model.config._attn_implementation
-    model.config._attn_implementation = "sdpa"
-    try:
-        with torch.inference_mode():
-            logits = model(torch.tensor([prompt])).logits[0, -1]
-    finally:
-        model.config._attn_implementation = impl
+    with attention(model, "sdpa"), torch.inference_mode():
+        logits = model(torch.tensor([prompt])).logits[0, -1]
     want = torch.log_softmax(logits.float(), -1)
     top = torch.topk(want, 3).indices.tolist()
     assert set(top) <= set(first)

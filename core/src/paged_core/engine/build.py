@@ -133,7 +133,7 @@ def load(config: EngineConfig) -> LoadedModel:
     model_config, specs = meta_specs(source)
     cls, device, dtype, _ = choose_backend(config, specs)
     tokenizer = load_tokenizer(source)
-    model = load_model(source, dtype, device, register_paged_attention())
+    model = load_model(source, model_config, dtype, device, register_paged_attention())
     limit = int(getattr(model_config.get_text_config(), "max_position_embeddings", 0) or 0) or 2**20
     return LoadedModel(source, tokenizer, model, specs, cls(device=device), dtype, _eos_ids(model, tokenizer), limit)
 

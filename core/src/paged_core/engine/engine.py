@@ -81,26 +81,24 @@ class LLMEngine:
             raise RequestRejectedError(f"request id {rid!r} is already in use")
         ids = self.tokenize(prompt)
         group = RequestGroup(rid, prompt if isinstance(prompt, str) else None, ids, params,
-                             self.loaded.eos_token_ids, self.tokenizer)  # fmt: skip
+                             self.loaded.eos_token_ids, self.tokenizer, cache_salt, priority)  # fmt: skip
         seq = group.seqs[0]
-        self.scheduler.add_request(self._make_request(seq.seq_id, ids, params, cache_salt, priority))
+        self.scheduler.add_request(self._make_request(seq.seq_id, group))
         self.groups[rid] = group
         self.seqs[seq.seq_id] = seq
-        group.cache_salt = cache_salt  # type: ignore[attr-defined]
-        group.priority = priority  # type: ignore[attr-defined]
         return rid
 
-    def _make_request(
-        self, seq_id: str, ids: list[int], params: SamplingParams, cache_salt: str | None, priority: int
-    ) -> Request:
+    def _make_request(self, seq_id: str, group: RequestGroup) -> Request:
+        """The scheduler's view of one sequence of ``group`` (prompt, limits, stop ids, cache keys)."""
+        params = group.params
         eos = self.loaded.eos_token_ids
         stop_ids = set(params.stop_token_ids or ())
         if not params.ignore_eos:
             stop_ids.update(eos[1:])  # the first EOS is the request's own; any others stop too
         return Request(
-            seq_id, ids, max_tokens=params.max_tokens, min_tokens=params.min_tokens, stop_token_ids=stop_ids,
-            eos_token_id=eos[0] if eos else None, ignore_eos=params.ignore_eos, priority=priority,
-            cache_salt=cache_salt,
+            seq_id, group.prompt_token_ids, max_tokens=params.max_tokens, min_tokens=params.min_tokens,
+            stop_token_ids=stop_ids, eos_token_id=eos[0] if eos else None, ignore_eos=params.ignore_eos,
+            priority=group.priority, cache_salt=group.cache_salt,
         )  # fmt: skip
 
     def abort_request(self, request_ids: Seq[str]) -> None:
@@ -199,11 +197,7 @@ class LLMEngine:
                     continue
             # No sharing possible (parent already done, or no room for another row): run the child on
             # its own; its prompt blocks still come from the prefix cache and it samples its own first token.
-            cache_salt = getattr(group, "cache_salt", None)
-            self.scheduler.add_request(
-                self._make_request(child.seq_id, group.prompt_token_ids, group.params, cache_salt,
-                                   getattr(group, "priority", 0))
-            )  # fmt: skip
+            self.scheduler.add_request(self._make_request(child.seq_id, group))
         return {group.request_id}
 
     def _accept_forked(self, child: Sequence, creq: Request, tok: int, lp: Any) -> None:

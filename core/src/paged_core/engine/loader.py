@@ -100,14 +100,15 @@ def load_tokenizer(source: ModelSource) -> Any | None:
         return None
 
 
-def load_model(source: ModelSource, dtype: torch.dtype, device: torch.device, attn_implementation: str) -> Any:
-    """The transformers causal LM in ``dtype`` on ``device``, with attention routed to ``attn_implementation``."""
-    from transformers import AutoConfig, AutoModelForCausalLM
+def load_model(
+    source: ModelSource, config: Any, dtype: torch.dtype, device: torch.device, attn_implementation: str
+) -> Any:
+    """The transformers causal LM in ``dtype`` on ``device``, with attention routed to ``attn_implementation``.
 
-    try:
-        config = AutoConfig.from_pretrained(str(source.directory), gguf_file=source.gguf_file)
-    except (OSError, ValueError) as exc:
-        raise ConfigError(f"{source.directory}: cannot read the model config ({exc})") from None
+    ``config`` is the model's already-read transformers config (reading it can mean parsing a GGUF).
+    """
+    from transformers import AutoModelForCausalLM
+
     if getattr(config, "is_encoder_decoder", False):
         raise ConfigError(f"model {source.name!r} is an encoder-decoder model; paged serves decoder-only models")
     try:

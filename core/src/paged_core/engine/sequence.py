@@ -81,9 +81,13 @@ class RequestGroup:
         params: SamplingParams,
         eos_token_ids: tuple[int, ...],
         tokenizer: Any | None,
+        cache_salt: str | None = None,
+        priority: int = 0,
         arrival_time: float | None = None,
     ) -> None:
         self.request_id = request_id
+        self.cache_salt = cache_salt
+        self.priority = priority
         self.prompt = prompt
         self.prompt_token_ids = prompt_token_ids
         self.params = params
