@@ -2,8 +2,10 @@
 
 import pytest
 
+from paged_core.config import CacheConfig, SchedulerConfig
 from paged_core.errors import RequestRejectedError
-from paged_core.sched.request import RequestStatus
+from paged_core.sched.request import Request, RequestStatus
+from paged_core.sched.scheduler import Scheduler
 
 from .helpers import make_scheduler, req, step
 
@@ -249,3 +251,33 @@ def test_fork_never_exceeds_max_num_seqs() -> None:
     with pytest.raises(RequestRejectedError, match="max_num_seqs=2"):
         s.fork("p", "p#2")
     assert s.num_running == 2 and "p#2" not in s.requests
+
+
+def test_a_prefix_being_computed_is_not_computed_twice_in_one_step() -> None:
+    s = make_scheduler(max_num_batched_tokens=64)
+    shared = list(range(100, 116))  # four blocks of 4
+    s.add_request(Request("a", [*shared, 1, 2]))
+    s.add_request(Request("b", [*shared, 3, 4]))
+    s.add_request(Request("c", list(range(500, 506))))  # behind b: FCFS order is kept
+    first = step(s)
+    assert set(first.num_scheduled_tokens) == {"a"}, "b would recompute a's blocks in the same step"
+    second = step(s)
+    # b now starts from a's four cached blocks and computes only its own tail.
+    assert second.num_scheduled_tokens["b"] == 2 and s.requests["b"].num_cached_tokens == 16
+    assert second.num_scheduled_tokens["c"] == 6
+
+
+def test_requests_without_a_shared_prefix_are_admitted_together() -> None:
+    s = make_scheduler(max_num_batched_tokens=64)
+    s.add_request(Request("a", list(range(100, 118))))
+    s.add_request(Request("b", list(range(200, 218))))
+    assert set(step(s).num_scheduled_tokens) == {"a", "b"}
+
+
+def test_without_prefix_caching_shared_prompts_are_admitted_together() -> None:
+    s = Scheduler(SchedulerConfig(max_model_len=1024, max_num_batched_tokens=64),
+                  CacheConfig(num_blocks=64, block_size=4, enable_prefix_caching=False))  # fmt: skip
+    shared = list(range(100, 116))
+    s.add_request(Request("a", [*shared, 1, 2]))
+    s.add_request(Request("b", [*shared, 3, 4]))
+    assert set(step(s).num_scheduled_tokens) == {"a", "b"}

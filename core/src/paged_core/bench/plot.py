@@ -22,8 +22,12 @@ def _bars(ax: Any, report: dict[str, Any]) -> None:
     if roof is not None and roof["kind"] == "flops":
         ax.axhline(roof["bound_output_tok_s"], color="tab:red", linestyle="--", label="GEMM roofline")
         ax.legend(fontsize=8)
+    elif roof is not None and roof["kind"] == "bandwidth":
+        ax.axhline(roof["bound_tok_s"], color="tab:red", linestyle="--", label="weight-bandwidth bound (decode)")
+        ax.legend(fontsize=8)
     ax.set_ylabel("output tokens / s")
-    ax.set_title(f"{report['workload']}: output throughput ({report['workload_stats']['num_requests']} requests)")
+    n = report["workload_stats"]["num_requests"]
+    ax.set_title(f"{report['workload']}: output throughput ({n} request{'s' if n != 1 else ''})")
     ax.tick_params(axis="x", labelrotation=15)
 
 

@@ -173,9 +173,15 @@ class Scheduler:
         scheduled: list[tuple[Request, int, list[KVBlock] | None]],
     ) -> None:
         cfg, kv, waiting = self.config, self.kv, self.waiting
+        in_flight = _blocks_in_flight(scheduled, kv.block_size) if kv.enable_caching else set()
         while waiting and budget > 0 and len(self.running) < cfg.max_num_seqs:
             req = waiting.peek()
             hits, num_hit = kv.get_computed_blocks(req)
+            nxt = num_hit // kv.block_size
+            if in_flight and nxt < (req.num_tokens - 1) // kv.block_size and req.block_hashes[nxt] in in_flight:
+                # A row of this step is computing the block this request would compute next: it waits one
+                # step and gets it from the cache (a burst of prompts sharing a prefix computes it once).
+                break
             num_new = req.num_tokens - num_hit
             if num_new > budget:
                 # A resumed request may have outgrown one step's budget: it recomputes in chunks.
@@ -193,6 +199,8 @@ class Scheduler:
             num_sched[req.request_id] = num_new
             scheduled.append((req, num_new, None))
             budget -= num_new
+            if kv.enable_caching:
+                in_flight |= _blocks_in_flight([scheduled[-1]], kv.block_size)
 
     def _build_output(
         self,
@@ -326,3 +334,12 @@ class Scheduler:
     def reset_prefix_cache(self) -> bool:
         """Drop the prefix cache; refuses (False) while any request holds blocks."""
         return self.kv.reset_prefix_cache()
+
+
+def _blocks_in_flight(rows: Sequence[tuple[Request, int, object]], block_size: int) -> set[bytes]:
+    """Hashes of the full prompt blocks that these rows compute (wholly or in part) in this step."""
+    out: set[bytes] = set()
+    for req, n, _ in rows:
+        first, end = req.num_computed_tokens // block_size, -(-(req.num_computed_tokens + n) // block_size)
+        out.update(req.block_hashes[first:end])
+    return out
