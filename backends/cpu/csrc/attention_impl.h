@@ -12,8 +12,6 @@
 // in chunks; per chunk: scores for all M rows, an online-softmax update, then
 // the probability-weighted values. Keys past a row's own position are masked.
 
-// The cache lines of a chunk's key and value slots, handed out a few at a time.
-constexpr int kAhead = 1;  // chunks ahead that are prefetched (2 measured slower: more lines in flight than L2 keeps)
 // A chunk's key and value slots to prefetch, handed out a few slots at a time.
 struct ChunkPrefetch {
   const void* const* keys = nullptr;
@@ -52,7 +50,7 @@ void attend_item_t(const AttnProblem& p, const WorkItem& w, float* ws, float* pa
   float* mx = vbuf + static_cast<int64_t>(CH) * D;
   float* sum = mx + M;
   float* acc = sum + M;
-  const void* ptrs[kAhead + 1][2][64];  // [ring buffer][keys, values][token]
+  const void* ptrs[2][2][64];  // [buffer][keys, values][token]: this chunk's and the next one's
   const float* kf[64];
   const float* vf[64];
   const void* hk[64];
@@ -95,26 +93,21 @@ void attend_item_t(const AttnProblem& p, const WorkItem& w, float* ws, float* pa
       }
     }
   };
-  // Pointers of chunks i, i + 1 and i + 2 in a ring: chunk i is computed while the lines of chunk
-  // i + kAhead are requested. Blocks sit anywhere in memory, out of the hardware prefetcher's sight, so
-  // the requests are made in software, spread over the chunk's work (a burst would stall on the core's
-  // few miss buffers) and aimed at L2 (into L1 they would evict the chunk in use).
+  // Chunk i is computed while the lines of chunk i + 1 are requested (two chunks ahead measured slower).
+  // Blocks sit anywhere in memory, out of the hardware prefetcher's sight, so the requests are made in
+  // software, spread over the chunk's work (a burst would stall on the core's few miss buffers) and
+  // aimed at L2 (into L1 they would evict the chunk in use).
   auto chunk_len = [&](int c) { return w.k_end - c < CH ? w.k_end - c : CH; };
-  for (int a = 0; a < kAhead && w.k_begin + a * CH < w.k_end; ++a) {
-    const int c = w.k_begin + a * CH;
-    locate(c, chunk_len(c), ptrs[a][0], ptrs[a][1]);
-    if (a > 0) ChunkPrefetch(ptrs[a][0], ptrs[a][1], chunk_len(c), slot_bytes).issue_until(CH);
-  }
-  for (int c0 = w.k_begin, cur = 0; c0 < w.k_end; c0 += CH, cur = (cur + 1) % (kAhead + 1)) {
+  locate(w.k_begin, chunk_len(w.k_begin), ptrs[0][0], ptrs[0][1]);
+  for (int c0 = w.k_begin, cur = 0; c0 < w.k_end; c0 += CH, cur ^= 1) {
     const int n = chunk_len(c0);
     const void** kp = ptrs[cur][0];
     const void** vp = ptrs[cur][1];
-    const int c1 = c0 + kAhead * CH;
+    const int c1 = c0 + CH;
     ChunkPrefetch pf;
     if (c1 < w.k_end) {
-      const int b = (cur + kAhead) % (kAhead + 1);
-      locate(c1, chunk_len(c1), ptrs[b][0], ptrs[b][1]);
-      pf = ChunkPrefetch(ptrs[b][0], ptrs[b][1], chunk_len(c1), slot_bytes);
+      locate(c1, chunk_len(c1), ptrs[cur ^ 1][0], ptrs[cur ^ 1][1]);
+      pf = ChunkPrefetch(ptrs[cur ^ 1][0], ptrs[cur ^ 1][1], chunk_len(c1), slot_bytes);
     }
     // The next chunk's slots are spread evenly over this chunk's work: groups of 16 keys while scoring,
     // of 8 while summing values (finer-grained requests overlap the memory traffic better).
