@@ -173,7 +173,7 @@ class Scheduler:
         scheduled: list[tuple[Request, int, list[KVBlock] | None]],
     ) -> None:
         cfg, kv, waiting = self.config, self.kv, self.waiting
-        in_flight = _blocks_in_flight(scheduled, kv.block_size) if kv.enable_caching else set()
+        in_flight = _blocks_in_flight(scheduled, kv.block_size) if kv.enable_caching and waiting else set()
         while waiting and budget > 0 and len(self.running) < cfg.max_num_seqs:
             req = waiting.peek()
             hits, num_hit = kv.get_computed_blocks(req)
