@@ -25,7 +25,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from paged_backend_cpu import CpuBackend, ops
+from paged_backend_cpu import CpuBackend, layout, ops
 from paged_core.api import AttentionSpec, ReferenceBackend, build_attention_metadata
 
 HEADS, KV_HEADS, HEAD_SIZE, BATCH = 9, 3, 64, 32
@@ -64,13 +64,15 @@ def bench_context(context: int, block_size: int, repeat: int, with_reference: bo
     ids = (torch.randperm(num_blocks - 1, generator=gen) + 1).view(BATCH, per_row)
     md = build_attention_metadata([1] * BATCH, [context] * BATCH, ids.tolist(), block_size)
     cpu = CpuBackend("cpu")
+    # Random keys and values in the core's default layout, for SDPA and the reference backend.
+    standard = torch.randn(2, num_blocks, block_size, KV_HEADS, HEAD_SIZE, generator=gen).to(torch.bfloat16)
     cache = cpu.allocate_kv_cache(num_blocks, block_size, spec, torch.bfloat16)
-    cache.copy_(torch.randn(cache.shape, generator=gen))
+    cache.copy_(layout.from_standard(standard))
     # A [1, H, T, D] projection viewed as [T, H, D], as the engine hands queries over.
     query = torch.randn(1, HEADS, BATCH, HEAD_SIZE, generator=gen).to(torch.bfloat16).transpose(1, 2)[0]
     # The same keys/values, contiguous per row: [B, KVH, context, D].
-    keys = cache[0][ids].reshape(BATCH, per_row * block_size, KV_HEADS, HEAD_SIZE)[:, :context].transpose(1, 2)
-    values = cache[1][ids].reshape(BATCH, per_row * block_size, KV_HEADS, HEAD_SIZE)[:, :context].transpose(1, 2)
+    keys = standard[0][ids].reshape(BATCH, per_row * block_size, KV_HEADS, HEAD_SIZE)[:, :context].transpose(1, 2)
+    values = standard[1][ids].reshape(BATCH, per_row * block_size, KV_HEADS, HEAD_SIZE)[:, :context].transpose(1, 2)
     keys, values = keys.contiguous(), values.contiguous()
     q4 = query.reshape(BATCH, HEADS, 1, HEAD_SIZE)
     paged = cpu.attention(query, cache, md, spec)
@@ -84,7 +86,7 @@ def bench_context(context: int, block_size: int, repeat: int, with_reference: bo
     }
     if with_reference:
         ref = ReferenceBackend("cpu")
-        out["reference"] = timed(lambda: ref.attention(query, cache, md, spec), 3, warmup=1)
+        out["reference"] = timed(lambda: ref.attention(query, standard, md, spec), 3, warmup=1)
     return out
 
 

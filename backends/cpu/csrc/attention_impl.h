@@ -1,43 +1,65 @@
 // The attention algorithm, written once over per-ISA primitives.
 //
 // Included by each kernel translation unit inside its own namespace, after it
-// defines: kBf16Dot, stage_rows<K, D>, dot_rows<D>, axpy_rows<D>, scale_max,
-// exp_sum, scale_vec, and (used only when kBf16Dot) dot_rows_bf16<D>,
-// axpy_rows_bf16<D>, finish_acc<D>, to_bf16.
+// defines: kBf16Dot, stage_rows<K, D>, stage_pairs<K, D>, dot_pairs<D>, axpy_rows<D>,
+// scale_max, exp_sum, scale_vec, and (used only when kBf16Dot) dot_pairs_bf16<D>,
+// axpy_rows_bf16<D>, finish_acc<D>, to_bf16. The dot and axpy primitives call tick()
+// once per step of their inner loop, which paces the prefetch of the next chunk.
 //
 // One work item is a tile of query tokens of one row against a run of KV heads
-// and a range of keys (whole slots: contiguous memory). The tokens * group query
-// rows of a KV head share every key and value read (GQA: a KV block is read once
-// per group of query heads). Keys are taken
-// in chunks; per chunk: scores for all M rows, an online-softmax update, then
-// the probability-weighted values. Keys past a row's own position are masked.
+// and a range of keys. The tokens * group query rows of a KV head share every
+// key and value read (GQA: a KV block is read once per group of query heads).
+// Keys are taken in chunks of whole 16-key groups; per chunk and head: scores for
+// all rows (keys in the pair layout of kernel_api.h), an online-softmax update,
+// then the probability-weighted values. Keys past a row's own position are masked.
 
-// A chunk's key and value slots to prefetch, handed out a few slots at a time.
-struct ChunkPrefetch {
-  const void* const* keys = nullptr;
-  const void* const* values = nullptr;
-  int64_t slot_bytes = 0;
-  int total = 0;  // slots
-  int next = 0;
-  ChunkPrefetch() = default;
-  ChunkPrefetch(const void* const* k, const void* const* v, int n, int64_t bytes)
-      : keys(k), values(v), slot_bytes(bytes), total(n) {}
-  // Requests every line of slots up to `stop` (exclusive): one prefetch per 64-byte line of K and of V.
-  void issue_until(int stop) {
-    for (; next < stop && next < total; ++next) {
-      const char* k = static_cast<const char*>(keys[next]);
-      const char* v = static_cast<const char*>(values[next]);
-      for (int64_t b = 0; b < slot_bytes; b += 64) {
-        __builtin_prefetch(k + b, 0, 2);  // locality 2: into L2 (measured: L1 hints thrash)
-        __builtin_prefetch(v + b, 0, 2);
-      }
+// The next chunk's key and value lines, requested a few at a time as the current chunk's work ticks.
+// Blocks sit anywhere in memory, out of the hardware prefetcher's sight, so the requests are made in
+// software, spread evenly over the chunk's work (a burst stalls on the core's few miss buffers) and
+// aimed at L2 (into L1 they would evict the chunk in use).
+class ChunkPrefetch {
+ public:
+  // Forgets the spans; the lines per tick follow from the ticks the previous chunk took.
+  void restart() {
+    per_tick_ = ticks_ > 0 ? (lines_ + ticks_ - 1) / ticks_ : 4;
+    lines_ = ticks_ = count_ = cur_ = 0;
+  }
+  // Adds the bytes [begin, begin + bytes).
+  void add(const void* begin, int64_t bytes) {
+    const auto* b = static_cast<const char*>(begin);
+    if (count_ == 0) at_ = b;
+    spans_[count_++] = {b, b + bytes};
+    lines_ += static_cast<int>((bytes + 63) / 64);
+  }
+  void operator()() {
+    ++ticks_;
+    issue(per_tick_);
+  }
+  // Requests whatever is left (the last chunk of an item is shorter than the one it prefetches).
+  void finish() { issue(lines_); }
+
+ private:
+  struct Span {
+    const char* begin;
+    const char* end;
+  };
+  void issue(int lines) {
+    while (lines > 0 && cur_ < count_) {
+      const char* end = spans_[cur_].end;
+      for (; lines > 0 && at_ < end; --lines, at_ += 64) __builtin_prefetch(at_, 0, 2);  // locality 2: into L2
+      if (at_ >= end && ++cur_ < count_) at_ = spans_[cur_].begin;
     }
   }
+  Span spans_[2 * 64 / kKeyGroup];  // keys and values of each block a chunk touches
+  const char* at_ = nullptr;
+  int count_ = 0, cur_ = 0;
+  int lines_ = 0, ticks_ = 0, per_tick_ = 4;
 };
 
 template <KvType K, int D>
 void attend_item_t(const AttnProblem& p, const WorkItem& w, float* ws, float* partials) {
   constexpr int64_t elem = K == KvType::F32 ? 4 : 2;
+  constexpr int kMaxGroups = 64 / kKeyGroup;
   const int G = p.num_heads / p.num_kv_heads;
   const int per_head = w.q_count * G;  // rows of one KV head
   const int M = w.kv_count * per_head;
@@ -50,10 +72,11 @@ void attend_item_t(const AttnProblem& p, const WorkItem& w, float* ws, float* pa
   float* mx = vbuf + static_cast<int64_t>(CH) * D;
   float* sum = mx + M;
   float* acc = sum + M;
-  const void* ptrs[2][2][64];  // [buffer][keys, values][token]: this chunk's and the next one's
-  const float* kf[64];
+  // [buffer][head][group]: where this chunk's and the next chunk's 16-key groups start.
+  const char* kgroup[2][kMaxItemHeads][kMaxGroups];
+  const char* vgroup[2][kMaxItemHeads][kMaxGroups];
+  const float* kf[kMaxGroups];
   const float* vf[64];
-  const void* hk[64];
   const void* hv[64];
 
   for (int hh = 0; hh < w.kv_count; ++hh) {
@@ -74,70 +97,57 @@ void attend_item_t(const AttnProblem& p, const WorkItem& w, float* ws, float* pa
   for (int64_t i = 0; i < static_cast<int64_t>(M) * D; ++i) acc[i] = 0.0f;
 
   const int32_t* table = p.block_table + w.row * p.table_stride;
-  const char* kbase = static_cast<const char*>(p.k_cache) + static_cast<int64_t>(w.kv_head) * D * elem;
-  const char* vbase = static_cast<const char*>(p.v_cache) + static_cast<int64_t>(w.kv_head) * D * elem;
-  const int64_t slot_bytes = static_cast<int64_t>(w.kv_count) * D * elem;  // the item's heads of one slot
+  const auto* kcache = static_cast<const char*>(p.k_cache);
+  const auto* vcache = static_cast<const char*>(p.v_cache);
   const int bs = p.block_size;
+  const int64_t pair_stride = 2 * static_cast<int64_t>(bs);  // elements between a key group's dimension pairs
 
-  // Slot addresses of keys/values [c0, c0 + n) through the block table.
-  auto locate = [&](int c0, int n, const void** kp, const void** vp) {
-    int blk = c0 / bs;
-    int off = c0 - blk * bs;
-    for (int j = 0; j < n; ++j) {
-      const int64_t idx = static_cast<int64_t>(table[blk]) * p.block_stride + off * p.token_stride;
-      kp[j] = kbase + idx * elem;
-      vp[j] = vbase + idx * elem;
-      if (++off == bs) {
-        off = 0;
-        ++blk;
+  // Group starts of keys [c0, c0 + n) (c0 a multiple of 16: a group never crosses a block).
+  auto locate = [&](int c0, int n, int buf) {
+    for (int g = 0; g * kKeyGroup < n; ++g) {
+      const int key = c0 + g * kKeyGroup;
+      const int off = key % bs;
+      for (int hh = 0; hh < w.kv_count; ++hh) {
+        const int64_t tile = (table[key / bs] * p.block_stride + (w.kv_head + hh) * p.head_stride) * elem;
+        kgroup[buf][hh][g] = kcache + tile + 2 * off * elem;
+        vgroup[buf][hh][g] = vcache + tile + static_cast<int64_t>(off) * D * elem;
       }
     }
   };
-  // Chunk i is computed while the lines of chunk i + 1 are requested (two chunks ahead measured slower).
-  // Blocks sit anywhere in memory, out of the hardware prefetcher's sight, so the requests are made in
-  // software, spread over the chunk's work (a burst would stall on the core's few miss buffers) and
-  // aimed at L2 (into L1 they would evict the chunk in use).
   auto chunk_len = [&](int c) { return w.k_end - c < CH ? w.k_end - c : CH; };
-  locate(w.k_begin, chunk_len(w.k_begin), ptrs[0][0], ptrs[0][1]);
+  // Chunk i is computed while the lines of chunk i + 1 are requested (two chunks ahead measured slower).
+  ChunkPrefetch prefetch;
+  int prefetched_block = w.k_begin / bs;  // the first chunk's blocks are not prefetched
+  locate(w.k_begin, chunk_len(w.k_begin), 0);
   for (int c0 = w.k_begin, cur = 0; c0 < w.k_end; c0 += CH, cur ^= 1) {
     const int n = chunk_len(c0);
-    const void** kp = ptrs[cur][0];
-    const void** vp = ptrs[cur][1];
+    const int ng = (n + kKeyGroup - 1) / kKeyGroup;
     const int c1 = c0 + CH;
-    ChunkPrefetch pf;
+    prefetch.restart();
     if (c1 < w.k_end) {
-      locate(c1, chunk_len(c1), ptrs[cur ^ 1][0], ptrs[cur ^ 1][1]);
-      pf = ChunkPrefetch(ptrs[cur ^ 1][0], ptrs[cur ^ 1][1], chunk_len(c1), slot_bytes);
+      locate(c1, chunk_len(c1), cur ^ 1);
+      // Whole blocks, each once: the item's key tiles of a block are adjacent, and so are its value tiles.
+      for (int key = c1; key < c1 + chunk_len(c1); key = (key / bs + 1) * bs) {
+        if (key / bs == prefetched_block) continue;
+        prefetched_block = key / bs;
+        const int64_t tile = (table[key / bs] * p.block_stride + w.kv_head * p.head_stride) * elem;
+        prefetch.add(kcache + tile, w.kv_count * p.head_stride * elem);
+        prefetch.add(vcache + tile, w.kv_count * p.head_stride * elem);
+      }
     }
-    // The next chunk's slots are spread evenly over this chunk's work: groups of 16 keys while scoring,
-    // of 8 while summing values (finer-grained requests overlap the memory traffic better).
-    const int groups = w.kv_count * ((n + 15) / 16 + (n + 7) / 8);
-    int group = 0;
-    auto step = [&](int count) {
-      group += count;
-      pf.issue_until(static_cast<int>((static_cast<int64_t>(pf.total) * group + groups - 1) / groups));
-    };
     for (int hh = 0; hh < w.kv_count; ++hh) {
       const int64_t hq = static_cast<int64_t>(hh) * per_head * D;  // this head's rows in q, qb and acc
       float* sh = s + static_cast<int64_t>(hh) * per_head * CH;
-      for (int j = 0; j < n; ++j) {
-        hk[j] = static_cast<const char*>(kp[j]) + hh * D * elem;
-        hv[j] = static_cast<const char*>(vp[j]) + hh * D * elem;
-      }
+      const char* const* kg = kgroup[cur][hh];
       if (bf16_dot) {
-        for (int j0 = 0; j0 < n; j0 += 16) {
-          dot_rows_bf16<D>(qb + hq, per_head, hk + j0, n - j0 < 16 ? n - j0 : 16, sh + j0, CH);
-          step(1);
-        }
+        dot_pairs_bf16<D>(qb + hq, per_head, reinterpret_cast<const uint16_t* const*>(kg), ng, pair_stride, sh, CH,
+                          prefetch);
+      } else if (K == KvType::F32) {
+        dot_pairs<D>(q + hq, per_head, reinterpret_cast<const float* const*>(kg), ng, pair_stride, sh, CH, prefetch);
       } else {
-        if (K == KvType::F32) {
-          for (int j = 0; j < n; ++j) kf[j] = static_cast<const float*>(hk[j]);
-        } else {
-          stage_rows<K, D>(hk, n, kbuf);
-          for (int j = 0; j < n; ++j) kf[j] = kbuf + static_cast<int64_t>(j) * D;
-        }
-        dot_rows<D>(q + hq, per_head, kf, n, sh, CH);
-        step((n + 15) / 16);
+        stage_pairs<K, D>(reinterpret_cast<const void* const*>(kg), ng, pair_stride, kbuf);
+        for (int g = 0; g < ng; ++g) kf[g] = kbuf + static_cast<int64_t>(g) * kKeyGroup * D;
+        dot_pairs<D>(q + hq, per_head, kf, ng, 2 * kKeyGroup, sh, CH, prefetch);
       }
       for (int r = hh * per_head; r < (hh + 1) * per_head; ++r) {
         float* sr = s + static_cast<int64_t>(r) * CH;
@@ -156,11 +166,9 @@ void attend_item_t(const AttnProblem& p, const WorkItem& w, float* ws, float* pa
         sum[r] = sum[r] * alpha + chunk_sum;
         mx[r] = mnew;
       }
+      for (int j = 0; j < n; ++j) hv[j] = vgroup[cur][hh][j / kKeyGroup] + (j % kKeyGroup) * D * elem;
       if (bf16_pv) {
-        for (int j0 = 0; j0 < n; j0 += 8) {
-          axpy_rows_bf16<D>(acc + hq, per_head, sh + j0, CH, hv + j0, n - j0 < 8 ? n - j0 : 8);
-          step(1);
-        }
+        axpy_rows_bf16<D>(acc + hq, per_head, sh, CH, hv, n, prefetch);
         continue;
       }
       if (K == KvType::F32) {
@@ -169,10 +177,9 @@ void attend_item_t(const AttnProblem& p, const WorkItem& w, float* ws, float* pa
         stage_rows<K, D>(hv, n, vbuf);
         for (int j = 0; j < n; ++j) vf[j] = vbuf + static_cast<int64_t>(j) * D;
       }
-      axpy_rows<D>(acc + hq, per_head, sh, CH, vf, n);
-      step((n + 7) / 8);
+      axpy_rows<D>(acc + hq, per_head, sh, CH, vf, n, prefetch);
     }
-    pf.issue_until(pf.total);  // whatever is left (a chunk with fewer keys than the next one)
+    prefetch.finish();
   }
 
   if (bf16_pv) finish_acc<D>(acc, M);

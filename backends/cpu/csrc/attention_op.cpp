@@ -24,16 +24,14 @@ KvType kv_type_of(const at::Tensor& cache) {
 void check_inputs(const at::Tensor& query, const at::Tensor& kv_cache, const at::Tensor& qsl,
                   const at::Tensor& seq_lens, const at::Tensor& block_table) {
   TORCH_CHECK(query.dim() == 3, "paged_cpu: query must be [tokens, heads, head_size], got ", query.sizes());
-  TORCH_CHECK(kv_cache.dim() == 5 && kv_cache.size(0) == 2,
-              "paged_cpu: kv_cache must be [2, num_blocks, block_size, kv_heads, head_size], got ", kv_cache.sizes());
-  TORCH_CHECK(kv_cache.is_contiguous(), "paged_cpu: kv_cache must be contiguous");
+  check_cache(kv_cache, "kv_cache");
   TORCH_CHECK(kv_cache.size(4) == query.size(2), "paged_cpu: kv_cache head_size ", kv_cache.size(4),
               " != query head_size ", query.size(2));
   const int64_t d = query.size(2);
   TORCH_CHECK(d == 64 || d == 80 || d == 96 || d == 128 || d == 256, "paged_cpu: head_size ", d,
               " not supported (supported: 64, 80, 96, 128, 256)");
-  TORCH_CHECK(query.size(1) % kv_cache.size(3) == 0, "paged_cpu: ", query.size(1),
-              " query heads are not a multiple of ", kv_cache.size(3), " KV heads");
+  TORCH_CHECK(query.size(1) % kv_cache.size(2) == 0, "paged_cpu: ", query.size(1),
+              " query heads are not a multiple of ", kv_cache.size(2), " KV heads");
   for (const at::Tensor* t : {&qsl, &seq_lens, &block_table})
     TORCH_CHECK(t->scalar_type() == at::kInt && t->device().is_cpu(),
                 "paged_cpu: query_start_loc, seq_lens and block_table must be int32 CPU tensors");
@@ -87,13 +85,13 @@ at::Tensor attention(const at::Tensor& query, const at::Tensor& kv_cache, const 
                      const at::Tensor& seq_lens, const at::Tensor& block_table, double scale, int64_t split_tokens) {
   check_inputs(query, kv_cache, query_start_loc, seq_lens, block_table);
   const int64_t tokens = query.size(0), heads = query.size(1), head_size = query.size(2);
-  const int64_t kv_heads = kv_cache.size(3), group = heads / kv_heads;
+  const int64_t kv_heads = kv_cache.size(2), group = heads / kv_heads;
   at::Tensor q = query;
   if (q.scalar_type() != at::kFloat || !q.is_contiguous())
     q = at::empty({tokens, heads, head_size}, query.options().dtype(at::kFloat)).copy_(query);
   at::Tensor out = at::empty({tokens, heads, head_size}, query.options().dtype(at::kFloat));
 
-  const Shape shape{tokens, heads, kv_heads, head_size, kv_cache.size(1), kv_cache.size(2), kv_cache.element_size()};
+  const Shape shape{tokens, heads, kv_heads, head_size, kv_cache.size(1), kv_cache.size(3), kv_cache.element_size()};
   const Plan plan = make_plan(shape, query_start_loc.contiguous(), seq_lens.contiguous(), block_table, split_tokens,
                               at::get_num_threads(), debug_checks());
   if (plan.used_tokens < tokens) out.narrow(0, plan.used_tokens, tokens - plan.used_tokens).zero_();
@@ -106,13 +104,13 @@ at::Tensor attention(const at::Tensor& query, const at::Tensor& kv_cache, const 
   p.v_cache = static_cast<const char*>(kv_cache.data_ptr()) + plane;
   p.kv_type = kv_type_of(kv_cache);
   p.block_stride = kv_cache.stride(1);
-  p.token_stride = kv_cache.stride(2);
+  p.head_stride = kv_cache.stride(2);
   p.block_table = block_table.data_ptr<int32_t>();
   p.table_stride = block_table.stride(0);
   p.num_heads = static_cast<int32_t>(heads);
   p.num_kv_heads = static_cast<int32_t>(kv_heads);
   p.head_size = static_cast<int32_t>(head_size);
-  p.block_size = static_cast<int32_t>(kv_cache.size(2));
+  p.block_size = static_cast<int32_t>(kv_cache.size(3));
   p.scale = static_cast<float>(scale);
   p.bf16_query = query.scalar_type() == at::kBFloat16;
 

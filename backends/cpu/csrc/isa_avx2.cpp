@@ -1,6 +1,7 @@
 // AVX2 + FMA + F16C kernels (8 fp32 lanes) for x86-64 CPUs without AVX-512.
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 
 #include "kernel_api.h"
 
@@ -15,26 +16,14 @@ namespace avx2 {
 
 constexpr bool kBf16Dot = false;
 
+#include "tiles.h"
+
 inline __m256 load_bf16(const uint16_t* p) {
   const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
   return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(raw), 16));
 }
 
 inline __m256 load_f16(const uint16_t* p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
-
-// Lane i of the result is the sum of all lanes of v[i].
-inline __m256 hsum8(const __m256* v) {
-  __m256 b[4];
-  for (int k = 0; k < 4; ++k)
-    b[k] = _mm256_add_ps(_mm256_unpacklo_ps(v[2 * k], v[2 * k + 1]), _mm256_unpackhi_ps(v[2 * k], v[2 * k + 1]));
-  __m256 c[2];
-  for (int k = 0; k < 2; ++k) {
-    const __m256d x = _mm256_castps_pd(b[2 * k]);
-    const __m256d y = _mm256_castps_pd(b[2 * k + 1]);
-    c[k] = _mm256_add_ps(_mm256_castpd_ps(_mm256_unpacklo_pd(x, y)), _mm256_castpd_ps(_mm256_unpackhi_pd(x, y)));
-  }
-  return _mm256_add_ps(_mm256_permute2f128_ps(c[0], c[1], 0x20), _mm256_permute2f128_ps(c[0], c[1], 0x31));
-}
 
 inline float hsum(__m256 v) {
   __m128 x = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -70,43 +59,63 @@ void stage_rows(const void* const* src, int n, float* dst) {
   }
 }
 
-template <int D>
-void dot_rows(const float* q, int M, const float* const* keys, int n, float* s, int ld) {
-  __m256 a[8];
-  float tmp[8];
-  for (int r = 0; r < M; ++r) {
-    const float* qr = q + r * D;
-    for (int j0 = 0; j0 < n; j0 += 8) {
-      const int cnt = n - j0 < 8 ? n - j0 : 8;
-      for (int i = 0; i < 8; ++i) {
-        __m256 x = _mm256_setzero_ps();
-        if (i < cnt) {
-          const float* k = keys[j0 + i];
-          for (int d = 0; d < D; d += 8) x = _mm256_fmadd_ps(_mm256_loadu_ps(qr + d), _mm256_loadu_ps(k + d), x);
-        }
-        a[i] = x;
-      }
-      if (cnt == 8) {
-        _mm256_storeu_ps(s + r * ld + j0, hsum8(a));
-      } else {
-        _mm256_storeu_ps(tmp, hsum8(a));
-        for (int i = 0; i < cnt; ++i) s[r * ld + j0 + i] = tmp[i];
-      }
+// A group of 16 keys in the pair layout, staged to fp32: pair i of the group at dst[32 * i], 32 floats.
+template <KvType K, int D>
+void stage_pairs(const void* const* groups, int ng, int64_t pair_stride, float* dst) {
+  for (int g = 0; g < ng; ++g) {
+    const auto* h = static_cast<const uint16_t*>(groups[g]);
+    for (int i = 0; i < D / 2; ++i, dst += 32) {
+      const uint16_t* x = h + i * pair_stride;
+      for (int c = 0; c < 4; ++c)
+        _mm256_storeu_ps(dst + 8 * c, K == KvType::BF16 ? load_bf16(x + 8 * c) : load_f16(x + 8 * c));
     }
   }
 }
 
-template <int D>
-void dot_rows_bf16(const uint16_t*, int, const void* const*, int, float*, int) {}
+// Scores of R query rows against one fp32 key group: one pair's 32 floats are four registers of 4 keys'
+// (even, odd) products; hadd and a lane permute put the 16 sums in key order.
+template <int D, int R, int G, typename Tick>
+inline void dot_tile(const float* q, const float* const* groups, int64_t ps, float* s, int ld, Tick& tick) {
+  static_assert(G == 1, "AVX2 tiles hold one key group");
+  __m256 acc[R][4];
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < 4; ++c) acc[r][c] = _mm256_setzero_ps();
+  for (int i = 0; i < D / 2; ++i) {
+    __m256 k[4];
+    for (int c = 0; c < 4; ++c) k[c] = _mm256_loadu_ps(groups[0] + i * ps + 8 * c);
+    for (int r = 0; r < R; ++r) {
+      const __m256 qv = _mm256_castpd_ps(_mm256_broadcast_sd(reinterpret_cast<const double*>(q + r * D + 2 * i)));
+      for (int c = 0; c < 4; ++c) acc[r][c] = _mm256_fmadd_ps(k[c], qv, acc[r][c]);
+    }
+    tick();
+  }
+  for (int r = 0; r < R; ++r)
+    for (int h = 0; h < 2; ++h) {
+      const __m256 sums = _mm256_hadd_ps(acc[r][2 * h], acc[r][2 * h + 1]);  // keys 0 1 4 5 | 2 3 6 7
+      _mm256_storeu_ps(s + r * ld + 8 * h, _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(sums), 0xD8)));
+    }
+}
+
+// s[r][16 g + j] = q_r . key j of group g, for M rows and ng groups (all 16 lanes of a group are written).
+template <int D, typename Tick>
+void dot_pairs(const float* q, int M, const float* const* groups, int ng, int64_t ps, float* s, int ld, Tick& tick) {
+  for_each_tile<2, 1>(M, ng, [&](auto rows, auto count, int r0, int g0) {
+    dot_tile<D, decltype(rows)::value, decltype(count)::value>(q + r0 * D, groups + g0, ps, s + r0 * ld + 16 * g0,
+                                                                 ld, tick);
+  });
+}
+
+template <int D, typename Tick>
+void dot_pairs_bf16(const uint16_t*, int, const uint16_t* const*, int, int64_t, float*, int, Tick&) {}
 inline void to_bf16(const float*, int, uint16_t*) {}
-template <int D>
-void axpy_rows_bf16(float*, int, const float*, int, const void* const*, int) {}
+template <int D, typename Tick>
+void axpy_rows_bf16(float*, int, const float*, int, const void* const*, int, Tick&) {}
 template <int D>
 void finish_acc(float*, int) {}
 
 // acc[r] += sum_j p[r][j] * v_j, in segments of 8 registers of accumulators (16 are architectural).
-template <int D>
-void axpy_rows(float* acc, int M, const float* p, int ld, const float* const* vals, int n) {
+template <int D, typename Tick>
+void axpy_rows(float* acc, int M, const float* p, int ld, const float* const* vals, int n, Tick& tick) {
   constexpr int SEG = D % 64 == 0 ? 64 : (D % 48 == 0 ? 48 : 40);
   for (int r = 0; r < M; ++r) {
     for (int d0 = 0; d0 < D; d0 += SEG) {
@@ -117,6 +126,7 @@ void axpy_rows(float* acc, int M, const float* p, int ld, const float* const* va
         const __m256 w = _mm256_set1_ps(p[r * ld + j]);
         const float* v = vals[j] + d0;
         for (int c = 0; c < SEG / 8; ++c) av[c] = _mm256_fmadd_ps(w, _mm256_loadu_ps(v + 8 * c), av[c]);
+        tick();
       }
       for (int c = 0; c < SEG / 8; ++c) _mm256_storeu_ps(a + 8 * c, av[c]);
     }

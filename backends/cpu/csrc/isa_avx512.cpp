@@ -1,6 +1,7 @@
 // AVX-512 kernels (F, BW, VL, DQ) for CPUs without AVX512-BF16; compiled only on x86-64.
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 
 #include "kernel_api.h"
 

@@ -1,6 +1,8 @@
 // AVX-512 primitives (16 fp32 lanes), included by isa_avx512.cpp and isa_avx512bf16.cpp
 // inside their namespace and target pragma. PAGED_CPU_BF16DOT selects AVX512-BF16 dot products.
 
+#include "tiles.h"
+
 #ifdef PAGED_CPU_BF16DOT
 constexpr bool kBf16Dot = true;
 #else
@@ -14,22 +16,6 @@ inline __m512 load_bf16(const uint16_t* p) {
 
 inline __m512 load_f16(const uint16_t* p) {
   return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
-}
-
-// Lane i of the result is the sum of all lanes of v[i] (a transposing tree: 45 ops for 16 sums).
-inline __m512 hsum16(const __m512* v) {
-  __m512 b[8];
-  for (int k = 0; k < 8; ++k)
-    b[k] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * k], v[2 * k + 1]), _mm512_unpackhi_ps(v[2 * k], v[2 * k + 1]));
-  __m512 c[4];
-  for (int k = 0; k < 4; ++k) {
-    const __m512d x = _mm512_castps_pd(b[2 * k]);
-    const __m512d y = _mm512_castps_pd(b[2 * k + 1]);
-    c[k] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(x, y)), _mm512_castpd_ps(_mm512_unpackhi_pd(x, y)));
-  }
-  const __m512 d0 = _mm512_add_ps(_mm512_shuffle_f32x4(c[0], c[1], 0x88), _mm512_shuffle_f32x4(c[0], c[1], 0xDD));
-  const __m512 d1 = _mm512_add_ps(_mm512_shuffle_f32x4(c[2], c[3], 0x88), _mm512_shuffle_f32x4(c[2], c[3], 0xDD));
-  return _mm512_add_ps(_mm512_shuffle_f32x4(d0, d1, 0x88), _mm512_shuffle_f32x4(d0, d1, 0xDD));
 }
 
 // exp for x <= 0 (softmax after subtracting the max): range reduction by ln2, degree-6 polynomial.
@@ -60,54 +46,91 @@ void stage_rows(const void* const* src, int n, float* dst) {
   }
 }
 
-template <int D>
-void dot_rows(const float* q, int M, const float* const* keys, int n, float* s, int ld) {
-  __m512 a[16];
-  for (int r = 0; r < M; ++r) {
-    const float* qr = q + r * D;
-    for (int j0 = 0; j0 < n; j0 += 16) {
-      const int cnt = n - j0 < 16 ? n - j0 : 16;
-      for (int i = 0; i < 16; ++i) {
-        __m512 x = _mm512_setzero_ps();
-        if (i < cnt) {
-          const float* k = keys[j0 + i];
-          for (int d = 0; d < D; d += 16) x = _mm512_fmadd_ps(_mm512_loadu_ps(qr + d), _mm512_loadu_ps(k + d), x);
-        }
-        a[i] = x;
-      }
-      _mm512_mask_storeu_ps(s + r * ld + j0, tail_mask(cnt), hsum16(a));
+// A group of 16 keys in the pair layout, staged to fp32: pair i of the group at dst[32 * i], 32 floats.
+template <KvType K, int D>
+void stage_pairs(const void* const* groups, int ng, int64_t pair_stride, float* dst) {
+  for (int g = 0; g < ng; ++g) {
+    const auto* h = static_cast<const uint16_t*>(groups[g]);
+    for (int i = 0; i < D / 2; ++i, dst += 32) {
+      const uint16_t* x = h + i * pair_stride;
+      _mm512_storeu_ps(dst, K == KvType::BF16 ? load_bf16(x) : load_f16(x));
+      _mm512_storeu_ps(dst + 16, K == KvType::BF16 ? load_bf16(x + 16) : load_f16(x + 16));
     }
   }
 }
 
-#ifdef PAGED_CPU_BF16DOT
-template <int D>
-void dot_rows_bf16(const uint16_t* qb, int M, const void* const* keys, int n, float* s, int ld) {
-  // 32 bf16 per register; D = 80 ends with a half register, loaded under a mask (zeros add nothing).
-  constexpr int NC = (D + 31) / 32;
-  constexpr __mmask32 last = D % 32 == 0 ? 0xffffffffu : (1u << (D % 32)) - 1u;
-  __m512 a[16];
-  for (int r = 0; r < M; ++r) {
-    __m512bh qv[NC];
-    for (int c = 0; c < NC; ++c)
-      qv[c] = (__m512bh)_mm512_maskz_loadu_epi16(c == NC - 1 ? last : 0xffffffffu, qb + r * D + 32 * c);
-    for (int j0 = 0; j0 < n; j0 += 16) {
-      const int cnt = n - j0 < 16 ? n - j0 : 16;
-      for (int i = 0; i < 16; ++i) {
-        __m512 x = _mm512_setzero_ps();
-        if (i < cnt) {
-          const auto* k = static_cast<const uint16_t*>(keys[j0 + i]);
-          for (int c = 0; c < NC; ++c) {
-            const __m512i kv = c == NC - 1 && D % 32 != 0 ? _mm512_maskz_loadu_epi16(last, k + 32 * c)
-                                                          : _mm512_loadu_si512(k + 32 * c);
-            x = _mm512_dpbf16_ps(x, qv[c], (__m512bh)kv);
-          }
-        }
-        a[i] = x;
-      }
-      _mm512_mask_storeu_ps(s + r * ld + j0, tail_mask(cnt), hsum16(a));
+// Scores of R query rows against G fp32 key groups: lanes hold (key, dimension-pair half) products for
+// 8 keys, so one pair's 32 floats are two registers; even and odd lanes are added at the end.
+template <int D, int R, int G, typename Tick>
+inline void dot_tile(const float* q, const float* const* groups, int64_t ps, float* s, int ld, Tick& tick) {
+  __m512 lo[R][G], hi[R][G];
+  for (int r = 0; r < R; ++r)
+    for (int g = 0; g < G; ++g) lo[r][g] = hi[r][g] = _mm512_setzero_ps();
+  for (int i = 0; i < D / 2; ++i) {
+    __m512 kl[G], kh[G];
+    for (int g = 0; g < G; ++g) {
+      kl[g] = _mm512_loadu_ps(groups[g] + i * ps);
+      kh[g] = _mm512_loadu_ps(groups[g] + i * ps + 16);
     }
+    for (int r = 0; r < R; ++r) {
+      double pair;
+      __builtin_memcpy(&pair, q + r * D + 2 * i, 8);
+      const __m512 qv = _mm512_castpd_ps(_mm512_set1_pd(pair));
+      for (int g = 0; g < G; ++g) {
+        lo[r][g] = _mm512_fmadd_ps(kl[g], qv, lo[r][g]);
+        hi[r][g] = _mm512_fmadd_ps(kh[g], qv, hi[r][g]);
+      }
+    }
+    tick();
   }
+  const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+  const __m512i odd = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
+  for (int r = 0; r < R; ++r)
+    for (int g = 0; g < G; ++g)
+      _mm512_storeu_ps(s + r * ld + 16 * g, _mm512_add_ps(_mm512_permutex2var_ps(lo[r][g], even, hi[r][g]),
+                                                          _mm512_permutex2var_ps(lo[r][g], odd, hi[r][g])));
+}
+
+// s[r][16 g + j] = q_r . key j of group g, for M rows and ng groups (all 16 lanes of a group are written).
+template <int D, typename Tick>
+void dot_pairs(const float* q, int M, const float* const* groups, int ng, int64_t ps, float* s, int ld, Tick& tick) {
+  for_each_tile<4, 2>(M, ng, [&](auto rows, auto count, int r0, int g0) {
+    dot_tile<D, decltype(rows)::value, decltype(count)::value>(q + r0 * D, groups + g0, ps, s + r0 * ld + 16 * g0,
+                                                                 ld, tick);
+  });
+}
+
+#ifdef PAGED_CPU_BF16DOT
+// Scores of R query rows against G bf16 key groups: one register is dimension pair i of 16 keys, and
+// vdpbf16ps against the row's broadcast pair adds that pair's products into the 16 keys' lanes.
+template <int D, int R, int G, typename Tick>
+inline void dot_tile_bf16(const uint16_t* qb, const uint16_t* const* groups, int64_t ps, float* s, int ld,
+                          Tick& tick) {
+  __m512 acc[R][G];
+  for (int r = 0; r < R; ++r)
+    for (int g = 0; g < G; ++g) acc[r][g] = _mm512_setzero_ps();
+  for (int i = 0; i < D / 2; ++i) {
+    __m512i k[G];
+    for (int g = 0; g < G; ++g) k[g] = _mm512_loadu_si512(groups[g] + i * ps);
+    for (int r = 0; r < R; ++r) {
+      uint32_t pair;
+      __builtin_memcpy(&pair, qb + r * D + 2 * i, 4);
+      const __m512bh qv = (__m512bh)_mm512_set1_epi32(static_cast<int>(pair));
+      for (int g = 0; g < G; ++g) acc[r][g] = _mm512_dpbf16_ps(acc[r][g], (__m512bh)k[g], qv);
+    }
+    tick();
+  }
+  for (int r = 0; r < R; ++r)
+    for (int g = 0; g < G; ++g) _mm512_storeu_ps(s + r * ld + 16 * g, acc[r][g]);
+}
+
+template <int D, typename Tick>
+void dot_pairs_bf16(const uint16_t* qb, int M, const uint16_t* const* groups, int ng, int64_t ps, float* s, int ld,
+                    Tick& tick) {
+  for_each_tile<4, 4>(M, ng, [&](auto rows, auto count, int r0, int g0) {
+    dot_tile_bf16<D, decltype(rows)::value, decltype(count)::value>(qb + r0 * D, groups + g0, ps,
+                                                                      s + r0 * ld + 16 * g0, ld, tick);
+  });
 }
 
 inline void to_bf16(const float* x, int n, uint16_t* y) {
@@ -120,8 +143,8 @@ inline void to_bf16(const float* x, int n, uint16_t* y) {
 // acc[r] += sum_j p[r][j] * v_j with bf16 dot products over pairs of keys: the two keys' values are
 // interleaved (unpack lo/hi within 128-bit lanes) and weighted by the pair (p_j, p_j+1) in bf16.
 // The accumulators end up in that interleaved order; finish_acc restores it. Needs D % 32 == 0.
-template <int D>
-void axpy_rows_bf16(float* acc, int M, const float* p, int ld, const void* const* vals, int n) {
+template <int D, typename Tick>
+void axpy_rows_bf16(float* acc, int M, const float* p, int ld, const void* const* vals, int n, Tick& tick) {
   constexpr int NC = D / 32;
   constexpr int RB = 24 / (2 * NC) > 0 ? 24 / (2 * NC) : 1;  // rows whose accumulators fit in registers
   alignas(64) uint16_t pb[RB][66];
@@ -154,6 +177,7 @@ void axpy_rows_bf16(float* acc, int M, const float* p, int ld, const void* const
           hi[r][c] = _mm512_dpbf16_ps(hi[r][c], (__m512bh)vh[c], w);
         }
       }
+      tick();
     }
     for (int r = 0; r < rows; ++r) {
       for (int c = 0; c < NC; ++c) {
@@ -176,19 +200,19 @@ void finish_acc(float* acc, int M) {
   }
 }
 #else
-template <int D>
-void dot_rows_bf16(const uint16_t*, int, const void* const*, int, float*, int) {}
+template <int D, typename Tick>
+void dot_pairs_bf16(const uint16_t*, int, const uint16_t* const*, int, int64_t, float*, int, Tick&) {}
 inline void to_bf16(const float*, int, uint16_t*) {}
 
-template <int D>
-void axpy_rows_bf16(float*, int, const float*, int, const void* const*, int) {}
+template <int D, typename Tick>
+void axpy_rows_bf16(float*, int, const float*, int, const void* const*, int, Tick&) {}
 template <int D>
 void finish_acc(float*, int) {}
 #endif
 
 // acc[r] += sum_j p[r][j] * v_j, in segments of at most 8 registers of accumulators.
-template <int D>
-void axpy_rows(float* acc, int M, const float* p, int ld, const float* const* vals, int n) {
+template <int D, typename Tick>
+void axpy_rows(float* acc, int M, const float* p, int ld, const float* const* vals, int n, Tick& tick) {
   constexpr int SEG = D % 128 == 0 ? 128 : D;  // 64, 80, 96: one segment; 128, 256: segments of 128
   for (int r = 0; r < M; ++r) {
     for (int d0 = 0; d0 < D; d0 += SEG) {
@@ -199,6 +223,7 @@ void axpy_rows(float* acc, int M, const float* p, int ld, const float* const* va
         const __m512 w = _mm512_set1_ps(p[r * ld + j]);
         const float* v = vals[j] + d0;
         for (int c = 0; c < SEG / 16; ++c) av[c] = _mm512_fmadd_ps(w, _mm512_loadu_ps(v + 16 * c), av[c]);
+        tick();
       }
       for (int c = 0; c < SEG / 16; ++c) _mm512_storeu_ps(a + 16 * c, av[c]);
     }

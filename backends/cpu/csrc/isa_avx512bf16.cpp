@@ -1,6 +1,7 @@
 // AVX-512 kernels with AVX512-BF16 dot products (bf16 caches); compiled only on x86-64.
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 
 #include "kernel_api.h"
 

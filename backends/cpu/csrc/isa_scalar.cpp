@@ -1,6 +1,7 @@
 // Portable kernels: plain loops the compiler may vectorise for the build target (any CPU, aarch64 included).
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 
 #include "half_bits.h"
 #include "kernel_api.h"
@@ -23,28 +24,42 @@ void stage_rows(const void* const* src, int n, float* dst) {
     for (int d = 0; d < D; ++d) dst[j * D + d] = load_kv<K>(src[j], d);
 }
 
-template <int D>
-void dot_rows(const float* q, int M, const float* const* keys, int n, float* s, int ld) {
+// A group of 16 keys in the pair layout, staged to fp32: pair i of the group at dst[32 * i], 32 floats.
+template <KvType K, int D>
+void stage_pairs(const void* const* groups, int ng, int64_t pair_stride, float* dst) {
+  for (int g = 0; g < ng; ++g)
+    for (int i = 0; i < D / 2; ++i, dst += 32)
+      for (int x = 0; x < 32; ++x) dst[x] = load_kv<K>(groups[g], static_cast<int>(i * pair_stride + x));
+}
+
+// s[r][16 g + j] = q_r . key j of group g; key j's dimensions 2i, 2i+1 are at i * ps + 2j (+1).
+template <int D, typename Tick>
+void dot_pairs(const float* q, int M, const float* const* groups, int ng, int64_t ps, float* s, int ld, Tick& tick) {
   for (int r = 0; r < M; ++r) {
     const float* qr = q + r * D;
-    for (int j = 0; j < n; ++j) {
-      float a = 0.0f;
-      for (int d = 0; d < D; ++d) a += qr[d] * keys[j][d];
-      s[r * ld + j] = a;
+    for (int g = 0; g < ng; ++g) {
+      float a[16] = {};
+      for (int i = 0; i < D / 2; ++i) {
+        const float* k = groups[g] + i * ps;
+        for (int j = 0; j < 16; ++j) a[j] += qr[2 * i] * k[2 * j] + qr[2 * i + 1] * k[2 * j + 1];
+      }
+      for (int j = 0; j < 16; ++j) s[r * ld + 16 * g + j] = a[j];
+      tick();
     }
   }
 }
 
-template <int D>
-void dot_rows_bf16(const uint16_t*, int, const void* const*, int, float*, int) {}
+template <int D, typename Tick>
+void dot_pairs_bf16(const uint16_t*, int, const uint16_t* const*, int, int64_t, float*, int, Tick&) {}
 
-template <int D>
-void axpy_rows(float* acc, int M, const float* p, int ld, const float* const* vals, int n) {
+template <int D, typename Tick>
+void axpy_rows(float* acc, int M, const float* p, int ld, const float* const* vals, int n, Tick& tick) {
   for (int r = 0; r < M; ++r) {
     float* a = acc + r * D;
     for (int j = 0; j < n; ++j) {
       const float w = p[r * ld + j];
       for (int d = 0; d < D; ++d) a[d] += w * vals[j][d];
+      tick();
     }
   }
 }
@@ -72,8 +87,8 @@ inline void scale_vec(float* x, int n, float a) {
 }
 
 inline void to_bf16(const float*, int, uint16_t*) {}
-template <int D>
-void axpy_rows_bf16(float*, int, const float*, int, const void* const*, int) {}
+template <int D, typename Tick>
+void axpy_rows_bf16(float*, int, const float*, int, const void* const*, int, Tick&) {}
 template <int D>
 void finish_acc(float*, int) {}
 

@@ -12,15 +12,24 @@ namespace paged_cpu {
 // Storage type of the KV cache.
 enum class KvType : int32_t { F32 = 0, BF16 = 1, F16 = 2 };
 
+// The cache layout (one tensor [2, num_blocks, kv_heads, block_size, head_size] per layer).
+// Each block holds, per KV head, a [block_size, head_size] tile of keys and one of values. Values are
+// stored as the shape says. Keys are stored with dimension pairs outermost: key j's dimensions
+// (2i, 2i+1) sit at tile offset (i * block_size + j) * 2, so one 64-byte line holds dimension pair i
+// of 16 consecutive keys (bf16): a dot-product instruction on it scores 16 keys at once, with no
+// horizontal sums, and each key line serves every query row of a GQA group.
+constexpr int kKeyGroup = 16;  // keys scored together; every block size is a multiple of it
+constexpr int kMaxItemHeads = 4;  // KV heads one work item may cover
+
 // One attention call: fp32 queries/outputs plus a paged KV cache in any KvType.
 struct AttnProblem {
   const float* q;            // [T, H, D] contiguous
   float* out;                // [T, H, D] contiguous
-  const void* k_cache;       // key plane [num_blocks, block_size, KVH, D]
-  const void* v_cache;       // value plane, same shape
+  const void* k_cache;       // key plane [num_blocks, KVH, block_size, D], tiles in pair layout
+  const void* v_cache;       // value plane, same shape, tiles row-major
   KvType kv_type;
-  int64_t block_stride;      // elements from one block to the next
-  int64_t token_stride;      // elements from one token slot to the next (KVH * D)
+  int64_t block_stride;      // elements from one block to the next (KVH * block_size * D)
+  int64_t head_stride;       // elements from one KV head's tile to the next (block_size * D)
   const int32_t* block_table;
   int64_t table_stride;      // elements between block-table rows
   int32_t num_heads;
@@ -37,11 +46,11 @@ struct AttnProblem {
 struct WorkItem {
   int32_t row;        // batch row (selects the block-table row)
   int32_t kv_head;    // first KV head
-  int32_t kv_count;   // KV heads in the item
+  int32_t kv_count;   // KV heads in the item (at most kMaxItemHeads)
   int32_t q_start;    // first token index of the tile
   int32_t q_count;    // tokens in the tile
   int32_t first_pos;  // absolute position of the tile's first token
-  int32_t k_begin;    // keys [k_begin, k_end) of this item
+  int32_t k_begin;    // keys [k_begin, k_end) of this item; k_begin is a multiple of kKeyGroup
   int32_t k_end;
   int64_t partial;    // -1: write normalised output; else float offset of this item's partial record
 };

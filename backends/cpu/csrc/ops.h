@@ -22,6 +22,9 @@ bool debug_checks();
 at::Tensor attention(const at::Tensor& query, const at::Tensor& kv_cache, const at::Tensor& query_start_loc,
                      const at::Tensor& seq_lens, const at::Tensor& block_table, double scale, int64_t split_tokens);
 
+// Refuses anything but a contiguous [2, num_blocks, kv_heads, block_size, head_size] cache the kernels can read.
+void check_cache(const at::Tensor& cache, const char* what);
+
 void write_kv(const at::Tensor& key, const at::Tensor& value, const at::Tensor& kv_cache,
               const at::Tensor& slot_mapping);
 

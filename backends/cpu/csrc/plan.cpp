@@ -53,10 +53,10 @@ Plan make_plan(const Shape& shape, const at::Tensor& query_start_loc, const at::
   const std::vector<Tile> tiles = make_tiles(shape, qsl, seq_lens.data_ptr<int32_t>(), block_table, q_tile, debug);
   Plan plan;
   plan.used_tokens = qsl[seq_lens.size(0)];
-  // An item reads whole slots for a run of KV heads (contiguous memory), up to about 512 bytes per slot.
+  // An item covers a run of KV heads (their tiles are adjacent in a block), up to about 512 bytes per key.
   const int64_t elem = shape.kv_elem_size;
   const auto heads_per_item = static_cast<int32_t>(
-      std::clamp<int64_t>(512 / (shape.head_size * elem), 1, shape.kv_heads));
+      std::clamp<int64_t>(512 / (shape.head_size * elem), 1, std::min<int64_t>(shape.kv_heads, kMaxItemHeads)));
   const int64_t items_per_tile = (shape.kv_heads + heads_per_item - 1) / heads_per_item;
   int64_t total_keys = 0;
   for (const Tile& t : tiles) total_keys += static_cast<int64_t>(t.k_end) * items_per_tile;
@@ -67,8 +67,10 @@ Plan make_plan(const Shape& shape, const at::Tensor& query_start_loc, const at::
     split = (split + 63) / 64 * 64;
   }
   for (const Tile& t : tiles) {
-    const int64_t pieces = (t.k_end + split - 1) / split;
-    const int64_t piece = (t.k_end + pieces - 1) / pieces;
+    // Splits start at whole 16-key groups (the kernels score keys group by group).
+    int64_t pieces = (t.k_end + split - 1) / split;
+    const int64_t piece = ((t.k_end + pieces - 1) / pieces + kKeyGroup - 1) / kKeyGroup * kKeyGroup;
+    pieces = (t.k_end + piece - 1) / piece;
     for (int32_t h = 0; h < shape.kv_heads; h += heads_per_item) {
       const int32_t count = std::min<int32_t>(heads_per_item, static_cast<int32_t>(shape.kv_heads) - h);
       const int32_t rows = count * t.q_count * static_cast<int32_t>(group);

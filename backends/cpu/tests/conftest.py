@@ -8,18 +8,23 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from paged_backend_cpu import ops
+from paged_backend_cpu import layout, ops
 from paged_core.api import AttentionMetadata, AttentionSpec, build_attention_metadata
 
 
 @dataclass
 class PagedBatch:
-    """A batch whose KV cache already holds every row's context (blocks shuffled across the cache)."""
+    """A batch whose KV cache already holds every row's context (blocks shuffled across the cache).
+
+    ``cache`` is in the cpu backend's layout; ``standard`` holds the same keys and values in the
+    core's default layout, for the reference backend.
+    """
 
     spec: AttentionSpec
     metadata: AttentionMetadata
     cache: torch.Tensor
     query: torch.Tensor
+    standard: torch.Tensor
 
 
 def make_paged_batch(
@@ -45,9 +50,9 @@ def make_paged_batch(
         tables.append(ids[start : start + c])
         start += c
     md = build_attention_metadata(query_lens, seq_lens, tables, block_size)
-    cache = torch.randn(2, num_blocks, block_size, kv_heads, head_size, generator=gen).to(kv_dtype or dtype)
+    standard = torch.randn(2, num_blocks, block_size, kv_heads, head_size, generator=gen).to(kv_dtype or dtype)
     query = torch.randn(sum(query_lens), heads, head_size, generator=gen).to(dtype)
-    return PagedBatch(spec, md, cache, query)
+    return PagedBatch(spec, md, layout.from_standard(standard), query, standard)
 
 
 @pytest.fixture

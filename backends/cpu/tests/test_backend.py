@@ -10,7 +10,7 @@ import sys
 import pytest
 import torch
 
-from paged_backend_cpu import CpuBackend, ops
+from paged_backend_cpu import CpuBackend, layout, ops
 from paged_core.api import AttentionSpec, ReferenceBackend, build_attention_metadata, load_registry
 
 from .conftest import make_paged_batch
@@ -56,15 +56,36 @@ def test_write_kv_skips_padding_and_converts() -> None:
     fused = torch.randn(2, 2 * 2 * 64 + 8)
     key, value = fused[:, :128].view(2, 2, 64), fused[:, 128:256].view(2, 2, 64)  # strided views
     backend.write_kv(key, value, cache, md)
-    assert torch.equal(cache[0, 1, 0], key[0].to(torch.bfloat16))
-    assert torch.equal(cache[1, 1, 0], value[0].to(torch.bfloat16))
-    untouched = torch.ones_like(cache, dtype=torch.bool)
+    assert cache.shape == (2, 3, 2, 16, 64)  # [2, blocks, kv heads, block size, head size]
+    standard = layout.to_standard(cache)
+    assert torch.equal(standard[0, 1, 0], key[0].to(torch.bfloat16))
+    assert torch.equal(standard[1, 1, 0], value[0].to(torch.bfloat16))
+    untouched = torch.ones_like(standard, dtype=torch.bool)
     untouched[:, 1, 0] = False
-    assert bool((cache[untouched] == 7.0).all()), "padding slot -1 or another slot was written"
+    assert bool((standard[untouched] == 7.0).all()), "padding slot -1 or another slot was written"
+
+
+def test_key_tiles_keep_dimension_pairs_outermost() -> None:
+    """Key j's dimensions 2i, 2i+1 of a tile sit at flat offset (i * block_size + j) * 2 (the kernels' contract)."""
+    backend = CpuBackend("cpu")
+    cache = backend.allocate_kv_cache(2, 32, AttentionSpec(2, 1, 64), torch.float32)
+    md = build_attention_metadata([3], [3], [[1]], 32)
+    key = torch.arange(3 * 64, dtype=torch.float32).view(3, 1, 64)
+    backend.write_kv(key, -key, cache, md)
+    tile = cache[0, 1, 0].flatten()
+    for j in range(3):
+        for d in (0, 1, 2, 63):
+            assert tile[(d // 2 * 32 + j) * 2 + d % 2] == key[j, 0, d]
+    assert torch.equal(cache[1, 1, 0, :3], -key[:, 0])
+
+
+def test_layout_round_trip() -> None:
+    standard = torch.randn(2, 3, 16, 2, 80)
+    assert torch.equal(layout.to_standard(layout.from_standard(standard)), standard)
 
 
 def test_copy_blocks_in_every_layer() -> None:
-    caches = [torch.randn(2, 5, 16, 2, 64) for _ in range(3)]
+    caches = [torch.randn(2, 5, 2, 16, 64) for _ in range(3)]
     before = [c.clone() for c in caches]
     CpuBackend("cpu").copy_blocks(caches, torch.tensor([[1, 3], [1, 4], [2, 0]]))
     for c, b in zip(caches, before, strict=True):
@@ -95,8 +116,8 @@ def test_forward_matches_reference_end_to_end() -> None:
     b = make_paged_batch([1, 1, 5], [12, 40, 20], dtype=torch.bfloat16)
     k = torch.randn(7, 2, 64).to(torch.bfloat16)
     v = torch.randn(7, 2, 64).to(torch.bfloat16)
-    ref_cache = b.cache.clone()
+    ref_cache = b.standard.clone()
     got = CpuBackend("cpu").forward(b.query, k, v, b.cache, b.metadata, b.spec)
     want = ReferenceBackend("cpu").forward(b.query, k, v, ref_cache, b.metadata, b.spec)
-    assert torch.equal(b.cache, ref_cache)
+    assert torch.equal(layout.to_standard(b.cache), ref_cache)
     torch.testing.assert_close(got, want, atol=3e-2, rtol=3e-2)

@@ -30,7 +30,7 @@ def test_kernel_refuses_an_undeclared_head_size() -> None:
     md = b.metadata
     with pytest.raises(RuntimeError, match=r"head_size 72 not supported \(supported: 64, 80, 96, 128, 256\)"):
         ops.attention(
-            torch.zeros(1, 6, 72), torch.zeros(2, 4, 16, 2, 72), md.query_start_loc, md.seq_lens, md.block_table, 0.1
+            torch.zeros(1, 6, 72), torch.zeros(2, 4, 2, 16, 72), md.query_start_loc, md.seq_lens, md.block_table, 0.1
         )
 
 
@@ -84,7 +84,7 @@ def test_structural_errors_are_always_checked() -> None:
 
 
 def test_write_kv_refuses_slots_past_the_cache() -> None:
-    cache = torch.zeros(2, 3, 16, 2, 64)
+    cache = torch.zeros(2, 3, 2, 16, 64)
     kv = torch.randn(2, 2, 64)
     with pytest.raises(RuntimeError, match=r"slot_mapping\[1\] = 48 is out of range for a cache of 48 slots"):
         ops.write_kv(kv, kv, cache, torch.tensor([0, 48]))
@@ -93,7 +93,7 @@ def test_write_kv_refuses_slots_past_the_cache() -> None:
 
 
 def test_copy_blocks_refuses_out_of_range_pairs() -> None:
-    cache = torch.zeros(2, 3, 16, 2, 64)
+    cache = torch.zeros(2, 3, 2, 16, 64)
     with pytest.raises(RuntimeError, match=r"block pair \(1, 3\) out of range for 3 blocks in layer 0"):
         ops.copy_blocks([cache], torch.tensor([[1, 3]]))
 

@@ -20,7 +20,7 @@ MIXED = ([1, 1, 1, 9, 40], [1, 17, 300, 9, 75])
 
 def check(batch_args: tuple[list[int], list[int]], split: int = 0, **kw: object) -> None:
     b = make_paged_batch(*batch_args, **kw)  # type: ignore[arg-type]
-    ref_cache = b.cache.to(b.query.dtype)
+    ref_cache = b.standard.to(b.query.dtype)
     want = ReferenceBackend("cpu").attention(b.query, ref_cache, b.metadata, b.spec)
     got = ops.attention(
         b.query,
@@ -86,7 +86,7 @@ def test_strided_query_and_explicit_scale() -> None:
     md = b.metadata
     got = ops.attention(view, b.cache, md.query_start_loc, md.seq_lens, md.block_table, 0.3)
     spec = type(b.spec)(4, 2, 64, scale=0.3)
-    want = ReferenceBackend("cpu").attention(b.query, b.cache, md, spec)
+    want = ReferenceBackend("cpu").attention(b.query, b.standard, md, spec)
     torch.testing.assert_close(got, want, atol=2e-4, rtol=2e-4)
 
 

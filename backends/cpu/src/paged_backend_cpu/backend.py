@@ -21,6 +21,14 @@ from paged_core.api import (
 _MACHINES = frozenset({"x86_64", "amd64", "aarch64", "arm64"})
 
 
+def _check_block_size(kv_cache: torch.Tensor, metadata: AttentionMetadata) -> None:
+    if kv_cache.dim() != 5 or kv_cache.shape[3] != metadata.block_size:
+        raise PagedError(
+            f"kv_cache of shape {tuple(kv_cache.shape)} does not hold blocks of metadata.block_size "
+            f"{metadata.block_size} (expected [2, num_blocks, kv_heads, block_size, head_size])"
+        )
+
+
 class CpuBackend(AttentionBackend):
     """Native paged attention for CPUs (AVX-512 with BF16 dot products, AVX-512, AVX2 or portable C++).
 
@@ -29,6 +37,12 @@ class CpuBackend(AttentionBackend):
     and 256, block sizes 16 (preferred), 32, 64 and 128, any GQA ratio, no
     sliding window or soft cap, and no graph capture (eager; see the README
     for the measurement behind that choice).
+
+    The KV cache is ``[2, num_blocks, num_kv_heads, block_size, head_size]``:
+    each block holds one tile of keys and one of values per KV head. Value
+    tiles are stored as the shape reads; key tiles keep dimension pairs
+    outermost (see :mod:`paged_backend_cpu.layout`), so that one AVX512-BF16
+    dot product scores 16 keys at once.
     """
 
     name = "cpu"
@@ -60,20 +74,22 @@ class CpuBackend(AttentionBackend):
             extra={"isa": ops.isa() if ops.LOAD_ERROR is None else "unavailable"},
         )
 
+    def kv_cache_shape(self, num_blocks: int, block_size: int, num_kv_heads: int, head_size: int) -> tuple[int, ...]:
+        """``[2, num_blocks, num_kv_heads, block_size, head_size]``: per-head tiles, keys in the pair layout."""
+        return (2, num_blocks, num_kv_heads, block_size, head_size)
+
     def write_kv(
         self, key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor, metadata: AttentionMetadata
     ) -> None:
         """Store this step's keys and values at ``metadata.slot_mapping`` (slots of -1 skipped)."""
-        if kv_cache.shape[2] != metadata.block_size:
-            raise PagedError(f"kv_cache block size {kv_cache.shape[2]} != metadata.block_size {metadata.block_size}")
+        _check_block_size(kv_cache, metadata)
         ops.write_kv(key, value, kv_cache, metadata.slot_mapping)
 
     def attention(
         self, query: torch.Tensor, kv_cache: torch.Tensor, metadata: AttentionMetadata, spec: AttentionSpec
     ) -> torch.Tensor:
         """Causal attention over the paged cache for every row (decodes and prefills in one call)."""
-        if kv_cache.shape[2] != metadata.block_size:
-            raise PagedError(f"kv_cache block size {kv_cache.shape[2]} != metadata.block_size {metadata.block_size}")
+        _check_block_size(kv_cache, metadata)
         return ops.attention(
             query, kv_cache, metadata.query_start_loc, metadata.seq_lens, metadata.block_table, spec.softmax_scale
         )
