@@ -50,7 +50,7 @@ class ChunkPrefetch {
       if (at_ >= end && ++cur_ < count_) at_ = spans_[cur_].begin;
     }
   }
-  Span spans_[2 * 64 / kKeyGroup];  // keys and values of each block a chunk touches
+  Span spans_[2 * kMaxChunk / kKeyGroup];  // keys and values of each block a chunk touches
   const char* at_ = nullptr;
   int count_ = 0, cur_ = 0;
   int lines_ = 0, ticks_ = 0, per_tick_ = 4;
@@ -59,7 +59,7 @@ class ChunkPrefetch {
 template <KvType K, int D>
 void attend_item_t(const AttnProblem& p, const WorkItem& w, float* ws, float* partials) {
   constexpr int64_t elem = K == KvType::F32 ? 4 : 2;
-  constexpr int kMaxGroups = 64 / kKeyGroup;
+  constexpr int kMaxGroups = kMaxChunk / kKeyGroup;
   const int G = p.num_heads / p.num_kv_heads;
   const int per_head = w.q_count * G;  // rows of one KV head
   const int M = w.kv_count * per_head;
@@ -76,8 +76,8 @@ void attend_item_t(const AttnProblem& p, const WorkItem& w, float* ws, float* pa
   const char* kgroup[2][kMaxItemHeads][kMaxGroups];
   const char* vgroup[2][kMaxItemHeads][kMaxGroups];
   const float* kf[kMaxGroups];
-  const float* vf[64];
-  const void* hv[64];
+  const float* vf[kMaxChunk];
+  const void* hv[kMaxChunk];
 
   for (int hh = 0; hh < w.kv_count; ++hh) {
     for (int t = 0; t < w.q_count; ++t) {

@@ -147,7 +147,7 @@ template <int D, typename Tick>
 void axpy_rows_bf16(float* acc, int M, const float* p, int ld, const void* const* vals, int n, Tick& tick) {
   constexpr int NC = D / 32;
   constexpr int RB = 24 / (2 * NC) > 0 ? 24 / (2 * NC) : 1;  // rows whose accumulators fit in registers
-  alignas(64) uint16_t pb[RB][66];
+  alignas(64) uint16_t pb[RB][kMaxChunk + 2];
   for (int r0 = 0; r0 < M; r0 += RB) {
     const int rows = M - r0 < RB ? M - r0 : RB;
     __m512 lo[RB][NC], hi[RB][NC];

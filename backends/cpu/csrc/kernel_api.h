@@ -59,7 +59,8 @@ struct WorkItem {
 inline int64_t partial_floats(int64_t rows, int64_t head_size) { return rows * (head_size + 2); }
 
 // Keys processed per inner chunk: one chunk's staged keys and values stay in L1/L2.
-inline int32_t chunk_tokens(int32_t head_size) { return head_size > 128 ? 32 : 64; }
+constexpr int kMaxChunk = 128;
+inline int32_t chunk_tokens(int32_t head_size) { return head_size > 128 ? kMaxChunk / 2 : kMaxChunk; }
 
 // Scratch floats one item needs (query tile fp32 + bf16, scores, staged K and V, accumulators).
 inline int64_t workspace_floats(int64_t rows, int64_t head_size) {
