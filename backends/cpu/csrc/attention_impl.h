@@ -21,7 +21,7 @@ class ChunkPrefetch {
  public:
   // Forgets the spans; the lines per tick follow from the ticks the previous chunk took.
   void restart() {
-    per_tick_ = ticks_ > 0 ? (lines_ + ticks_ - 1) / ticks_ : 4;
+    per_tick_ = ticks_ > 0 && lines_ > 0 ? (lines_ + ticks_ - 1) / ticks_ : 4;
     lines_ = ticks_ = count_ = cur_ = 0;
   }
   // Adds the bytes [begin, begin + bytes).
