@@ -102,13 +102,17 @@ void attend_item_t(const AttnProblem& p, const WorkItem& w, float* ws, float* pa
   const int bs = p.block_size;
   const int64_t pair_stride = 2 * static_cast<int64_t>(bs);  // elements between a key group's dimension pairs
 
+  // Byte offset, in either plane, of the tile of the item's KV head `hh` in the block holding `key`.
+  auto tile_of = [&](int key, int hh) {
+    return (table[key / bs] * p.block_stride + (w.kv_head + hh) * p.head_stride) * elem;
+  };
   // Group starts of keys [c0, c0 + n) (c0 a multiple of 16: a group never crosses a block).
   auto locate = [&](int c0, int n, int buf) {
     for (int g = 0; g * kKeyGroup < n; ++g) {
       const int key = c0 + g * kKeyGroup;
       const int off = key % bs;
       for (int hh = 0; hh < w.kv_count; ++hh) {
-        const int64_t tile = (table[key / bs] * p.block_stride + (w.kv_head + hh) * p.head_stride) * elem;
+        const int64_t tile = tile_of(key, hh);
         kgroup[buf][hh][g] = kcache + tile + 2 * off * elem;
         vgroup[buf][hh][g] = vcache + tile + static_cast<int64_t>(off) * D * elem;
       }
@@ -130,7 +134,7 @@ void attend_item_t(const AttnProblem& p, const WorkItem& w, float* ws, float* pa
       for (int key = c1; key < c1 + chunk_len(c1); key = (key / bs + 1) * bs) {
         if (key / bs == prefetched_block) continue;
         prefetched_block = key / bs;
-        const int64_t tile = (table[key / bs] * p.block_stride + w.kv_head * p.head_stride) * elem;
+        const int64_t tile = tile_of(key, 0);
         prefetch.add(kcache + tile, w.kv_count * p.head_stride * elem);
         prefetch.add(vcache + tile, w.kv_count * p.head_stride * elem);
       }
