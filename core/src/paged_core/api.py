@@ -10,6 +10,7 @@ from __future__ import annotations
 from paged_core.config import CacheConfig, SchedulerConfig
 from paged_core.contract.backend import AttentionBackend, Availability
 from paged_core.contract.capabilities import AttentionSpec, BackendCapabilities, GraphSupport
+from paged_core.contract.fused_ops import FusedOps, PackedLinear
 from paged_core.contract.graph_strategy import EagerStrategy, GraphCaptureStrategy, StepFn
 from paged_core.contract.metadata import AttentionMetadata, build_attention_metadata
 from paged_core.contract.version import PLUGIN_API_VERSION, SUPPORTED_PLUGIN_API_VERSIONS
@@ -73,6 +74,7 @@ __all__ = [
     "DeviceGraphStrategy",
     "EagerStrategy",
     "EngineConfig",
+    "FusedOps",
     "GraphCaptureStrategy",
     "GraphRunner",
     "GraphStats",
@@ -82,6 +84,7 @@ __all__ = [
     "KVCacheManager",
     "LLMEngine",
     "NewRequestData",
+    "PackedLinear",
     "PagedError",
     "PrefixCacheStats",
     "ReferenceBackend",

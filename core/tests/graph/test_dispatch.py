@@ -45,7 +45,7 @@ def test_uniform_decode_replays_decodes_and_pads(g: SimpleNamespace) -> None:
     assert runner.stats.replays == 1 and runner.stats.replays_by_size[4] == 1
     assert step.seen[-1] == {
         "block_size": 4, "num_decodes": 4, "num_decode_tokens": 4, "num_prefills": 0,
-        "num_actual_tokens": 4, "max_query_len": 1, "max_seq_len": 10,
+        "num_actual_tokens": 4, "max_query_len": 1, "max_seq_len": 10, "uniform_query_len": 1,
     }  # fmt: skip
 
 
@@ -66,6 +66,7 @@ def test_any_replays_prefill_with_conservative_ints(g: SimpleNamespace) -> None:
     assert out.tolist() == [4, 4, 5]
     assert runner.stats.replays_by_size[4] == 1
     assert step.seen[-1]["num_decodes"] == 0 and step.seen[-1]["max_query_len"] == 4
+    assert step.seen[-1]["uniform_query_len"] == 0
 
 
 def test_never_is_always_eager_and_captures_nothing(g: SimpleNamespace) -> None:

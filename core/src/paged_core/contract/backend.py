@@ -9,6 +9,7 @@ from typing import ClassVar
 import torch
 
 from paged_core.contract.capabilities import AttentionSpec, BackendCapabilities
+from paged_core.contract.fused_ops import FusedOps
 from paged_core.contract.graph_strategy import EagerStrategy, GraphCaptureStrategy
 from paged_core.contract.metadata import AttentionMetadata
 from paged_core.contract.version import PLUGIN_API_VERSION
@@ -133,6 +134,15 @@ class AttentionBackend(ABC):
         is also a source (the core's KV manager guarantees it), so a backend
         may perform them in any order or in parallel.
         """
+
+    def fused_ops(self) -> FusedOps:
+        """The layer kernels (norms, activation, rotary, linear) the engine's fused decoder calls on this device.
+
+        Default: the pure-torch reference of :class:`~paged_core.contract.fused_ops.FusedOps`.
+        A backend returns a subclass overriding what it has kernels for; the
+        conformance suite checks every op against the reference.
+        """
+        return FusedOps()
 
     def graph_strategy(self) -> GraphCaptureStrategy:
         """How this backend captures steps; must agree with ``capabilities().graph_support``."""

@@ -17,15 +17,44 @@ Token ``t`` of row ``b`` sits at absolute position
 ``seq_lens[b] - query_len[b] + (t - qsl[b])`` and attends causally to every
 cached or new key at a position ``<=`` its own (and inside the sliding window).
 
+Appended in v1 (defaults keep older constructors valid): ``query_start_loc_cpu``
+and ``seq_lens_cpu`` are host copies of those two tensors (the same tensors on
+a CPU device) for backends that plan a step on the host, e.g. FlashInfer,
+without a device sync; ``uniform_query_len`` is ``q`` when every row has
+query length ``q`` (decodes: 1; speculative verification of ``k`` drafts:
+``1 + k``), else 0. Rows of query length 1 are the decode rows and come first.
+
 Metadata is read-only for backends: one instance serves every layer of a
-step. Under graph capture (see :mod:`paged_core.graph.runner` for the full
-rules) the tensors keep the captured shapes and hold the live batch followed
-by padding, while the Python ints are frozen at capture time:
-``num_actual_tokens`` then equals the padded token count, padding tokens
-carry slot ``-1``, and for ``GraphSupport.ANY`` trailing rows may be empty
-(query length 0, seq_len 0) and must get no work. A capturable backend
-therefore takes shapes from the tensors, never reads metadata tensors on the
-host, and treats slot ``-1`` as "not a real token".
+step. :class:`~paged_core.contract.metadata_builder.MetadataBuilder` is the
+one builder of this contract (the engine and the conformance suite both use
+it); it writes into persistent buffers, so an instance is valid until the
+next step is built.
+
+Rules for capturable backends (``graph_support`` other than ``never``)
+----------------------------------------------------------------------
+Tensors are read on the device at replay time; Python ints are frozen when
+a step is captured. So for a graph of padded size ``n``:
+
+* ``query_start_loc`` ``[n+1]``, ``seq_lens`` ``[n]``, ``block_table``
+  ``[n, max_blocks_per_seq]`` and ``slot_mapping`` ``[n]`` keep these shapes
+  and hold the live batch followed by padding. Padding tokens have slot
+  ``-1`` and zero inputs; their outputs are discarded.
+* ``num_actual_tokens`` is ``n`` (the real count is unknown at capture):
+  take shapes from the tensors and treat slot ``-1`` as "not a real token".
+* ``max_seq_len`` is the runner's ``max_model_len`` bound, not the batch's.
+* ``UNIFORM_DECODE`` graphs: ``num_decodes == num_decode_tokens == n``,
+  ``num_prefills == 0``, ``max_query_len == uniform_query_len == 1``; every
+  row, padding included, has query length 1 and seq_len >= 1.
+* ``ANY`` graphs: one graph per padded token count ``n``, with ``n`` rows.
+  The host ints are conservative: ``num_decodes == num_decode_tokens == 0``,
+  ``num_prefills == n``, ``max_query_len == n``, ``uniform_query_len == 0``;
+  take the general path for every row. Trailing rows may be empty (query
+  length 0, seq_len 0) and must get no work.
+* Never read a metadata tensor on the host (``.item()``, ``.tolist()``,
+  control flow on values), and never read the ``*_cpu`` copies inside the
+  step: both would bake capture-time values into the graph. Host planning
+  belongs in :meth:`AttentionBackend.prepare`, which the core calls outside
+  the graph before every step.
 """
 
 from __future__ import annotations
@@ -35,7 +64,6 @@ from dataclasses import dataclass
 
 import torch
 
-from paged_core.errors import PagedError
 
 
 @dataclass
@@ -59,6 +87,12 @@ class AttentionMetadata:
     num_actual_tokens: int
     max_query_len: int
     max_seq_len: int
+    query_start_loc_cpu: torch.Tensor | None = None
+    """Host copy of ``query_start_loc`` (``None`` only from pre-v1.1 constructors)."""
+    seq_lens_cpu: torch.Tensor | None = None
+    """Host copy of ``seq_lens``."""
+    uniform_query_len: int = 0
+    """``q`` when every row has query length ``q``, else 0."""
 
     @property
     def num_reqs(self) -> int:
@@ -85,52 +119,17 @@ def build_attention_metadata(
     device: torch.device | str = "cpu",
     max_blocks_per_seq: int | None = None,
 ) -> AttentionMetadata:
-    """Build the contract tensors from per-row Python lists.
+    """Build one step's contract tensors from per-row Python lists (a one-off :class:`MetadataBuilder`).
 
     Rows must already be ordered decodes first. ``block_tables[b]`` must cover
     ``seq_lens[b]`` tokens. ``max_blocks_per_seq`` fixes the block-table width
     (needed for static graph buffers); by default it is the longest row.
     """
-    n = len(query_lens)
-    if len(seq_lens) != n or len(block_tables) != n:
-        raise PagedError("query_lens, seq_lens and block_tables must have one entry per row")
-    seen_prefill = False
-    num_decodes = 0
-    for b, (q, s) in enumerate(zip(query_lens, seq_lens, strict=True)):
-        if q <= 0 or s < q:
-            raise PagedError(f"row {b}: need 0 < query_len <= seq_len, got {q} and {s}")
-        if len(block_tables[b]) * block_size < s:
-            raise PagedError(f"row {b}: {len(block_tables[b])} blocks cannot hold {s} tokens")
-        if q == 1:
-            if seen_prefill:
-                raise PagedError(f"row {b}: decode rows must come before prefill rows")
-            num_decodes += 1
-        else:
-            seen_prefill = True
+    from paged_core.contract.metadata_builder import MetadataBuilder
+
     width = max_blocks_per_seq if max_blocks_per_seq is not None else max((len(t) for t in block_tables), default=1)
-    width = max(width, 1)
-    table = torch.zeros((n, width), dtype=torch.int32)
-    slots: list[int] = []
-    for b, blocks in enumerate(block_tables):
-        if len(blocks) > width:
-            raise PagedError(f"row {b}: {len(blocks)} blocks exceed max_blocks_per_seq={width}")
-        table[b, : len(blocks)] = torch.tensor(list(blocks), dtype=torch.int32)
-        for pos in range(seq_lens[b] - query_lens[b], seq_lens[b]):
-            slots.append(blocks[pos // block_size] * block_size + pos % block_size)
-    qsl = [0]
-    for q in query_lens:
-        qsl.append(qsl[-1] + q)
-    dev = torch.device(device)
-    return AttentionMetadata(
-        query_start_loc=torch.tensor(qsl, dtype=torch.int32, device=dev),
-        seq_lens=torch.tensor(list(seq_lens), dtype=torch.int32, device=dev),
-        block_table=table.to(dev),
-        slot_mapping=torch.tensor(slots, dtype=torch.int64, device=dev),
-        block_size=block_size,
-        num_decodes=num_decodes,
-        num_decode_tokens=num_decodes,
-        num_prefills=n - num_decodes,
-        num_actual_tokens=qsl[-1],
-        max_query_len=max(query_lens, default=0),
-        max_seq_len=max(seq_lens, default=0),
-    )
+    builder = MetadataBuilder(
+        max_num_reqs=max(len(query_lens), 1), max_num_tokens=max(sum(query_lens), 1),
+        max_blocks_per_seq=max(width, 1), block_size=block_size, device=device,
+    )  # fmt: skip
+    return builder.build(query_lens, seq_lens, block_tables)

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from itertools import chain
 
 import torch
 
 from paged_core.contract.metadata import AttentionMetadata
+from paged_core.contract.metadata_builder import MetadataBuilder
 
 
 @dataclass(slots=True)
@@ -20,7 +22,11 @@ class RowState:
 
 @dataclass
 class StepBatch:
-    """The flattened inputs of one forward and which requests get logits (``sample_req_ids``, in row order)."""
+    """The flattened inputs of one forward and which requests get logits (``sample_req_ids``, in row order).
+
+    Every tensor is a view of the :class:`BatchBuilder`'s persistent buffers,
+    valid until the next step is built.
+    """
 
     input_ids: torch.Tensor
     positions: torch.Tensor
@@ -29,63 +35,56 @@ class StepBatch:
     sample_req_ids: list[str] = field(default_factory=list)
 
 
-def build_step_batch(
-    scheduled: list[tuple[str, RowState, int]], block_size: int, device: torch.device
-) -> StepBatch:
-    """Lay out ``(request id, row, tokens this step)`` rows as the contract wants: decodes first.
+class BatchBuilder:
+    """Lays out scheduled rows as the contract wants (decodes first) into buffers sized once at start.
 
-    A row gets logits only when this step reaches the end of its known tokens
-    (chunked prefills in progress produce nothing to sample).
+    ``max_num_tokens`` and ``max_num_reqs`` are the scheduler's step budgets
+    (``max_num_batched_tokens``, ``max_num_seqs``); ``max_blocks_per_seq``
+    covers ``max_model_len``.
     """
-    rows = [r for r in scheduled if r[2] == 1] + [r for r in scheduled if r[2] != 1]
-    num_decodes = sum(1 for r in rows if r[2] == 1)
-    ids: list[int] = []
-    positions: list[int] = []
-    row_of_token: list[int] = []
-    qsl = [0]
-    seq_lens: list[int] = []
-    tables: list[list[int]] = []
-    sample_rows: list[int] = []
-    sample_ids: list[str] = []
-    for b, (rid, row, n) in enumerate(rows):
-        start, end = row.num_computed, row.num_computed + n
-        if n == 1:
-            ids.append(row.token_ids[start])
-            positions.append(start)
-            row_of_token.append(b)
-        else:
-            ids.extend(row.token_ids[start:end])
-            positions.extend(range(start, end))
-            row_of_token.extend([b] * n)
-        qsl.append(qsl[-1] + n)
-        seq_lens.append(end)
-        tables.append(row.block_ids)
-        if end >= len(row.token_ids):
-            sample_rows.append(qsl[-1] - 1)
-            sample_ids.append(rid)
-    width = max((len(t) for t in tables), default=1) or 1
-    table = torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int32)
-    pos = torch.tensor(positions, dtype=torch.int64)
-    row_idx = torch.tensor(row_of_token, dtype=torch.int64)
-    slots = table[row_idx, pos // block_size].to(torch.int64) * block_size + pos % block_size
-    query_lens = [r[2] for r in rows]
-    metadata = AttentionMetadata(
-        query_start_loc=torch.tensor(qsl, dtype=torch.int32, device=device),
-        seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=device),
-        block_table=table.to(device),
-        slot_mapping=slots.to(device),
-        block_size=block_size,
-        num_decodes=num_decodes,
-        num_decode_tokens=num_decodes,
-        num_prefills=len(rows) - num_decodes,
-        num_actual_tokens=qsl[-1],
-        max_query_len=max(query_lens, default=0),
-        max_seq_len=max(seq_lens, default=0),
-    )
-    return StepBatch(
-        input_ids=torch.tensor(ids, dtype=torch.int64, device=device),
-        positions=pos.to(device),
-        metadata=metadata,
-        logits_indices=torch.tensor(sample_rows, dtype=torch.int64, device=device),
-        sample_req_ids=sample_ids,
-    )
+
+    def __init__(
+        self, max_num_tokens: int, max_num_reqs: int, max_blocks_per_seq: int, block_size: int, device: torch.device
+    ) -> None:
+        self.metadata = MetadataBuilder(max_num_reqs, max_num_tokens, max_blocks_per_seq, block_size, device)
+        self.device = device
+        self._ids = torch.zeros(max_num_tokens, dtype=torch.int64)
+        self._logits = torch.zeros(max_num_reqs, dtype=torch.int64)
+        on_host = device.type == "cpu"
+        self._ids_dev = self._ids if on_host else torch.zeros_like(self._ids, device=device)
+        self._logits_dev = self._logits if on_host else torch.zeros_like(self._logits, device=device)
+
+    def build(self, scheduled: list[tuple[str, RowState, int]]) -> StepBatch:
+        """The batch for ``(request id, row, tokens this step)`` rows.
+
+        A row gets logits only when this step reaches the end of its known
+        tokens (chunked prefills in progress produce nothing to sample).
+        """
+        rows = [r for r in scheduled if r[2] == 1] + [r for r in scheduled if r[2] != 1]
+        query_lens = [n for _, _, n in rows]
+        seq_lens = [row.num_computed + n for _, row, n in rows]
+        metadata = self.metadata.build(query_lens, seq_lens, [row.block_ids for _, row, _ in rows], validate=False)
+        ids = list(chain.from_iterable(row.token_ids[row.num_computed : end]
+                                       for (_, row, _), end in zip(rows, seq_lens, strict=True)))  # fmt: skip
+        tokens = len(ids)
+        self._ids[:tokens] = torch.tensor(ids, dtype=torch.int64)
+        sample_rows: list[int] = []
+        sample_ids: list[str] = []
+        qsl = 0
+        for (rid, row, n), end in zip(rows, seq_lens, strict=True):
+            qsl += n
+            if end >= len(row.token_ids):
+                sample_rows.append(qsl - 1)
+                sample_ids.append(rid)
+        k = len(sample_rows)
+        self._logits[:k] = torch.tensor(sample_rows, dtype=torch.int64)
+        if self._ids_dev is not self._ids:
+            self._ids_dev[:tokens].copy_(self._ids[:tokens], non_blocking=True)
+            self._logits_dev[:k].copy_(self._logits[:k], non_blocking=True)
+        return StepBatch(
+            input_ids=self._ids_dev[:tokens],
+            positions=self.metadata.positions,
+            metadata=metadata,
+            logits_indices=self._logits_dev[:k],
+            sample_req_ids=sample_ids,
+        )

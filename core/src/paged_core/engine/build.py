@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -17,6 +17,8 @@ from paged_core.engine.config import EngineConfig
 from paged_core.engine.dtype import resolve_dtype
 from paged_core.engine.kv_budget import default_budget, parse_size
 from paged_core.engine.loader import ModelSource, check_gguf, load_model, load_tokenizer, resolve_source
+from paged_core.engine.compile_cache import CompileCache
+from paged_core.engine.forward import ModelForward, make_forward
 from paged_core.engine.model_runner import ModelRunner
 from paged_core.engine.profile import profile_peak_bytes
 from paged_core.errors import BackendUnavailableError, ConfigError, UnsupportedConfigError
@@ -123,6 +125,8 @@ class LoadedModel:
     dtype: torch.dtype
     eos_token_ids: tuple[int, ...]
     model_max_len: int
+    decoders: dict[tuple[str, int], Any] = field(default_factory=dict)
+    """Fused decoders built for this model, by (backend name, positions); shared by engines on these weights."""
 
 
 def load(config: EngineConfig) -> LoadedModel:
@@ -136,6 +140,43 @@ def load(config: EngineConfig) -> LoadedModel:
     model = load_model(source, model_config, dtype, device, register_paged_attention())
     limit = int(getattr(model_config.get_text_config(), "max_position_embeddings", 0) or 0) or 2**20
     return LoadedModel(source, tokenizer, model, specs, cls(device=device), dtype, _eos_ids(model, tokenizer), limit)
+
+
+def _forward(config: EngineConfig, loaded: LoadedModel, max_model_len: int) -> ModelForward:
+    return make_forward(config.model_impl, loaded.model, loaded.backend, loaded.specs, max_model_len + 1,
+                        loaded.decoders)  # fmt: skip
+
+
+def _compile_cache(config: EngineConfig, loaded: LoadedModel) -> CompileCache:
+    """The compiled-step cache of this exact configuration (see :mod:`paged_core.engine.compile_cache`)."""
+    import importlib.metadata as md
+
+    backend_cls = type(loaded.backend)
+    dist = backend_cls.__module__.split(".")[0]
+    try:
+        version = md.version(dist.replace("_", "-"))
+    except md.PackageNotFoundError:
+        version = "unknown"
+    source = loaded.source
+    weights = source.directory / source.gguf_file if source.gguf_file else source.directory
+    stat = weights.stat() if weights.exists() else None
+    fields = {
+        "model": str(weights), "model_mtime": stat.st_mtime if stat else None,
+        "model_config": loaded.model.config.to_json_string(use_diff=False),
+        "dtype": str(loaded.dtype), "backend": backend_cls.name, "backend_version": version,
+        "device": loaded.backend.device.type, "model_impl": config.model_impl, "torch": torch.__version__,
+        "paged_core": _core_version(),
+    }  # fmt: skip
+    return CompileCache(fields, config.compile_cache_dir)
+
+
+def _core_version() -> str:
+    import importlib.metadata as md
+
+    try:
+        return md.version("paged-core")
+    except md.PackageNotFoundError:
+        return "unknown"
 
 
 def build_parts(config: EngineConfig, loaded: LoadedModel | None = None) -> EngineParts:
@@ -155,7 +196,8 @@ def build_parts(config: EngineConfig, loaded: LoadedModel | None = None) -> Engi
     if config.kv_cache_memory is not None:
         budget = parse_size(config.kv_cache_memory)
     else:
-        peak = profile_peak_bytes(loaded.model, backend, specs, dtype, block_size, config.max_num_batched_tokens)
+        peak = profile_peak_bytes(_forward(config, loaded, max_model_len), backend, specs, dtype, block_size,
+                                  config.max_num_batched_tokens)  # fmt: skip
         budget = default_budget(backend.device, config.memory_fraction, peak)
     cache_config = CacheConfig.from_memory(budget, per_block, block_size=block_size,
                                            enable_prefix_caching=config.enable_prefix_caching)  # fmt: skip
@@ -168,7 +210,12 @@ def build_parts(config: EngineConfig, loaded: LoadedModel | None = None) -> Engi
         policy=config.policy,
     )
     scheduler = Scheduler(sched_config, cache_config)
-    runner = ModelRunner(loaded.model, backend, specs, kv_caches, block_size)
+    runner = ModelRunner(
+        _forward(config, loaded, max_model_len), backend, specs, kv_caches, block_size,
+        max_num_tokens=config.max_num_batched_tokens, max_num_reqs=config.max_num_seqs,
+        max_model_len=scheduler.max_len, graph_mode=config.graph_mode, capture_sizes=config.capture_sizes,
+        compile_cache=_compile_cache(config, loaded),
+    )  # fmt: skip
     log.info(
         "model %s (%s) on backend %s, device %s; KV cache: %d blocks of %d tokens (%.2f GiB), "
         "at most %d tokens in flight; max_model_len %d",
@@ -176,4 +223,8 @@ def build_parts(config: EngineConfig, loaded: LoadedModel | None = None) -> Engi
         cache_config.num_blocks - 1, block_size, cache_config.num_blocks * per_block / 2**30,
         (cache_config.num_blocks - 1) * block_size, scheduler.max_len,
     )  # fmt: skip
+    log.info("model path %s, graph mode %s", runner.forward_impl.name, runner.graph_mode)
+    runner.warm_up()
+    if runner.executor.stats.warmup_seconds:
+        log.info("start-up %s took %.1f s", runner.graph_mode, runner.executor.stats.warmup_seconds)
     return EngineParts(loaded, runner, scheduler, scheduler.max_len)

@@ -37,6 +37,14 @@ class EngineConfig:
     policy: str = "fcfs"
     seed: int = 0
     trust_remote_code: bool = False
+    model_impl: str = "auto"
+    """``fused`` (the engine's decoder for Llama/Mistral/Qwen2/Qwen3), ``transformers`` or ``auto``."""
+    graph_mode: str = "auto"
+    """``eager``, ``compiled``, ``device`` or ``auto`` (see :mod:`paged_core.engine.executors`)."""
+    capture_sizes: tuple[int, ...] | None = None
+    """Batch sizes that get a device graph (default: 1, 2, 4, 8, then multiples of 8 up to max_num_seqs)."""
+    compile_cache_dir: str | None = None
+    """Root of the compiled-step cache (default ``~/.cache/paged/compile``)."""
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
@@ -51,5 +59,17 @@ class EngineConfig:
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
                 raise ConfigError(f"{name} must be an int >= 1 or None, got {value!r}")
+        from paged_core.engine.executors import GRAPH_MODES
+        from paged_core.engine.forward import MODEL_IMPLS
+
+        if self.model_impl not in MODEL_IMPLS:
+            raise ConfigError(f"model_impl must be one of {', '.join(MODEL_IMPLS)}; got {self.model_impl!r}")
+        if self.graph_mode not in GRAPH_MODES:
+            raise ConfigError(f"graph_mode must be one of {', '.join(GRAPH_MODES)}; got {self.graph_mode!r}")
+        if self.capture_sizes is not None:
+            sizes = tuple(self.capture_sizes)
+            if not sizes or any(isinstance(v, bool) or not isinstance(v, int) or v < 1 for v in sizes):
+                raise ConfigError(f"capture_sizes must be a non-empty list of ints >= 1, got {self.capture_sizes!r}")
+            object.__setattr__(self, "capture_sizes", sizes)
         if self.policy not in POLICIES:
             raise ConfigError(f"policy must be one of {', '.join(POLICIES)}; got {self.policy!r}")

@@ -8,29 +8,40 @@ import torch
 
 from paged_core.contract.backend import AttentionBackend
 from paged_core.contract.capabilities import AttentionSpec
-from paged_core.engine.attention import ForwardContext, forward_context
-from paged_core.engine.batch import RowState, StepBatch, build_step_batch
+from paged_core.engine.batch import BatchBuilder, RowState, StepBatch
+from paged_core.engine.executors import StepExecutor, make_executor
+from paged_core.engine.forward import ModelForward
 from paged_core.errors import PagedError
 from paged_core.sched.output import SchedulerOutput
 
 
 class ModelRunner:
-    """Runs a transformers causal LM over a paged KV cache.
+    """Runs a causal LM over a paged KV cache, one scheduler step at a time.
 
     The runner mirrors what the scheduler told it (new rows, blocks gained,
     copy-on-write replacements, finished and preempted rows) and never asks
     the scheduler anything, so the two could live in different processes.
+    ``forward`` is the model path (the fused decoder or transformers'
+    modules, see :mod:`paged_core.engine.forward`); ``graph_mode`` picks how
+    steps run (see :mod:`paged_core.engine.executors`).
     """
 
     def __init__(
         self,
-        model: Any,
+        forward: ModelForward,
         backend: AttentionBackend,
         specs: list[AttentionSpec],
         kv_caches: list[torch.Tensor],
         block_size: int,
+        *,
+        max_num_tokens: int,
+        max_num_reqs: int,
+        max_model_len: int,
+        graph_mode: str = "eager",
+        capture_sizes: tuple[int, ...] | None = None,
+        compile_cache: Any = None,
     ) -> None:
-        self.model = model
+        self.forward_impl = forward
         self.backend = backend
         self.specs = specs
         self.kv_caches = kv_caches
@@ -38,6 +49,22 @@ class ModelRunner:
         self.device = backend.device
         self.rows: dict[str, RowState] = {}
         self.num_block_copies = 0
+        max_blocks = -(-max_model_len // block_size) + 1
+        self.batches = BatchBuilder(max_num_tokens, max_num_reqs, max_blocks, block_size, self.device)
+        self.executor: StepExecutor = make_executor(
+            graph_mode, forward, backend, kv_caches, block_size=block_size, max_blocks_per_seq=max_blocks,
+            max_num_reqs=max_num_reqs, max_model_len=max_model_len, capture_sizes=capture_sizes,
+            compile_cache=compile_cache,
+        )  # fmt: skip
+
+    @property
+    def graph_mode(self) -> str:
+        """The mode steps run in (``eager``, ``compiled`` or ``device``)."""
+        return self.executor.mode
+
+    def warm_up(self) -> None:
+        """Compile or capture now (start-up), so the first real step does not pay for it."""
+        self.executor.warm_up()
 
     def update_states(self, out: SchedulerOutput) -> None:
         """Apply one scheduler output to the rows (before the step runs)."""
@@ -81,7 +108,7 @@ class ModelRunner:
             if row is None:
                 raise PagedError(f"scheduler scheduled {rid!r}, which the runner does not know")
             scheduled.append((rid, row, n))
-        batch = build_step_batch(scheduled, self.block_size, self.device)
+        batch = self.batches.build(scheduled)
         for _, row, n in scheduled:
             row.num_computed += n
         return batch
@@ -99,14 +126,4 @@ class ModelRunner:
     @torch.inference_mode()
     def forward(self, batch: StepBatch) -> torch.Tensor:
         """One model forward over a prepared batch; logits ``[K, V]`` of its sampled rows."""
-        self.backend.prepare(batch.metadata)
-        ctx = ForwardContext(self.backend, self.kv_caches, self.specs, batch.metadata)
-        with forward_context(ctx):
-            result = self.model(
-                input_ids=batch.input_ids.unsqueeze(0),
-                position_ids=batch.positions.unsqueeze(0),
-                use_cache=False,
-                logits_to_keep=batch.logits_indices,
-            )
-        logits: torch.Tensor = result.logits[0]
-        return logits
+        return self.executor.run(batch)

@@ -6,12 +6,12 @@ import torch
 
 from paged_core.contract.backend import AttentionBackend
 from paged_core.contract.capabilities import AttentionSpec
-from paged_core.engine.batch import RowState, build_step_batch
-from paged_core.engine.model_runner import ModelRunner
+from paged_core.engine.batch import BatchBuilder, RowState
+from paged_core.engine.forward import ModelForward
 
 
 def profile_peak_bytes(
-    model: object, backend: AttentionBackend, specs: list[AttentionSpec], dtype: torch.dtype, block_size: int,
+    forward: ModelForward, backend: AttentionBackend, specs: list[AttentionSpec], dtype: torch.dtype, block_size: int,
     num_tokens: int,
 ) -> int:  # fmt: skip
     """Device memory in use at the peak of one ``num_tokens``-token prefill (GPUs only; 0 elsewhere).
@@ -25,14 +25,15 @@ def profile_peak_bytes(
         return 0
     blocks = -(-num_tokens // block_size) + 1
     caches = [backend.allocate_kv_cache(blocks, block_size, s, dtype) for s in specs]
-    runner = ModelRunner(model, backend, specs, caches, block_size)
     row = RowState(token_ids=[0] * num_tokens, block_ids=list(range(1, blocks)), num_computed=0)
-    batch = build_step_batch([("profile", row, num_tokens)], block_size, device)
+    batch = BatchBuilder(num_tokens, 1, blocks, block_size, device).build([("profile", row, num_tokens)])
     torch.cuda.synchronize(device)
     torch.cuda.reset_peak_memory_stats(device)
-    runner.forward(batch)
+    with torch.inference_mode():
+        backend.prepare(batch.metadata)
+        forward.forward(batch.metadata, batch.input_ids, batch.positions, caches, batch.logits_indices)
     torch.cuda.synchronize(device)
     peak = int(torch.cuda.max_memory_allocated(device))
-    del caches, runner
+    del caches
     torch.cuda.empty_cache()
     return peak

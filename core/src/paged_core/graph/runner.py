@@ -1,33 +1,11 @@
 """GraphRunner: the core's side of graph capture (sizes, static buffers, warm-up, dispatch, fallback).
 
-What a backend may rely on inside a captured step
--------------------------------------------------
-Tensors are read on the device at replay time; Python ints are frozen when
-the step is captured. So for a graph of padded size ``n``:
-
-* Tensors: ``query_start_loc`` ``[n+1]``, ``seq_lens`` ``[n]``,
-  ``block_table`` ``[n, max_blocks_per_seq]`` and ``slot_mapping`` ``[n]``
-  always have these shapes and hold the current batch followed by padding
-  (see :class:`~paged_core.graph.static_batch.StaticBatch`). Padding tokens
-  have slot ``-1`` and zero inputs; their outputs are discarded.
-* ``num_actual_tokens`` is ``n`` (the real count is not known at capture):
-  use the tensors, and skip slot ``-1``, never the int.
-* ``max_seq_len`` is the runner's ``max_model_len`` bound, not the batch's.
-* ``UNIFORM_DECODE`` graphs: ``num_decodes == num_decode_tokens == n``,
-  ``num_prefills == 0``, ``max_query_len == 1``; every row, padding included,
-  has query length 1 and seq_len >= 1.
-* ``ANY`` graphs: one graph per padded token count ``n``, with ``n`` rows
-  (the most ``n`` tokens can fill). The host ints are conservative:
-  ``num_decodes == num_decode_tokens == 0``, ``num_prefills == n``,
-  ``max_query_len == n``; take the general (prefill) path for every row.
-  Trailing rows may be empty (query length 0, seq_len 0): an ``ANY``
-  backend must give them no work rather than fail.
-* Never read ``seq_lens`` or any other metadata tensor on the host
-  (``.item()``, ``.tolist()``, Python control flow on values): that would
-  bake the capture-time values into the graph.
-
-:meth:`AttentionBackend.prepare` is called by the runner, outside the
-graph, before every step (eager or replayed); the step must not call it.
+The rules a capturable backend obeys inside a captured step (shapes, frozen
+host ints, padding, no host reads) are part of the batch contract: see
+:mod:`paged_core.contract.metadata`. :meth:`AttentionBackend.prepare` is
+called by the runner, outside the graph, before every step (eager or
+replayed), with the live batch's host copies (``query_start_loc_cpu``,
+``seq_lens_cpu``); the step must not call it.
 """
 
 from __future__ import annotations
@@ -139,7 +117,9 @@ class GraphRunner:
             self.backend.prepare(metadata)
             return self.step(metadata, **inputs)[:tokens]
         self.buffers.fill(n, metadata, inputs)
-        self.backend.prepare(self._static_metadata[n])
+        static = self._static_metadata[n]
+        static.query_start_loc_cpu, static.seq_lens_cpu = metadata.query_start_loc_cpu, metadata.seq_lens_cpu
+        self.backend.prepare(static)
         out = self.strategy.replay(n)
         self.stats.replays += 1
         self.stats.replays_by_size[n] += 1
@@ -160,7 +140,7 @@ class GraphRunner:
         if metadata.block_size != self.block_size:
             return None, "block size differs from the captured one"
         if self.support == GraphSupport.UNIFORM_DECODE and not (
-            metadata.num_prefills == 0 and metadata.num_decodes == tokens
+            metadata.uniform_query_len == 1 or (metadata.num_prefills == 0 and metadata.num_decodes == tokens)
         ):
             return None, "not a uniform decode batch"
         n = padded_size(tokens, self.sizes)
@@ -184,6 +164,7 @@ class GraphRunner:
             "num_prefills": 0 if uniform else n,
             "num_actual_tokens": n,
             "max_query_len": 1 if uniform else n,
+            "uniform_query_len": 1 if uniform else 0,
             "max_seq_len": self.max_model_len,
         }
 

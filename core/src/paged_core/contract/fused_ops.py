@@ -1,0 +1,108 @@
+"""Layer kernels a backend may supply beside attention (plugin API v1, optional).
+
+The engine's fused decoder (:mod:`paged_core.engine.fused`) runs every layer
+of the model families it knows through one :class:`FusedOps` object, which a
+backend returns from :meth:`AttentionBackend.fused_ops`. The methods of this
+base class are the pure-torch reference (and the conformance suite's
+oracle): a backend overrides the ones it has kernels for and inherits the
+rest. All arithmetic of the reference is done in fp32 and rounded once to
+the input dtype, which is what a fused kernel does too.
+
+============================  =====================================================================
+op                            meaning (``T`` tokens; every input may be a strided view)
+============================  =====================================================================
+``rms_norm(x, w, eps)``       ``x / sqrt(mean(x**2) + eps) * w`` over the last dim of ``[T, H]``
+``add_rms_norm(x, r, w, eps)`` ``s = x + r``; returns ``(rms_norm(s, w, eps), s)``
+``silu_and_mul(x)``           ``[T, 2I] -> [T, I]``: ``silu(x[:, :I]) * x[:, I:]``
+``rotary(pos, q, k, cache)``  rotate ``q`` ``[T, Hq, D]`` and ``k`` ``[T, Hk, D]`` at ``pos`` ``[T]`` with
+                              ``cache`` ``[max_pos, D]`` = ``cos`` halves then ``sin`` halves
+                              (``cache[p, :D/2] = cos``, ``cache[p, D/2:] = sin``), NeoX style
+                              (dimension ``i`` pairs with ``i + D/2``); returns new ``(q, k)``
+``pack_linear(w, b)``         called once per weight at load; returns the backend's
+                              :class:`PackedLinear` (a layout its ``linear`` reads)
+``linear(x, packed)``         ``x @ w.T + b`` for ``x`` ``[T, K]``; returns ``[T, N]`` in ``x.dtype``
+============================  =====================================================================
+
+Like attention, these are called inside captured or compiled steps: an
+override must be a torch custom op with a fake (meta) implementation, must
+not read tensors on the host, and must return new tensors (inputs are never
+modified).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import torch
+
+
+@dataclass
+class PackedLinear:
+    """One linear layer's weight in the form a backend's :meth:`FusedOps.linear` reads.
+
+    ``weight`` ``[out_features, in_features]`` and ``bias`` are the model's own
+    tensors (the reference multiplies them); ``packed`` is whatever the
+    backend made of them at load (``None`` for the reference).
+    """
+
+    weight: torch.Tensor
+    bias: torch.Tensor | None = None
+    packed: Any = None
+
+    @property
+    def out_features(self) -> int:
+        return int(self.weight.shape[0])
+
+    @property
+    def in_features(self) -> int:
+        return int(self.weight.shape[1])
+
+
+class FusedOps:
+    """The reference implementation of every fused op; backends subclass and override what they accelerate."""
+
+    name: ClassVar[str] = "reference"
+    """Shown in logs and conformance reports."""
+
+    def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        """RMS normalisation of ``[T, H]`` over ``H``, times ``weight`` ``[H]``."""
+        xf = x.float()
+        normed = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+        return (normed * weight.float()).to(x.dtype)
+
+    def add_rms_norm(
+        self, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Residual add then RMS norm: returns ``(rms_norm(x + residual), x + residual)``."""
+        summed = (x.float() + residual.float()).to(x.dtype)
+        return self.rms_norm(summed, weight, eps), summed
+
+    def silu_and_mul(self, x: torch.Tensor) -> torch.Tensor:
+        """The gated activation of a merged gate/up projection: ``silu(gate) * up``."""
+        half = x.shape[-1] // 2
+        xf = x.float()
+        return (torch.nn.functional.silu(xf[..., :half]) * xf[..., half:]).to(x.dtype)
+
+    def rotary(
+        self, positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor, cos_sin_cache: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """NeoX-style rotary embedding of ``query`` and ``key`` at ``positions`` (see the module table)."""
+        half = cos_sin_cache.shape[-1] // 2
+        cs = cos_sin_cache.index_select(0, positions).float()
+        cos, sin = cs[:, None, :half], cs[:, None, half:]
+
+        def rotate(t: torch.Tensor) -> torch.Tensor:
+            tf = t.float()
+            a, b = tf[..., :half], tf[..., half:]
+            return torch.cat((a * cos - b * sin, b * cos + a * sin), dim=-1).to(t.dtype)
+
+        return rotate(query), rotate(key)
+
+    def pack_linear(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> PackedLinear:
+        """Prepare one weight for :meth:`linear` (called once at load). The reference keeps it as is."""
+        return PackedLinear(weight, bias)
+
+    def linear(self, x: torch.Tensor, packed: PackedLinear) -> torch.Tensor:
+        """``x @ weight.T + bias`` in ``x.dtype``."""
+        return torch.nn.functional.linear(x, packed.weight, packed.bias)

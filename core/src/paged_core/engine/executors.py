@@ -1,0 +1,221 @@
+"""How a step runs: eagerly, compiled with ``torch.compile``, or replayed from device graphs.
+
+``graph_mode`` (engine option; ``--graph-mode``, ``--enforce-eager`` = ``eager``):
+
+* ``eager``: the model path is called as is.
+* ``compiled``: ``torch.compile`` (inductor) of the whole step with a dynamic
+  token dimension, compiled once at start (a second compile only for one-token
+  steps, which torch specialises), cached on disk by :mod:`paged_core.engine.compile_cache`.
+* ``device``: :class:`~paged_core.graph.GraphRunner` with device graphs
+  (CUDA/HIP/XPU) for uniform decode batches, captured largest-first into one
+  pool at start; every other batch runs eagerly, and each fallback is counted
+  with its reason.
+* ``auto``: ``device`` where the backend and device can capture, else ``eager``
+  (on CPUs the fused eager step beat compilation when measured; see the README).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from paged_core.contract.backend import AttentionBackend
+from paged_core.contract.capabilities import GraphSupport
+from paged_core.contract.metadata import AttentionMetadata, build_attention_metadata
+from paged_core.engine.batch import StepBatch
+from paged_core.engine.forward import ModelForward
+from paged_core.errors import ConfigError, UnsupportedConfigError
+from paged_core.graph import DeviceGraphStrategy, GraphRunner, StaticInput, capture_sizes
+from paged_core.graph.device_strategy import graph_module
+
+log = logging.getLogger("paged.engine")
+
+GRAPH_MODES = ("auto", "eager", "compiled", "device")
+
+
+@dataclass
+class StepStats:
+    """What the executor did, for ``/metrics`` and logs."""
+
+    steps: int = 0
+    replays: int = 0
+    eager_steps: int = 0
+    fallback_reasons: Counter[str] = field(default_factory=Counter)
+    warmup_seconds: float = 0.0
+
+
+def device_graph_refusal(backend: AttentionBackend) -> str | None:
+    """Why ``graph_mode='device'`` cannot run on this backend and device, or ``None`` when it can."""
+    support = backend.capabilities().graph_support
+    if support == GraphSupport.NEVER:
+        return f"backend {backend.name!r} declares graph_support=never"
+    try:
+        graph_module(backend.device.type)
+    except UnsupportedConfigError as exc:
+        return f"device {backend.device}: {exc}"
+    return None
+
+
+def resolve_graph_mode(mode: str, backend: AttentionBackend) -> str:
+    """The concrete mode for ``mode`` on ``backend``; refuses an unknown or impossible one with the working modes."""
+    if mode not in GRAPH_MODES:
+        raise ConfigError(f"graph_mode must be one of {', '.join(GRAPH_MODES)}; got {mode!r}")
+    refusal = device_graph_refusal(backend)
+    if mode == "device" and refusal is not None:
+        raise UnsupportedConfigError(f"graph_mode='device' refused: {refusal}; modes that work here: eager, compiled")
+    if mode == "auto":
+        return "device" if refusal is None else "eager"
+    return mode
+
+
+class StepExecutor:
+    """Runs one prepared step; subclasses differ in how."""
+
+    mode = "eager"
+
+    def __init__(self, forward: ModelForward, backend: AttentionBackend, kv_caches: list[torch.Tensor]) -> None:
+        self.forward = forward
+        self.backend = backend
+        self.kv_caches = kv_caches
+        self.stats = StepStats()
+
+    def warm_up(self) -> None:
+        """Compile or capture at start (nothing to do eagerly)."""
+
+    def run(self, batch: StepBatch) -> torch.Tensor:
+        """Logits ``[K, V]`` of the batch's sampled rows."""
+        self.stats.steps += 1
+        self.stats.eager_steps += 1
+        return self._eager(batch)
+
+    def _eager(self, batch: StepBatch) -> torch.Tensor:
+        self.backend.prepare(batch.metadata)
+        return self.forward.forward(batch.metadata, batch.input_ids, batch.positions, self.kv_caches,
+                                    batch.logits_indices)  # fmt: skip
+
+
+def _padding_batch(query_lens: list[int], block_size: int, device: torch.device) -> StepBatch:
+    """A warm-up batch over the null block whose slots are all -1 (writes nothing to the KV cache)."""
+    md = build_attention_metadata(query_lens, query_lens, [[0] * -(-q // block_size) for q in query_lens],
+                                  block_size, device)  # fmt: skip
+    md.slot_mapping.fill_(-1)
+    tokens = sum(query_lens)
+    ends = torch.tensor(query_lens, device=device).cumsum(0) - 1
+    return StepBatch(torch.zeros(tokens, dtype=torch.int64, device=device),
+                     torch.zeros(tokens, dtype=torch.int64, device=device), md, ends)  # fmt: skip
+
+
+_INTS = ("block_size", "num_decodes", "num_decode_tokens", "num_prefills", "num_actual_tokens", "max_query_len",
+         "max_seq_len", "uniform_query_len")  # fmt: skip
+
+
+class CompiledExecutor(StepExecutor):
+    """``torch.compile`` of the step with dynamic shapes; the host ints of the metadata are arguments too."""
+
+    mode = "compiled"
+
+    def __init__(self, forward: ModelForward, backend: AttentionBackend, kv_caches: list[torch.Tensor],
+                 block_size: int, compile_cache: Any = None) -> None:  # fmt: skip
+        super().__init__(forward, backend, kv_caches)
+        self.block_size = block_size
+        self.compile_cache = compile_cache
+        fwd, caches = forward.forward, kv_caches
+
+        def step(qsl: torch.Tensor, seq_lens: torch.Tensor, table: torch.Tensor, slots: torch.Tensor,
+                 input_ids: torch.Tensor, positions: torch.Tensor, logits_indices: torch.Tensor,
+                 *ints: int) -> torch.Tensor:  # fmt: skip
+            md = AttentionMetadata(qsl, seq_lens, table, slots, **dict(zip(_INTS, ints, strict=True)))
+            return fwd(md, input_ids, positions, caches, logits_indices)
+
+        self._compiled: Callable[..., torch.Tensor] = torch.compile(step, dynamic=True, fullgraph=False)
+
+    def warm_up(self) -> None:
+        start = time.perf_counter()
+        if self.compile_cache is not None:
+            self.compile_cache.activate()
+        for lens in ([1], [1, 3]):
+            self._call(_padding_batch(lens, self.block_size, self.backend.device))
+        if self.compile_cache is not None:
+            self.compile_cache.seal()
+        self.stats.warmup_seconds = time.perf_counter() - start
+
+    def run(self, batch: StepBatch) -> torch.Tensor:
+        self.stats.steps += 1
+        self.stats.replays += 1
+        return self._call(batch)
+
+    def _call(self, batch: StepBatch) -> torch.Tensor:
+        md = batch.metadata
+        self.backend.prepare(md)
+        return self._compiled(md.query_start_loc, md.seq_lens, md.block_table, md.slot_mapping, batch.input_ids,
+                              batch.positions, batch.logits_indices, *(getattr(md, n) for n in _INTS))  # fmt: skip
+
+
+class DeviceGraphExecutor(StepExecutor):
+    """Device graphs for uniform decode batches through :class:`GraphRunner`; everything else eager."""
+
+    mode = "device"
+
+    def __init__(self, forward: ModelForward, backend: AttentionBackend, kv_caches: list[torch.Tensor], *,
+                 block_size: int, max_blocks_per_seq: int, max_num_reqs: int, max_model_len: int,
+                 sizes: tuple[int, ...] | None) -> None:  # fmt: skip
+        super().__init__(forward, backend, kv_caches)
+        fwd, caches = forward.forward, kv_caches
+
+        def step(metadata: AttentionMetadata, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+            return fwd(metadata, input_ids, positions, caches, None)
+
+        self.graphs = GraphRunner(
+            backend, step, block_size=block_size, max_blocks_per_seq=max_blocks_per_seq,
+            capture_sizes=capture_sizes(max_num_reqs, list(sizes) if sizes else None), device=backend.device,
+            inputs=[StaticInput("input_ids", (), torch.int64), StaticInput("positions", (), torch.int64)],
+            max_model_len=max_model_len, strategy=DeviceGraphStrategy(backend.device.type),
+        )  # fmt: skip
+
+    def warm_up(self) -> None:
+        start = time.perf_counter()
+        self.graphs.capture_all()
+        self.stats.warmup_seconds = time.perf_counter() - start
+        log.info("captured %d device graphs (sizes %s) in %.1f s", len(self.graphs.sizes),
+                 self.graphs.sizes, self.stats.warmup_seconds)  # fmt: skip
+
+    def run(self, batch: StepBatch) -> torch.Tensor:
+        self.stats.steps += 1
+        md = batch.metadata
+        if batch.logits_indices.shape[0] != md.num_actual_tokens:
+            reason = "a row does not sample (chunked prefill)"
+        elif md.uniform_query_len != 1:
+            reason = "not a uniform decode batch"
+        else:
+            before, reasons = self.graphs.stats.replays, Counter(self.graphs.stats.fallback_reasons)
+            # Every row of a uniform decode batch samples, so all-token logits are the sampled rows' logits.
+            logits = self.graphs.run(md, input_ids=batch.input_ids, positions=batch.positions)
+            if self.graphs.stats.replays > before:
+                self.stats.replays += 1
+            else:
+                self.stats.eager_steps += 1
+                self.stats.fallback_reasons.update(self.graphs.stats.fallback_reasons - reasons)
+            return logits
+        self.stats.eager_steps += 1
+        self.stats.fallback_reasons[reason] += 1
+        return self._eager(batch)
+
+
+def make_executor(mode: str, forward: ModelForward, backend: AttentionBackend, kv_caches: list[torch.Tensor], *,
+                  block_size: int, max_blocks_per_seq: int, max_num_reqs: int, max_model_len: int,
+                  capture_sizes: tuple[int, ...] | None = None, compile_cache: Any = None) -> StepExecutor:  # fmt: skip
+    """The executor for ``mode`` (resolved against the backend first)."""
+    resolved = resolve_graph_mode(mode, backend)
+    if resolved == "compiled":
+        return CompiledExecutor(forward, backend, kv_caches, block_size, compile_cache)
+    if resolved == "device":
+        return DeviceGraphExecutor(forward, backend, kv_caches, block_size=block_size,
+                                   max_blocks_per_seq=max_blocks_per_seq, max_num_reqs=max_num_reqs,
+                                   max_model_len=max_model_len, sizes=capture_sizes)  # fmt: skip
+    return StepExecutor(forward, backend, kv_caches)

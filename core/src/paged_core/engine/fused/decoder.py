@@ -1,0 +1,144 @@
+"""FusedDecoder: a Llama-family forward over the backend's fused ops, sharing the loaded model's weights."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from paged_core.contract.backend import AttentionBackend
+from paged_core.contract.capabilities import AttentionSpec
+from paged_core.contract.fused_ops import FusedOps, PackedLinear
+from paged_core.contract.metadata import AttentionMetadata
+from paged_core.engine.fused.families import fused_refusal
+from paged_core.errors import UnsupportedConfigError
+
+
+@dataclass
+class _Layer:
+    """One decoder layer's weights in the fused layout."""
+
+    in_norm: torch.Tensor
+    post_norm: torch.Tensor
+    eps: float
+    qkv: PackedLinear
+    o: PackedLinear
+    gate_up: PackedLinear
+    down: PackedLinear
+    q_norm: torch.Tensor | None
+    k_norm: torch.Tensor | None
+    qk_eps: float
+
+
+def _merge(ops: FusedOps, linears: list[torch.nn.Linear]) -> PackedLinear:
+    """One projection for several that read the same input; the modules keep views of the merged weight.
+
+    The transformers modules stay usable (the plain path and the baselines run
+    them) without a second copy of their weights.
+    """
+    weight = torch.cat([m.weight.detach() for m in linears])
+    biases = [m.bias for m in linears]
+    bias = None
+    if any(b is not None for b in biases):
+        bias = torch.cat([b.detach() if b is not None else m.weight.new_zeros(m.out_features)
+                          for b, m in zip(biases, linears, strict=True)])  # fmt: skip
+    start = 0
+    for m in linears:
+        end = start + m.out_features
+        m.weight = torch.nn.Parameter(weight[start:end], requires_grad=False)
+        if m.bias is not None and bias is not None:
+            m.bias = torch.nn.Parameter(bias[start:end], requires_grad=False)
+        start = end
+    return ops.pack_linear(weight, bias)
+
+
+def _cos_sin_cache(rotary: Any, max_positions: int, device: torch.device) -> torch.Tensor:
+    """``[max_positions, D]``: cos then sin halves, computed by the model's own rotary module (fp32)."""
+    positions = torch.arange(max_positions, device=device)[None]
+    probe = torch.empty(1, dtype=torch.float32, device=device)
+    cos, sin = rotary(probe, positions)
+    half = cos.shape[-1] // 2
+    return torch.cat((cos[0, :, :half], sin[0, :, :half]), dim=-1).float().contiguous()
+
+
+class FusedDecoder:
+    """Runs a Llama/Mistral/Qwen2/Qwen3 model with merged projections and fused norm, activation and rotary.
+
+    Built once at load from the transformers model (which keeps working: its
+    q/k/v and gate/up weights become views of the merged ones). The kernels
+    come from ``backend.fused_ops()``; attention is the backend's paged
+    attention, as on the transformers path.
+    """
+
+    def __init__(
+        self, model: Any, backend: AttentionBackend, specs: list[AttentionSpec], max_positions: int
+    ) -> None:
+        reason = fused_refusal(model)
+        if reason is not None:
+            raise UnsupportedConfigError(f"the fused decoder cannot run this model: {reason}")
+        self.backend = backend
+        self.ops = backend.fused_ops()
+        self.specs = specs
+        inner = model.model
+        self.embed = inner.embed_tokens.weight
+        self.norm = inner.norm.weight
+        self.norm_eps = float(inner.norm.variance_epsilon)
+        self.lm_head = self.ops.pack_linear(model.lm_head.weight.detach(), getattr(model.lm_head, "bias", None))
+        device = self.embed.device
+        self.cos_sin = _cos_sin_cache(inner.rotary_emb, max_positions, device)
+        self.layers = [self._layer(layer) for layer in inner.layers]
+
+    def _layer(self, layer: Any) -> _Layer:
+        attn, mlp = layer.self_attn, layer.mlp
+        q_norm, k_norm = getattr(attn, "q_norm", None), getattr(attn, "k_norm", None)
+        return _Layer(
+            in_norm=layer.input_layernorm.weight,
+            post_norm=layer.post_attention_layernorm.weight,
+            eps=float(layer.input_layernorm.variance_epsilon),
+            qkv=_merge(self.ops, [attn.q_proj, attn.k_proj, attn.v_proj]),
+            o=self.ops.pack_linear(attn.o_proj.weight.detach()),
+            gate_up=_merge(self.ops, [mlp.gate_proj, mlp.up_proj]),
+            down=self.ops.pack_linear(mlp.down_proj.weight.detach()),
+            q_norm=q_norm.weight if q_norm is not None else None,
+            k_norm=k_norm.weight if k_norm is not None else None,
+            qk_eps=float(q_norm.variance_epsilon) if q_norm is not None else 0.0,
+        )
+
+    def forward(
+        self,
+        metadata: AttentionMetadata,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        kv_caches: list[torch.Tensor],
+        logits_indices: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Logits ``[K, V]`` of the tokens at ``logits_indices`` (every token when ``None``)."""
+        ops, backend = self.ops, self.backend
+        hidden = torch.nn.functional.embedding(input_ids, self.embed)
+        residual: torch.Tensor | None = None
+        tokens = hidden.shape[0]
+        for i, layer in enumerate(self.layers):
+            if residual is None:
+                x, residual = ops.rms_norm(hidden, layer.in_norm, layer.eps), hidden
+            else:
+                x, residual = ops.add_rms_norm(hidden, residual, layer.in_norm, layer.eps)
+            spec = self.specs[i]
+            q_size, kv_size = spec.num_heads * spec.head_size, spec.num_kv_heads * spec.head_size
+            qkv = ops.linear(x, layer.qkv)
+            q = qkv[:, :q_size].view(tokens, spec.num_heads, spec.head_size)
+            k = qkv[:, q_size : q_size + kv_size].view(tokens, spec.num_kv_heads, spec.head_size)
+            v = qkv[:, q_size + kv_size :].view(tokens, spec.num_kv_heads, spec.head_size)
+            if layer.q_norm is not None and layer.k_norm is not None:
+                q = ops.rms_norm(q.reshape(-1, spec.head_size), layer.q_norm, layer.qk_eps).view_as(q)
+                k = ops.rms_norm(k.reshape(-1, spec.head_size), layer.k_norm, layer.qk_eps).view_as(k)
+            q, k = ops.rotary(positions, q, k, self.cos_sin)
+            attn = backend.forward(q, k, v, kv_caches[i], metadata, spec)
+            hidden = ops.linear(attn.reshape(tokens, q_size), layer.o)
+            x, residual = ops.add_rms_norm(hidden, residual, layer.post_norm, layer.eps)
+            hidden = ops.linear(ops.silu_and_mul(ops.linear(x, layer.gate_up)), layer.down)
+        assert residual is not None
+        if logits_indices is not None:
+            hidden, residual = hidden.index_select(0, logits_indices), residual.index_select(0, logits_indices)
+        final, _ = ops.add_rms_norm(hidden, residual, self.norm, self.norm_eps)
+        return ops.linear(final, self.lm_head)
