@@ -26,18 +26,35 @@ def fast_backend() -> str:
     return "reference"
 
 
+VARIANTS = {
+    "fused-eager": {"model_impl": "fused", "graph_mode": "eager"},
+    "transformers-eager": {"model_impl": "transformers", "graph_mode": "eager"},
+    "fused-compiled": {"model_impl": "fused", "graph_mode": "compiled"},
+}
+"""Every model path and every graph mode a CPU offers (device graphs need a GPU: see ci/device)."""
+
+
 @pytest.fixture(scope="session")
-def smol() -> LLM:
-    """The embedded SmolLM2 in fp32 on the fastest CPU backend, room for ~11k tokens of KV."""
+def smol_base() -> LLM:
+    """The embedded SmolLM2 in fp32 on the fastest CPU backend, room for ~11k tokens of KV (defaults otherwise)."""
     return LLM(backend=fast_backend(), dtype="float32", kv_cache_memory="512MiB")
 
 
-@pytest.fixture(scope="session")
-def prompts32(smol: LLM) -> list[list[int]]:
-    return mixed_prompts(smol.tokenizer, 32)
+@pytest.fixture(scope="session", params=list(VARIANTS))
+def smol(request: pytest.FixtureRequest, smol_base: LLM) -> LLM:
+    """:func:`smol_base` on one model path and graph mode (the parity battery runs once per variant)."""
+    llm = smol_base.reconfigured(**VARIANTS[request.param])
+    runner = llm.engine.runner
+    assert (runner.forward_impl.name, runner.graph_mode) == tuple(VARIANTS[request.param].values())
+    return llm
 
 
 @pytest.fixture(scope="session")
-def hf32(smol: LLM, prompts32: list[list[int]]) -> list[list[int]]:
+def prompts32(smol_base: LLM) -> list[list[int]]:
+    return mixed_prompts(smol_base.tokenizer, 32)
+
+
+@pytest.fixture(scope="session")
+def hf32(smol_base: LLM, prompts32: list[list[int]]) -> list[list[int]]:
     """transformers' greedy continuation of the 32 mixed prompts (computed once)."""
-    return hf_greedy(smol, prompts32, GREEDY.max_tokens)
+    return hf_greedy(smol_base, prompts32, GREEDY.max_tokens)

@@ -19,22 +19,22 @@ from paged_core.engine.loader import embedded_model_path
 from .tiny_models import save_tiny_model
 
 
-def test_empty_prompt(smol: LLM) -> None:
+def test_empty_prompt(smol_base: LLM) -> None:
     with pytest.raises(RequestRejectedError, match="prompt is empty"):
-        smol.generate("", use_tqdm=False)
+        smol_base.generate("", use_tqdm=False)
     with pytest.raises(RequestRejectedError, match="prompt is empty"):
-        smol.generate([[]], use_tqdm=False)
+        smol_base.generate([[]], use_tqdm=False)
 
 
-def test_prompt_longer_than_max_model_len(smol: LLM) -> None:
-    short = smol.reconfigured(max_model_len=64)
+def test_prompt_longer_than_max_model_len(smol_base: LLM) -> None:
+    short = smol_base.reconfigured(max_model_len=64)
     with pytest.raises(RequestRejectedError, match="64"):
         short.generate([list(range(100, 200))], use_tqdm=False)
 
 
-def test_token_ids_outside_the_vocabulary(smol: LLM) -> None:
+def test_token_ids_outside_the_vocabulary(smol_base: LLM) -> None:
     with pytest.raises(RequestRejectedError, match=r"token ids must be ints in \[0, 49152\)"):
-        smol.generate([[1, 2, 10**6]], use_tqdm=False)
+        smol_base.generate([[1, 2, 10**6]], use_tqdm=False)
 
 
 @pytest.mark.parametrize(
@@ -82,9 +82,9 @@ def test_backend_that_cannot_serve_the_dtype() -> None:
         LLM(backend="example", dtype="float16", kv_cache_memory="4MiB")
 
 
-def test_one_bad_request_in_a_batch_is_refused_alone(smol: LLM) -> None:
+def test_one_bad_request_in_a_batch_is_refused_alone(smol_base: LLM) -> None:
     params = SamplingParams(temperature=0, max_tokens=4)
-    outs = smol.generate(["Hello", "", [1, 10**7], "The sky is"], params, use_tqdm=False)
+    outs = smol_base.generate(["Hello", "", [1, 10**7], "The sky is"], params, use_tqdm=False)
     assert [o.error is None for o in outs] == [True, False, False, True]
     assert "prompt 1: prompt is empty" in (outs[1].error or "")
     assert "token ids" in (outs[2].error or "")

@@ -2,7 +2,8 @@
 
 One set of 32 mixed-length prompts is checked under several engine configurations: all together,
 with chunked prefill forced by a tiny token budget, with prefix-cache hits, and with preemption
-forced by a tiny KV budget. The reference backend checks a single long generation.
+forced by a tiny KV budget, on every model path and CPU graph mode (``conftest.VARIANTS``). The
+reference backend checks a single long generation.
 """
 
 from __future__ import annotations
@@ -14,12 +15,12 @@ from paged_core.api import LLM
 from .e2e_helpers import GREEDY, assert_same_tokens, hf_greedy
 
 
-def test_single_prompt_matches_transformers_on_the_reference_backend(smol: LLM) -> None:
+def test_single_prompt_matches_transformers_on_the_reference_backend(smol_base: LLM) -> None:
     llm = LLM(backend="reference", dtype="float32", kv_cache_memory="16MiB")
     prompt = llm.apply_chat_template([{"role": "user", "content": "Name three rivers in Europe."}])
     params = replace(GREEDY, max_tokens=24)
     ours = llm.generate([prompt], params, use_tqdm=False)[0].outputs[0].token_ids
-    assert ours == hf_greedy(smol, [prompt], 24)[0]
+    assert ours == hf_greedy(smol_base, [prompt], 24)[0]
 
 
 def test_32_mixed_prompts_together(smol: LLM, prompts32: list[list[int]], hf32: list[list[int]]) -> None:

@@ -12,9 +12,9 @@ from paged_core.bench.hf_runs import attention
 SEEDED = SamplingParams(temperature=0.9, top_p=0.95, top_k=50, seed=1234, max_tokens=24, ignore_eos=True)
 
 
-def test_seeded_request_gives_the_same_text_alone_and_in_a_batch(smol: LLM) -> None:
+def test_seeded_request_gives_the_same_text_alone_and_in_a_batch(smol_base: LLM) -> None:
     prompt = "Write one sentence about the sea."
-    alone = smol.generate([prompt], SEEDED, use_tqdm=False)[0].outputs[0]
+    alone = smol_base.generate([prompt], SEEDED, use_tqdm=False)[0].outputs[0]
     others = ["Tell me a joke.", "List some colours:", "Why is the sky blue?", "Count to five:"]
     params = [
         SamplingParams(temperature=1.0, max_tokens=30),
@@ -23,14 +23,14 @@ def test_seeded_request_gives_the_same_text_alone_and_in_a_batch(smol: LLM) -> N
         SamplingParams(temperature=0.0, max_tokens=10),
         SamplingParams(temperature=0.7, top_k=5, max_tokens=20),
     ]
-    batch = smol.generate([others[0], prompt, *others[1:]], params, use_tqdm=False)
+    batch = smol_base.generate([others[0], prompt, *others[1:]], params, use_tqdm=False)
     assert batch[1].outputs[0].token_ids == alone.token_ids
     assert batch[1].outputs[0].text == alone.text
     assert batch[2].outputs[0].token_ids != alone.token_ids  # another seed draws another text
 
 
-def test_n_samples_share_the_prompt_copy_on_write(smol: LLM) -> None:
-    llm = smol.reconfigured()
+def test_n_samples_share_the_prompt_copy_on_write(smol_base: LLM) -> None:
+    llm = smol_base.reconfigured()
     prompt = list(range(1000, 1000 + 45))  # 2 full blocks + 13 tokens: the partial block is shared, then copied
     params = replace(SEEDED, n=4, max_tokens=8)
     out = llm.generate([prompt], params, use_tqdm=False)[0]
@@ -45,35 +45,35 @@ def test_n_samples_share_the_prompt_copy_on_write(smol: LLM) -> None:
     assert [c.token_ids for c in again.outputs] == [c.token_ids for c in out.outputs]
 
 
-def test_stop_strings_cut_the_text(smol: LLM) -> None:
+def test_stop_strings_cut_the_text(smol_base: LLM) -> None:
     greedy = SamplingParams(temperature=0, max_tokens=40)
-    prompt = smol.apply_chat_template([{"role": "user", "content": "What is the capital of France?"}])
-    full = smol.generate([prompt], greedy, use_tqdm=False)[0].outputs[0]
+    prompt = smol_base.apply_chat_template([{"role": "user", "content": "What is the capital of France?"}])
+    full = smol_base.generate([prompt], greedy, use_tqdm=False)[0].outputs[0]
     assert "Paris" in full.text
-    cut = smol.generate([prompt], replace(greedy, stop=["Paris"]), use_tqdm=False)[0].outputs[0]
+    cut = smol_base.generate([prompt], replace(greedy, stop=["Paris"]), use_tqdm=False)[0].outputs[0]
     assert cut.finish_reason == "stop" and cut.stop_reason == "Paris"
     assert cut.text == full.text[: full.text.index("Paris")]
-    kept = smol.generate([prompt], replace(greedy, stop="Paris", include_stop_str_in_output=True), use_tqdm=False)
+    kept = smol_base.generate([prompt], replace(greedy, stop="Paris", include_stop_str_in_output=True), use_tqdm=False)
     assert kept[0].outputs[0].text.endswith("Paris")
 
 
-def test_stop_token_ids_and_eos(smol: LLM) -> None:
-    prompt = smol.apply_chat_template([{"role": "user", "content": "What is the capital of France?"}])
-    out = smol.generate([prompt], SamplingParams(temperature=0, max_tokens=60), use_tqdm=False)[0].outputs[0]
+def test_stop_token_ids_and_eos(smol_base: LLM) -> None:
+    prompt = smol_base.apply_chat_template([{"role": "user", "content": "What is the capital of France?"}])
+    out = smol_base.generate([prompt], SamplingParams(temperature=0, max_tokens=60), use_tqdm=False)[0].outputs[0]
     assert out.finish_reason == "stop" and out.token_ids[-1] == 2  # <|im_end|>
     stop_at = out.token_ids[2]
-    cut = smol.generate([prompt], SamplingParams(temperature=0, max_tokens=60, stop_token_ids=[stop_at]),
+    cut = smol_base.generate([prompt], SamplingParams(temperature=0, max_tokens=60, stop_token_ids=[stop_at]),
                         use_tqdm=False)[0].outputs[0]  # fmt: skip
     assert cut.token_ids == out.token_ids[:3] and cut.stop_reason == stop_at
 
 
-def test_logprobs_match_the_model_distribution(smol: LLM) -> None:
+def test_logprobs_match_the_model_distribution(smol_base: LLM) -> None:
     prompt = [1, 504, 3575, 282, 4649, 314]
-    out = smol.generate([prompt], SamplingParams(temperature=0, max_tokens=3, logprobs=3), use_tqdm=False)[0]
+    out = smol_base.generate([prompt], SamplingParams(temperature=0, max_tokens=3, logprobs=3), use_tqdm=False)[0]
     lps = out.outputs[0].logprobs
     assert lps is not None and len(lps) == 3
     first = lps[0]
-    model = smol.engine.loaded.model
+    model = smol_base.engine.loaded.model
     with attention(model, "sdpa"), torch.inference_mode():
         logits = model(torch.tensor([prompt])).logits[0, -1]
     want = torch.log_softmax(logits.float(), -1)
@@ -83,8 +83,8 @@ def test_logprobs_match_the_model_distribution(smol: LLM) -> None:
         assert abs(value - want[tok].item()) < 1e-3
 
 
-def test_metrics_count_cached_prompt_tokens(smol: LLM) -> None:
-    llm = smol.reconfigured()
+def test_metrics_count_cached_prompt_tokens(smol_base: LLM) -> None:
+    llm = smol_base.reconfigured()
     prompt = list(range(2000, 2000 + 70))
     params = SamplingParams(temperature=0, max_tokens=2)
     first = llm.generate([prompt], params, use_tqdm=False)[0]

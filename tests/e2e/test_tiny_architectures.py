@@ -2,7 +2,8 @@
 
 Qwen3 (q/k norms), Mistral (sliding window) and Gemma2 (soft cap, explicit attention scale,
 alternating sliding layers), each under the same battery as the embedded model: 32 mixed prompts
-together, chunked prefill, prefix-cache hits and preemption.
+together, chunked prefill, prefix-cache hits and preemption; Qwen3 and Mistral on every model path
+and CPU graph mode, Gemma2 on transformers' modules.
 """
 
 from __future__ import annotations
@@ -13,21 +14,46 @@ from pathlib import Path
 
 import pytest
 
-from paged_core.api import LLM
+from paged_core.api import LLM, UnsupportedConfigError
 
+from .conftest import VARIANTS
 from .e2e_helpers import GREEDY, assert_same_tokens, hf_greedy
 from .tiny_models import ARCHITECTURES, VOCAB, save_tiny_model
 
 PARAMS = replace(GREEDY, max_tokens=24)
+FUSED = {"qwen3", "mistral"}
+"""Architectures the fused decoder runs; the others (Gemma2: its norms, soft caps and GELU) run on transformers."""
+CASES = [f"{arch}-{variant}" for arch in sorted(ARCHITECTURES) for variant in VARIANTS
+         if arch in FUSED or VARIANTS[variant]["model_impl"] == "transformers"]  # fmt: skip
+_BASES: dict[str, tuple[LLM, list, list]] = {}
 
 
-@pytest.fixture(scope="module", params=sorted(ARCHITECTURES))
+def _base(arch: str, tmp_path_factory: pytest.TempPathFactory) -> tuple[LLM, list, list]:
+    """One engine, prompts and transformers' answers per architecture, shared by its variants."""
+    if arch not in _BASES:
+        path = save_tiny_model(arch, Path(tmp_path_factory.mktemp("models")))
+        llm = LLM(str(path), dtype="float32", kv_cache_memory="8MiB")
+        rng = random.Random(1)
+        prompts = [[rng.randrange(3, VOCAB) for _ in range(rng.randint(3, 200))] for _ in range(32)]
+        _BASES[arch] = (llm, prompts, hf_greedy(llm, prompts, PARAMS.max_tokens, attn="eager"))
+    return _BASES[arch]
+
+
+@pytest.fixture(scope="module", params=CASES)
 def tiny(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> tuple[LLM, list, list]:
-    path = save_tiny_model(request.param, Path(tmp_path_factory.mktemp("models")))
-    llm = LLM(str(path), dtype="float32", kv_cache_memory="8MiB")
-    rng = random.Random(1)
-    prompts = [[rng.randrange(3, VOCAB) for _ in range(rng.randint(3, 200))] for _ in range(32)]
-    return llm, prompts, hf_greedy(llm, prompts, PARAMS.max_tokens, attn="eager")
+    arch, variant = request.param.split("-", 1)
+    base, prompts, want = _base(arch, tmp_path_factory)
+    llm = base.reconfigured(**VARIANTS[variant])
+    assert llm.engine.runner.forward_impl.name == VARIANTS[variant]["model_impl"]
+    return llm, prompts, want
+
+
+def test_gemma2_is_refused_by_the_fused_decoder_with_the_reason(tmp_path_factory: pytest.TempPathFactory) -> None:
+    base, _, _ = _base("gemma2", tmp_path_factory)
+    with pytest.raises(UnsupportedConfigError, match="Gemma2ForCausalLM is not one of the fused families"):
+        base.reconfigured(model_impl="fused")
+    with pytest.raises(UnsupportedConfigError, match="compiled' needs the fused decoder"):
+        base.reconfigured(graph_mode="compiled")
 
 
 def test_single_prompt(tiny: tuple[LLM, list, list]) -> None:

@@ -64,3 +64,6 @@ def test_counters_move_as_requests_complete(server: ServerThread) -> None:
     assert delta("paged_prefix_cache_hits_tokens_total") >= 16
     assert usage["prompt_tokens_details"]["cached_tokens"] >= 16
     assert delta("paged_engine_steps_total") >= 5
+    # The test server steps eagerly, so every step is counted as eager and none as a replay.
+    assert delta("paged_eager_steps_total") == delta("paged_engine_steps_total")
+    assert delta("paged_graph_replays_total{graph_mode=eager}") == 0

@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from paged_core.engine.config import DTYPES, EngineConfig
+from paged_core.engine.config import DTYPES, GRAPH_MODES, MODEL_IMPLS, EngineConfig
+from paged_core.errors import ConfigError
 from paged_core.sampling.params import SamplingParams
 
 
@@ -22,6 +23,16 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--block-size", type=int, default=None, help="tokens per KV block (default: the backend's)")
     g.add_argument("--no-prefix-caching", action="store_true", help="turn off the prefix cache")
     g.add_argument("--no-chunked-prefill", action="store_true", help="prefill each prompt in one step")
+    g.add_argument("--model-impl", default="auto", choices=MODEL_IMPLS,
+                   help="fused: the engine's decoder (Llama/Mistral/Qwen2/Qwen3); transformers: its modules; "
+                   "auto: fused where it applies")  # fmt: skip
+    g.add_argument("--graph-mode", default="auto", choices=GRAPH_MODES,
+                   help="eager, compiled (torch.compile), device (CUDA/HIP/XPU graphs); auto: device graphs where "
+                   "the backend captures, else eager")  # fmt: skip
+    g.add_argument("--enforce-eager", action="store_true", help="same as --graph-mode eager")
+    g.add_argument("--capture-sizes", default=None,
+                   help="comma-separated batch sizes that get a device graph (default 1,2,4,8,16,...)")  # fmt: skip
+    g.add_argument("--compile-cache-dir", default=None, help="compiled-step cache (default ~/.cache/paged/compile)")
 
 
 def add_sampling_args(parser: argparse.ArgumentParser, max_tokens: int = 256) -> None:
@@ -54,8 +65,21 @@ def engine_config_from(args: argparse.Namespace, **overrides: Any) -> EngineConf
         block_size=args.block_size,
         enable_prefix_caching=not args.no_prefix_caching,
         enable_chunked_prefill=not args.no_chunked_prefill,
+        model_impl=args.model_impl,
+        graph_mode="eager" if args.enforce_eager else args.graph_mode,
+        capture_sizes=_sizes(args.capture_sizes),
+        compile_cache_dir=args.compile_cache_dir,
         **overrides,
     )
+
+
+def _sizes(text: str | None) -> tuple[int, ...] | None:
+    if not text:
+        return None
+    try:
+        return tuple(int(v) for v in text.split(",") if v.strip())
+    except ValueError:
+        raise ConfigError(f"--capture-sizes must be comma-separated ints, got {text!r}") from None
 
 
 def sampling_params_from(args: argparse.Namespace) -> SamplingParams:

@@ -13,12 +13,12 @@ from paged_core.config import CacheConfig, SchedulerConfig
 from paged_core.contract.backend import AttentionBackend
 from paged_core.contract.capabilities import AttentionSpec
 from paged_core.engine.attention import layer_specs, register_paged_attention
+from paged_core.engine.compile_cache import CompileCache
 from paged_core.engine.config import EngineConfig
 from paged_core.engine.dtype import resolve_dtype
+from paged_core.engine.forward import ModelForward, make_forward
 from paged_core.engine.kv_budget import default_budget, parse_size
 from paged_core.engine.loader import ModelSource, check_gguf, load_model, load_tokenizer, resolve_source
-from paged_core.engine.compile_cache import CompileCache
-from paged_core.engine.forward import ModelForward, make_forward
 from paged_core.engine.model_runner import ModelRunner
 from paged_core.engine.profile import profile_peak_bytes
 from paged_core.errors import BackendUnavailableError, ConfigError, UnsupportedConfigError

@@ -52,7 +52,7 @@ class CompileCache:
             return False
         try:
             data = json.loads(manifest.read_text())
-            ok = data["fields"] == self.fields and data["files"] == _checksums(self.folder)
+            ok = bool(data["fields"] == self.fields and data["files"] == _checksums(self.folder))
             why = "it was built for another configuration or its files changed"
         except (OSError, ValueError, KeyError, TypeError) as exc:
             ok, why = False, f"its manifest is missing or unreadable ({type(exc).__name__})"

@@ -8,6 +8,10 @@ from paged_core.config import POLICIES
 from paged_core.errors import ConfigError
 
 DTYPES = ("auto", "bfloat16", "float16", "float32")
+GRAPH_MODES = ("auto", "eager", "compiled", "device")
+"""How steps run; see :mod:`paged_core.engine.executors`."""
+MODEL_IMPLS = ("auto", "fused", "transformers")
+"""Which model path runs; see :mod:`paged_core.engine.forward`."""
 
 
 @dataclass(frozen=True)
@@ -59,9 +63,6 @@ class EngineConfig:
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
                 raise ConfigError(f"{name} must be an int >= 1 or None, got {value!r}")
-        from paged_core.engine.executors import GRAPH_MODES
-        from paged_core.engine.forward import MODEL_IMPLS
-
         if self.model_impl not in MODEL_IMPLS:
             raise ConfigError(f"model_impl must be one of {', '.join(MODEL_IMPLS)}; got {self.model_impl!r}")
         if self.graph_mode not in GRAPH_MODES:

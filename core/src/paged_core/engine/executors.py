@@ -27,8 +27,10 @@ import torch
 
 from paged_core.contract.backend import AttentionBackend
 from paged_core.contract.capabilities import GraphSupport
+from paged_core.contract.graph_strategy import GraphCaptureStrategy
 from paged_core.contract.metadata import AttentionMetadata, build_attention_metadata
 from paged_core.engine.batch import StepBatch
+from paged_core.engine.config import GRAPH_MODES
 from paged_core.engine.forward import ModelForward
 from paged_core.errors import ConfigError, UnsupportedConfigError
 from paged_core.graph import DeviceGraphStrategy, GraphRunner, StaticInput, capture_sizes
@@ -36,7 +38,6 @@ from paged_core.graph.device_strategy import graph_module
 
 log = logging.getLogger("paged.engine")
 
-GRAPH_MODES = ("auto", "eager", "compiled", "device")
 
 
 @dataclass
@@ -125,15 +126,23 @@ class CompiledExecutor(StepExecutor):
         super().__init__(forward, backend, kv_caches)
         self.block_size = block_size
         self.compile_cache = compile_cache
-        fwd, caches = forward.forward, kv_caches
+        shared = getattr(forward, "shared", None)
+        compiled = shared.get("compiled") if shared is not None else None
+        if compiled is None:
+            fwd = forward.forward
 
-        def step(qsl: torch.Tensor, seq_lens: torch.Tensor, table: torch.Tensor, slots: torch.Tensor,
-                 input_ids: torch.Tensor, positions: torch.Tensor, logits_indices: torch.Tensor,
-                 *ints: int) -> torch.Tensor:  # fmt: skip
-            md = AttentionMetadata(qsl, seq_lens, table, slots, **dict(zip(_INTS, ints, strict=True)))
-            return fwd(md, input_ids, positions, caches, logits_indices)
+            def step(caches: list[torch.Tensor], qsl: torch.Tensor, seq_lens: torch.Tensor, table: torch.Tensor,
+                     slots: torch.Tensor, input_ids: torch.Tensor, positions: torch.Tensor,
+                     logits_indices: torch.Tensor, *ints: int) -> torch.Tensor:  # fmt: skip
+                named: dict[str, Any] = dict(zip(_INTS, ints, strict=True))
+                md = AttentionMetadata(qsl, seq_lens, table, slots, **named)
+                return fwd(md, input_ids, positions, caches, logits_indices)
 
-        self._compiled: Callable[..., torch.Tensor] = torch.compile(step, dynamic=True, fullgraph=False)
+            # The caches are an argument (not captured), so engines on the same weights share one compile.
+            compiled = torch.compile(step, dynamic=True, fullgraph=False)
+            if shared is not None:
+                shared["compiled"] = compiled
+        self._compiled: Callable[..., torch.Tensor] = compiled
 
     def warm_up(self) -> None:
         start = time.perf_counter()
@@ -153,7 +162,8 @@ class CompiledExecutor(StepExecutor):
     def _call(self, batch: StepBatch) -> torch.Tensor:
         md = batch.metadata
         self.backend.prepare(md)
-        return self._compiled(md.query_start_loc, md.seq_lens, md.block_table, md.slot_mapping, batch.input_ids,
+        return self._compiled(self.kv_caches, md.query_start_loc, md.seq_lens, md.block_table, md.slot_mapping,
+                              batch.input_ids,
                               batch.positions, batch.logits_indices, *(getattr(md, n) for n in _INTS))  # fmt: skip
 
 
@@ -164,7 +174,7 @@ class DeviceGraphExecutor(StepExecutor):
 
     def __init__(self, forward: ModelForward, backend: AttentionBackend, kv_caches: list[torch.Tensor], *,
                  block_size: int, max_blocks_per_seq: int, max_num_reqs: int, max_model_len: int,
-                 sizes: tuple[int, ...] | None) -> None:  # fmt: skip
+                 sizes: tuple[int, ...] | None, strategy: GraphCaptureStrategy | None = None) -> None:  # fmt: skip
         super().__init__(forward, backend, kv_caches)
         fwd, caches = forward.forward, kv_caches
 
@@ -175,7 +185,8 @@ class DeviceGraphExecutor(StepExecutor):
             backend, step, block_size=block_size, max_blocks_per_seq=max_blocks_per_seq,
             capture_sizes=capture_sizes(max_num_reqs, list(sizes) if sizes else None), device=backend.device,
             inputs=[StaticInput("input_ids", (), torch.int64), StaticInput("positions", (), torch.int64)],
-            max_model_len=max_model_len, strategy=DeviceGraphStrategy(backend.device.type),
+            max_model_len=max_model_len,
+            strategy=strategy if strategy is not None else DeviceGraphStrategy(backend.device.type),
         )  # fmt: skip
 
     def warm_up(self) -> None:
@@ -212,6 +223,13 @@ def make_executor(mode: str, forward: ModelForward, backend: AttentionBackend, k
                   capture_sizes: tuple[int, ...] | None = None, compile_cache: Any = None) -> StepExecutor:  # fmt: skip
     """The executor for ``mode`` (resolved against the backend first)."""
     resolved = resolve_graph_mode(mode, backend)
+    if resolved == "compiled" and forward.name != "fused":
+        # transformers' modules find the step's metadata through a thread-local context, which dynamo
+        # cannot hold as a graph input; device graphs only record kernels, so they are fine.
+        raise UnsupportedConfigError(
+            f"graph_mode='compiled' needs the fused decoder, but this model runs on the {forward.name} path; "
+            "modes that work here: eager" + (", device" if device_graph_refusal(backend) is None else "")
+        )
     if resolved == "compiled":
         return CompiledExecutor(forward, backend, kv_caches, block_size, compile_cache)
     if resolved == "device":

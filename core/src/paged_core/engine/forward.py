@@ -17,12 +17,12 @@ from paged_core.contract.backend import AttentionBackend
 from paged_core.contract.capabilities import AttentionSpec
 from paged_core.contract.metadata import AttentionMetadata
 from paged_core.engine.attention import ForwardContext, forward_context
+from paged_core.engine.config import MODEL_IMPLS
 from paged_core.engine.fused import FusedDecoder, fused_refusal
 from paged_core.errors import ConfigError, UnsupportedConfigError
 
 log = logging.getLogger("paged.engine")
 
-MODEL_IMPLS = ("auto", "fused", "transformers")
 
 
 class ModelForward(Protocol):
@@ -77,6 +77,8 @@ class FusedForward:
 
     def __init__(self, decoder: FusedDecoder) -> None:
         self.decoder = decoder
+        self.shared = decoder.shared
+        """Per-decoder state engines on these weights share (the compiled step)."""
 
     def forward(
         self,

@@ -62,6 +62,7 @@ class ModelRunner:
         """The mode steps run in (``eager``, ``compiled`` or ``device``)."""
         return self.executor.mode
 
+    @torch.inference_mode()
     def warm_up(self) -> None:
         """Compile or capture now (start-up), so the first real step does not pay for it."""
         self.executor.warm_up()

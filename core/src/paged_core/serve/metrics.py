@@ -42,6 +42,16 @@ class _EngineCollector(Collector):
         yield CounterMetricFamily("paged_prefix_cache_hits_tokens", "Prompt tokens found in the prefix cache.",
                                   s.prefix_hits)  # fmt: skip
         yield CounterMetricFamily("paged_engine_steps", "Engine steps run.", s.steps)
+        replays = CounterMetricFamily("paged_graph_replays", "Steps run as a compiled or captured graph.",
+                                      labels=["graph_mode"])  # fmt: skip
+        replays.add_metric([s.graph_mode], s.graph_replays)
+        yield replays
+        yield CounterMetricFamily("paged_eager_steps", "Steps run eagerly (in a graph mode: fallbacks).", s.eager_steps)
+        fallbacks = CounterMetricFamily("paged_graph_fallbacks", "Eager fallbacks of a graph mode, by reason.",
+                                        labels=["reason"])  # fmt: skip
+        for reason, count in sorted(s.graph_fallbacks.items()):
+            fallbacks.add_metric([reason], count)
+        yield fallbacks
 
 
 @dataclass

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 
@@ -19,6 +19,13 @@ class EngineStats:
     prefix_queries: int = 0
     prefix_hits: int = 0
     steps: int = 0
+    graph_mode: str = "eager"
+    graph_replays: int = 0
+    """Steps run as a compiled or captured graph."""
+    eager_steps: int = 0
+    """Steps run eagerly (every step in eager mode; fallbacks otherwise)."""
+    graph_fallbacks: dict[str, int] = field(default_factory=dict)
+    """Eager fallbacks of a graph mode, by reason."""
 
 
 def snapshot(engine: Any, steps: int) -> EngineStats:
@@ -26,6 +33,7 @@ def snapshot(engine: Any, steps: int) -> EngineStats:
     sched = engine.scheduler
     pool = sched.kv.pool
     stats = sched.kv.stats
+    executor = engine.runner.executor
     return EngineStats(
         kv_usage=float(pool.usage),
         num_free_blocks=int(pool.num_free_blocks),
@@ -36,4 +44,8 @@ def snapshot(engine: Any, steps: int) -> EngineStats:
         prefix_queries=int(stats.queries),
         prefix_hits=int(stats.hits),
         steps=steps,
+        graph_mode=executor.mode,
+        graph_replays=int(executor.stats.replays),
+        eager_steps=int(executor.stats.eager_steps),
+        graph_fallbacks=dict(executor.stats.fallback_reasons),
     )

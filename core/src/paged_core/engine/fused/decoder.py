@@ -22,6 +22,7 @@ class _Layer:
     in_norm: torch.Tensor
     post_norm: torch.Tensor
     eps: float
+    post_eps: float
     qkv: PackedLinear
     o: PackedLinear
     gate_up: PackedLinear
@@ -81,27 +82,30 @@ class FusedDecoder:
         self.ops = backend.fused_ops()
         self.specs = specs
         inner = model.model
-        self.embed = inner.embed_tokens.weight
-        self.norm = inner.norm.weight
+        self.embed = inner.embed_tokens.weight.detach()
+        self.norm = inner.norm.weight.detach()
         self.norm_eps = float(inner.norm.variance_epsilon)
         self.lm_head = self.ops.pack_linear(model.lm_head.weight.detach(), getattr(model.lm_head, "bias", None))
         device = self.embed.device
         self.cos_sin = _cos_sin_cache(inner.rotary_emb, max_positions, device)
         self.layers = [self._layer(layer) for layer in inner.layers]
+        self.shared: dict[str, Any] = {}
+        """What engines running this decoder share, e.g. the compiled step (see the executors)."""
 
     def _layer(self, layer: Any) -> _Layer:
         attn, mlp = layer.self_attn, layer.mlp
         q_norm, k_norm = getattr(attn, "q_norm", None), getattr(attn, "k_norm", None)
         return _Layer(
-            in_norm=layer.input_layernorm.weight,
-            post_norm=layer.post_attention_layernorm.weight,
+            in_norm=layer.input_layernorm.weight.detach(),
+            post_norm=layer.post_attention_layernorm.weight.detach(),
             eps=float(layer.input_layernorm.variance_epsilon),
+            post_eps=float(layer.post_attention_layernorm.variance_epsilon),
             qkv=_merge(self.ops, [attn.q_proj, attn.k_proj, attn.v_proj]),
             o=self.ops.pack_linear(attn.o_proj.weight.detach()),
             gate_up=_merge(self.ops, [mlp.gate_proj, mlp.up_proj]),
             down=self.ops.pack_linear(mlp.down_proj.weight.detach()),
-            q_norm=q_norm.weight if q_norm is not None else None,
-            k_norm=k_norm.weight if k_norm is not None else None,
+            q_norm=q_norm.weight.detach() if q_norm is not None else None,
+            k_norm=k_norm.weight.detach() if k_norm is not None else None,
             qk_eps=float(q_norm.variance_epsilon) if q_norm is not None else 0.0,
         )
 
@@ -135,7 +139,7 @@ class FusedDecoder:
             q, k = ops.rotary(positions, q, k, self.cos_sin)
             attn = backend.forward(q, k, v, kv_caches[i], metadata, spec)
             hidden = ops.linear(attn.reshape(tokens, q_size), layer.o)
-            x, residual = ops.add_rms_norm(hidden, residual, layer.post_norm, layer.eps)
+            x, residual = ops.add_rms_norm(hidden, residual, layer.post_norm, layer.post_eps)
             hidden = ops.linear(ops.silu_and_mul(ops.linear(x, layer.gate_up)), layer.down)
         assert residual is not None
         if logits_indices is not None:

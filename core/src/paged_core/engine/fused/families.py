@@ -26,6 +26,7 @@ def fused_refusal(model: Any) -> str | None:
     rope_type = getattr(rotary, "rope_type", None)
     if rope_type not in STATIC_ROPE:
         return f"{arch}: rope type {rope_type!r} (fused rotary supports {', '.join(sorted(STATIC_ROPE))})"
+    assert rotary is not None  # a static rope type was found on it
     layer = model.model.layers[0]
     attn = layer.self_attn
     rotary_dim = int(rotary.inv_freq.numel()) * 2
