@@ -65,7 +65,6 @@ from dataclasses import dataclass
 import torch
 
 
-
 @dataclass
 class AttentionMetadata:
     """One step's batch, as described in the module docstring.

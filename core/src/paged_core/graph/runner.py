@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -154,7 +155,7 @@ class GraphRunner:
             return None, "size not captured"
         return n, ""
 
-    def _frozen_ints(self, n: int) -> dict[str, int]:
+    def _frozen_ints(self, n: int) -> dict[str, Any]:
         """The host ints a size-``n`` graph sees, as the module docstring promises."""
         uniform = self.support == GraphSupport.UNIFORM_DECODE
         return {
