@@ -10,8 +10,11 @@ from paged_core.bench.options import BenchOptions, parse_baselines
 def test_parse_baselines() -> None:
     assert parse_baselines("hf-static, hf-cb,hf-static") == ("hf-static", "hf-cb")
     assert parse_baselines("") == ()
-    with pytest.raises(ValueError, match=r"unknown baseline\(s\) vllm; choose from hf-static, hf-cb, reference"):
-        parse_baselines("hf-cb,vllm")
+    assert parse_baselines("vllm,vllm-compiled") == ("vllm", "vllm-compiled")
+    with pytest.raises(
+        ValueError, match=r"unknown baseline\(s\) sglang; choose from hf-static, hf-cb, reference, vllm"
+    ):
+        parse_baselines("hf-cb,sglang")
 
 
 def test_options_validate() -> None:

@@ -143,4 +143,14 @@ def engine_config_summary(engine: LLMEngine) -> dict[str, Any]:
         "enable_prefix_caching": c.enable_prefix_caching,
         "enable_chunked_prefill": c.enable_chunked_prefill,
         "max_model_len": engine.scheduler.max_len,
+        "model_path": engine.runner.forward_impl.name,
+        "graph_mode": engine.runner.graph_mode,
+        "runtime": _runtime(),
     }
+
+
+def _runtime() -> dict[str, Any]:
+    """The allocator and OpenMP library in effect (see :mod:`paged_core.cli.runtime`)."""
+    from paged_core.cli.runtime import runtime_status
+
+    return dict(runtime_status())

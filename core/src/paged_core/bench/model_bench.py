@@ -47,6 +47,10 @@ def run_model_workload(opts: BenchOptions, requests: Sequence[BenchRequest]) -> 
     config = EngineConfig(**opts.engine)
     if opts.workload == "prefix":
         config = dataclasses.replace(config, enable_prefix_caching=True)
+    if {"vllm", "vllm-compiled"} & set(opts.baselines):  # a missing vLLM environment fails now, not after our run
+        from paged_core.bench.vllm_run import check_ready
+
+        check_ready(config.model)
     engine = LLMEngine(config)
     summary = engine_config_summary(engine)
     runs = [_timed(engine, requests, OURS, opts.progress)]
@@ -67,6 +71,12 @@ def run_model_workload(opts: BenchOptions, requests: Sequence[BenchRequest]) -> 
             ref = LLMEngine(dataclasses.replace(config, block_size=engine.scheduler.kv.block_size), loaded)
             runs.append(_timed(ref, requests, "reference", opts.progress))
             del ref
+        elif name in ("vllm", "vllm-compiled"):  # vLLM's CPU build, in its own environment (bench/vllm_run.py)
+            from paged_core.bench.vllm_run import run_vllm
+
+            # The same dtype ours resolved to ("auto" is machine-dependent), so both run the same arithmetic.
+            resolved = dataclasses.replace(config, dtype=str(engine.loaded.dtype).removeprefix("torch."))
+            runs.append(run_vllm(name, requests, resolved, opts.progress))
     shape = ModelShape.from_model(model)
     return {
         "runs": runs,

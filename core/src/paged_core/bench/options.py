@@ -8,8 +8,9 @@ from typing import Any
 from paged_core.bench.kv_util import KVUtilConfig
 from paged_core.bench.workloads import WORKLOADS
 
-BASELINES = ("hf-static", "hf-cb", "reference")
-"""Systems that can run beside ours: transformers static batching, its continuous batching, our reference backend."""
+BASELINES = ("hf-static", "hf-cb", "reference", "vllm", "vllm-compiled")
+"""Systems that can run beside ours: transformers static batching, its continuous batching, our reference backend,
+and vLLM's CPU build in its own environment (eager, and its default compiled mode; see ``vllm_run``)."""
 
 
 def parse_baselines(text: str | None) -> tuple[str, ...]:

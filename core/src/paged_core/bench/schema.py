@@ -36,6 +36,8 @@ RUN = _obj({
     "prefill_tokens_computed": {"type": ["integer", "null"]}, "prefix_hit_rate": OPT_NUM, "decode_tok_s": OPT_NUM,
     "steps": OPT_INT, "peak_running": OPT_INT, "preemptions": OPT_INT,
 })  # fmt: skip
+RUN["properties"]["startup_s"] = OPT_NUM
+"""Optional (vLLM runs): the engine's start-up seconds, outside the timed run."""
 
 TRACE = _obj({
     "name": STR, "steps": INT, "utilization": NUM, "budget_occupancy": NUM, "peak_concurrent": INT,

@@ -37,7 +37,8 @@ def register(subparsers: Any) -> None:
     )
     parser.add_argument("workload", choices=WORKLOAD_NAMES, help="which workload (see the bench README)")
     parser.add_argument("--baseline", default="", metavar="LIST",
-                        help="comma-separated: hf-static, hf-cb, reference (run in this same invocation)")
+                        help="comma-separated: hf-static, hf-cb, reference (same process), vllm, vllm-compiled "
+                        "(vLLM's CPU build in its own environment: bash benchmarks/vllm_env.sh)")
     parser.add_argument("--num-requests", type=int, default=None, help="run only the first N requests")
     parser.add_argument("--output-len", type=int, default=None, help="cap every request's output tokens (quick runs)")
     parser.add_argument("--seed", type=int, default=0, help="workload seed (0: the published figures)")
