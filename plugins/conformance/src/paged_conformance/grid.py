@@ -4,8 +4,10 @@ The full cartesian product of every axis is far too large for a CPU run, so a
 grid is a union of sweeps: every batch kind and length edge case at each
 declared dtype and block size, plus smaller sweeps: head size x GQA ratio x
 KV-head count, a wide batch (many rows), a long context, an explicit softmax
-scale, each declared KV-cache dtype, and strided input views. Only declared
-values are generated; an undeclared one is N/A, never a failure.
+scale, each declared KV-cache dtype, and strided input views. The fused
+layer ops (:class:`paged_core.api.FusedOps`) get their own small sweeps per
+declared dtype. Only declared values are generated; an undeclared one is N/A,
+never a failure.
 """
 
 from __future__ import annotations
@@ -238,6 +240,69 @@ def feature_cases(caps: BackendCapabilities, grid: str) -> list[Case]:
     return [Case(dtypes[0], head, caps.block_sizes[0], gqa, kind, "long") for kind in kinds]
 
 
+FUSED_OPS: tuple[str, ...] = ("rms_norm", "add_rms_norm", "silu_and_mul", "rotary", "linear")
+"""The ops of :class:`paged_core.api.FusedOps` checked against the reference (``pack_linear`` with ``linear``)."""
+FUSED_LAYOUTS: tuple[str, ...] = ("contiguous", "strided")
+"""``strided``: every input a view into a larger buffer (column slices, q/k slices of one QKV output, transposes)."""
+NORM_HIDDEN: tuple[int, ...] = (64, 67, 100, 576)
+"""Hidden sizes of the norm checks: a vector multiple, an odd one, one no multiple of 8, SmolLM2-135M's."""
+FUSED_TOKENS: tuple[int, ...] = (1, 7, 130)
+"""Token counts ``T`` of the norm, activation and rotary checks."""
+NORM_EPS: tuple[float, ...] = (1e-5, 1e-6)
+SILU_INTERMEDIATE: tuple[int, ...] = (64, 77, 1536)
+"""``I`` of ``silu_and_mul`` (its input is ``[T, 2I]``)."""
+ROTARY_HEADS: tuple[tuple[int, int], ...] = ((4, 4), (8, 2), (8, 1))
+"""``(query heads, key heads)`` of the rotary checks: equal, grouped, one key head."""
+ROTARY_MAX_POSITION = 32768
+"""Rows of the cos/sin cache; positions reach its last row."""
+ROTARY_BASE = 10000.0
+LINEAR_TOKENS: tuple[int, ...] = (1, 3, 16, 64, 300)
+"""``M`` (rows of ``x``) per packed weight: one pack, then a call at every ``M``."""
+LINEAR_SHAPES: tuple[tuple[int, int], ...] = ((64, 64), (96, 136), (37, 100), (257, 77), (48, 1536))
+"""``(out_features N, in_features K)``: multiples of 16, of 8 only, of neither, both odd, a long reduction."""
+
+
+@dataclass(frozen=True)
+class FusedCase:
+    """One dtype and input layout at which every shape of one fused op is compared with the reference."""
+
+    dtype: torch.dtype
+    layout: str = "contiguous"
+
+    def __post_init__(self) -> None:
+        if self.layout not in FUSED_LAYOUTS:
+            raise ValueError(f"unknown fused layout {self.layout!r} (known: {', '.join(FUSED_LAYOUTS)})")
+
+    @property
+    def id(self) -> str:
+        """``dtype``, then ``-strided`` for views."""
+        return dtype_name(self.dtype) + ("" if self.layout == "contiguous" else f"-{self.layout}")
+
+    @property
+    def seed(self) -> int:
+        return zlib.crc32(f"fused-{self.id}".encode())
+
+
+def fused_cases(caps: BackendCapabilities, grid: str) -> list[FusedCase]:
+    """Every declared dtype (the first two under ``quick``, as for attention) in each input layout."""
+    dtypes = declared_dtypes(caps)
+    if grid != "full":
+        dtypes = dtypes[:2]
+    return [FusedCase(d, layout) for d in dtypes for layout in FUSED_LAYOUTS]
+
+
+def fused_trace_cases(caps: BackendCapabilities, grid: str) -> list[FusedCase]:
+    """The dtypes each op is traced at (strided inputs, as a compiled step passes them): the first one under quick."""
+    dtypes = declared_dtypes(caps)
+    return [FusedCase(d, "strided") for d in (dtypes if grid == "full" else dtypes[:1])]
+
+
+def rotary_head_sizes(caps: BackendCapabilities) -> list[int]:
+    """Declared head sizes (the suite's own when any is allowed) that rotary can rotate (even ones)."""
+    sizes = sorted(caps.head_sizes) if caps.head_sizes is not None else list(HEAD_SIZES)
+    return [h for h in sizes if h % 2 == 0]
+
+
 def graph_capture_sizes(grid: str) -> tuple[int, ...]:
     """Token counts the graph test captures."""
     return (1, 2, 4) if grid == "quick" else (1, 2, 4, 8)
@@ -262,3 +327,6 @@ def iter_universe() -> Iterator[tuple[str, str]]:
         yield "kv_dtype", dtype_name(d)
     for n in sorted({NUM_KV_HEADS, *KV_HEAD_SWEEP}):
         yield "num_kv_heads", str(n)
+    for op in FUSED_OPS:
+        yield "fused", op
+    yield "fused", "trace"

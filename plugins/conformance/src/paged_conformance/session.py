@@ -15,7 +15,7 @@ from paged_conformance.harness import LAYERS, expected
 from paged_conformance.loading import BackendInfo
 from paged_conformance.report import build_report, write_report
 from paged_conformance.results import TestResult, absorb, declared_rows, fold, render_table
-from paged_core.api import AttentionBackend, AttentionSpec, BackendCapabilities
+from paged_core.api import AttentionBackend, AttentionSpec, BackendCapabilities, FusedOps
 
 CASES_MARK = "paged_cases"
 CAPABILITY_MARK = "paged_capability"
@@ -42,6 +42,13 @@ class Conformance:
         """A fresh backend instance on the device under test."""
         return self.info.cls(self.device)
 
+    def fused_ops(self) -> FusedOps:
+        """A fresh backend instance's ``fused_ops()``, which must be a :class:`FusedOps`."""
+        ops = self.backend().fused_ops()
+        if not isinstance(ops, FusedOps):
+            raise AssertionError(f"fused_ops() returned {type(ops).__name__}, not a paged_core.api.FusedOps")
+        return ops
+
     def expected(self, batch: Batch, spec: AttentionSpec | None = None) -> torch.Tensor:
         """The oracle's output for ``batch``."""
         return expected(self.oracle, batch, self.device, spec)
@@ -57,10 +64,22 @@ def _params(family: str, conf: Conformance) -> tuple[str, list[object], list[str
         return "case", list(cases), [c.id for c in cases]
     if family == "block_sizes":
         return "block_size", list(caps.block_sizes), [f"b{b}" for b in caps.block_sizes]
+    if family in ("fused", "fused_trace"):
+        fused = grids.fused_cases(caps, conf.grid) if family == "fused" else grids.fused_trace_cases(caps, conf.grid)
+        return "fused", list(fused), [c.id for c in fused]
     if family == "graph_sizes":
         sizes = grids.graph_batch_sizes(conf.grid)
         return "batch_size", list(sizes), [f"rows{s}" for s in sizes]
     raise ValueError(f"unknown {CASES_MARK} family {family!r}")
+
+
+def fused_grid() -> dict[str, object]:
+    """The ``grid.fused`` section of the report: the shapes the fused-op checks sweep."""
+    return {"ops": list(grids.FUSED_OPS), "layouts": list(grids.FUSED_LAYOUTS), "norm_hidden": list(grids.NORM_HIDDEN),
+            "tokens": list(grids.FUSED_TOKENS), "norm_eps": list(grids.NORM_EPS),
+            "silu_intermediate": list(grids.SILU_INTERMEDIATE), "rotary_heads": [list(h) for h in grids.ROTARY_HEADS],
+            "rotary_max_position": grids.ROTARY_MAX_POSITION, "rotary_base": grids.ROTARY_BASE,
+            "linear_tokens": list(grids.LINEAR_TOKENS), "linear_shapes": [list(s) for s in grids.LINEAR_SHAPES]}
 
 
 def item_capabilities(item: pytest.Item) -> list[str]:
@@ -88,6 +107,7 @@ class ConformanceSession:
         self.json_path = json_path
         self.results: dict[str, TestResult] = {}
         self.report: dict[str, object] | None = None
+        self._fused_info: dict[str, object] | None = None
 
     def pytest_generate_tests(self, metafunc: pytest.Metafunc) -> None:
         mark = metafunc.definition.get_closest_marker(CASES_MARK)
@@ -134,14 +154,24 @@ class ConformanceSession:
                 "gqa_ratios": list(grids.GQA_RATIOS), "kinds": list(grids.KINDS), "lengths": list(grids.LENGTHS),
                 "num_kv_heads": grids.NUM_KV_HEADS, "num_kv_heads_sweep": list(grids.KV_HEAD_SWEEP),
                 "long_context": grids.LONG_CONTEXT, "scale": grids.SCALE, "layouts": list(grids.LAYOUTS),
-                "kv_dtypes": [grids.dtype_name(d) for d in grids.KV_DTYPES], "layers": LAYERS}
+                "kv_dtypes": [grids.dtype_name(d) for d in grids.KV_DTYPES], "layers": LAYERS,
+                "fused": fused_grid()}
         return {"backend": info, "grid": grid, "oracle": conf.oracle}
 
     def info_dict(self) -> dict[str, object]:
         info = self.conf.info
         return {"name": info.name, "class": f"{info.cls.__module__}:{info.cls.__qualname__}",
                 "distribution": info.distribution, "version": info.version, "device": str(self.conf.device),
-                "api_version": info.cls.api_version, "capabilities": self.conf.caps.to_dict()}
+                "api_version": info.cls.api_version, "capabilities": self.conf.caps.to_dict(),
+                "fused_ops": self.fused_info()}
+
+    def fused_info(self) -> dict[str, object]:
+        """The backend's ``fused_ops()`` class, name and overridden methods (worked out once)."""
+        if self._fused_info is None:
+            from paged_conformance.fused import fused_ops_info
+
+            self._fused_info = fused_ops_info(self.conf.backend)
+        return self._fused_info
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
@@ -163,6 +193,13 @@ class ConformanceSession:
         info = self.conf.info
         tr.write_sep("=", f"paged-conformance: {info.name} on {self.conf.device} (grid {self.conf.grid}, "
                           f"oracle {self.conf.oracle})")
+        fused = self.fused_info()
+        if "error" in fused:
+            tr.write_line(f"fused ops: fused_ops() raised {fused['error']}", red=True)
+        else:
+            names = fused.get("overrides")
+            overrides = ", ".join(str(n) for n in names) if isinstance(names, list) and names else "none (reference)"
+            tr.write_line(f"fused ops: {fused['name']} ({fused['class']}); overrides: {overrides}")
         for line in render_table(getattr(self, "rows", {})):
             tr.write_line(line)
         for line in self.stale():

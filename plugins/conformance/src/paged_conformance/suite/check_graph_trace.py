@@ -7,28 +7,24 @@ CUDA/HIP/XPU graph freezes the capture-time value. Tracing the runner's step
 with ``torch.compile(fullgraph=True)`` turns every such read that steers
 the computation into an error, with no device needed; an eager run under a
 torch-function mode also catches reads whose result the compiler would
-drop as dead code.
+drop as dead code (both in :mod:`paged_conformance.tracing`).
 """
 
 from __future__ import annotations
 
-import itertools
-import types
-from collections.abc import Callable, Collection, Hashable
-from typing import Any
+from collections.abc import Hashable
 
 import pytest
 import torch
-from torch.overrides import TorchFunctionMode
 
 from paged_conformance.batch import make_batch
 from paged_conformance.graphs import attention_runner, graph_case
 from paged_conformance.session import Conformance
+from paged_conformance.tracing import HostReads, first_line, own_entry
 from paged_core.api import EagerStrategy, StepFn
 
 TRACE_SIZE = 2
 """Decode rows in the traced step."""
-_TAGS = itertools.count()
 
 
 class RecordingStrategy(EagerStrategy):
@@ -43,43 +39,6 @@ class RecordingStrategy(EagerStrategy):
     def capture(self, key: Hashable, fn: StepFn, args: tuple[torch.Tensor, ...]) -> None:
         super().capture(key, fn, args)
         self.recorded[key] = (fn, args)
-
-
-class HostReads(TorchFunctionMode):
-    """Records every tensor-to-Python conversion made while active (each one a device sync)."""
-
-    READS = frozenset({"item", "tolist", "__bool__", "__int__", "__float__", "__index__", "numpy"})
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.seen: list[str] = []
-
-    def __torch_function__(
-        self,
-        func: Callable[..., Any],
-        type_list: Collection[type],
-        args: tuple[Any, ...] = (),
-        kwargs: dict[str, Any] | None = None,
-    ) -> Any:
-        name = getattr(func, "__name__", "")
-        if name in self.READS:
-            self.seen.append(name)
-        return func(*args, **(kwargs or {}))
-
-
-def _own_entry(fn: StepFn) -> StepFn:
-    """Call ``fn`` through a function with a code object of its own.
-
-    The compiler caches per code object and gives up after a few
-    recompilations; every check (many backends may be checked in one
-    process) gets a fresh entry so it is really traced.
-    """
-
-    def entry(*args: torch.Tensor) -> torch.Tensor:
-        return fn(*args)
-
-    code = entry.__code__.replace(co_name=f"paged_conformance_trace_{next(_TAGS)}")
-    return types.FunctionType(code, entry.__globals__, code.co_name, None, entry.__closure__)
 
 
 @pytest.mark.paged_capability("graph")
@@ -100,12 +59,11 @@ def test_graph_step_has_no_host_reads(conformance: Conformance) -> None:
     assert TRACE_SIZE in recorder.recorded, "the runner captured no step for a uniform decode batch"
     fn, args = recorder.recorded[TRACE_SIZE]
     try:
-        torch.compile(_own_entry(fn), backend="eager", fullgraph=True, dynamic=False)(*args)
+        torch.compile(own_entry(fn), backend="eager", fullgraph=True, dynamic=False)(*args)
     except Exception as exc:
-        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
         raise AssertionError(
             "the captured decode step does not trace as one graph (torch.compile fullgraph=True): "
-            f"{type(exc).__name__}: {first}. A host-side read of metadata (.item(), .tolist(), int(), a Python "
+            f"{first_line(exc)}. A host-side read of metadata (.item(), .tolist(), int(), a Python "
             "branch on a tensor value) would be frozen into a device graph at capture time."
         ) from None
     with HostReads() as reads:
