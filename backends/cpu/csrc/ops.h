@@ -3,7 +3,9 @@
 
 #include <ATen/ATen.h>
 
+#include <optional>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "kernel_api.h"
@@ -29,5 +31,18 @@ void write_kv(const at::Tensor& key, const at::Tensor& value, const at::Tensor& 
               const at::Tensor& slot_mapping);
 
 void copy_blocks(at::TensorList kv_caches, const at::Tensor& src_to_dst);
+
+// Layer ops (fused_ops.cpp): new outputs in the input dtype, fp32 arithmetic, inputs never modified.
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps);
+std::tuple<at::Tensor, at::Tensor> add_rms_norm(const at::Tensor& x, const at::Tensor& residual,
+                                                const at::Tensor& weight, double eps);
+at::Tensor silu_and_mul(const at::Tensor& x);
+std::tuple<at::Tensor, at::Tensor> rotary(const at::Tensor& positions, const at::Tensor& query,
+                                          const at::Tensor& key, const at::Tensor& cos_sin_cache);
+at::Tensor pack_linear(const at::Tensor& weight);
+at::Tensor linear(const at::Tensor& x, const at::Tensor& packed, const std::optional<at::Tensor>& bias,
+                  int64_t out_features);
+// The variant of the layer kernels in use (follows set_isa: `scalar`, else `avx2` where the CPU has it).
+std::string fused_isa();
 
 }  // namespace paged_cpu

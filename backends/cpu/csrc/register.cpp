@@ -13,12 +13,25 @@ TORCH_LIBRARY(paged_cpu, m) {
   m.def("isa() -> str", &paged_cpu::isa_name);
   m.def("set_isa(str name) -> str", &paged_cpu::set_isa);
   m.def("supported_isas() -> str[]", &paged_cpu::supported_isas);
+  m.def("rms_norm(Tensor x, Tensor weight, float eps) -> Tensor");
+  m.def("add_rms_norm(Tensor x, Tensor residual, Tensor weight, float eps) -> (Tensor, Tensor)");
+  m.def("silu_and_mul(Tensor x) -> Tensor");
+  m.def("rotary(Tensor positions, Tensor query, Tensor key, Tensor cos_sin_cache) -> (Tensor, Tensor)");
+  m.def("pack_linear(Tensor weight) -> Tensor");
+  m.def("linear(Tensor x, Tensor packed, Tensor? bias, int out_features) -> Tensor");
+  m.def("fused_isa() -> str", &paged_cpu::fused_isa);
 }
 
 TORCH_LIBRARY_IMPL(paged_cpu, CPU, m) {
   m.impl("attention", &paged_cpu::attention);
   m.impl("write_kv", &paged_cpu::write_kv);
   m.impl("copy_blocks", &paged_cpu::copy_blocks);
+  m.impl("rms_norm", &paged_cpu::rms_norm);
+  m.impl("add_rms_norm", &paged_cpu::add_rms_norm);
+  m.impl("silu_and_mul", &paged_cpu::silu_and_mul);
+  m.impl("rotary", &paged_cpu::rotary);
+  m.impl("pack_linear", &paged_cpu::pack_linear);
+  m.impl("linear", &paged_cpu::linear);
 }
 
 // Importing paged_backend_cpu._C runs the static registrations above; the module itself is empty.

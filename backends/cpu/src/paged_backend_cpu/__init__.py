@@ -3,5 +3,6 @@
 from __future__ import annotations
 
 from paged_backend_cpu.backend import CpuBackend
+from paged_backend_cpu.fused import CpuFusedOps
 
-__all__ = ["CpuBackend"]
+__all__ = ["CpuBackend", "CpuFusedOps"]

@@ -8,12 +8,14 @@ import sys
 import torch
 
 from paged_backend_cpu import ops
+from paged_backend_cpu.fused import CpuFusedOps
 from paged_core.api import (
     AttentionBackend,
     AttentionMetadata,
     AttentionSpec,
     Availability,
     BackendCapabilities,
+    FusedOps,
     GraphSupport,
     PagedError,
 )
@@ -93,6 +95,14 @@ class CpuBackend(AttentionBackend):
         return ops.attention(
             query, kv_cache, metadata.query_start_loc, metadata.seq_lens, metadata.block_table, spec.softmax_scale
         )
+
+    _fused: CpuFusedOps | None = None
+
+    def fused_ops(self) -> FusedOps:
+        """The layer kernels of :class:`~paged_backend_cpu.fused.CpuFusedOps` (made once per backend)."""
+        if self._fused is None:
+            self._fused = CpuFusedOps()
+        return self._fused
 
     def copy_blocks(self, kv_caches: list[torch.Tensor], src_to_dst: torch.Tensor) -> None:
         """Copy (source, destination) block pairs in every layer, in parallel (the pairs are independent)."""

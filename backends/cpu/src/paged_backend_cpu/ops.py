@@ -1,5 +1,8 @@
 """The C++ operators (``torch.ops.paged_cpu``), their fake implementations, and the ISA switch.
 
+The layer ops (``rms_norm`` ... ``linear``) serve :class:`paged_backend_cpu.fused.CpuFusedOps`;
+each returns new tensors and never modifies its inputs.
+
 Importing this module loads the extension; if it cannot be loaded, :data:`LOAD_ERROR`
 says why and the backend reports itself unavailable instead of failing at import.
 """
@@ -15,6 +18,10 @@ try:
     importlib.import_module("paged_backend_cpu._C")  # runs the C++ registrations of torch.ops.paged_cpu
 except ImportError as exc:  # pragma: no cover - exercised only on a broken install
     LOAD_ERROR = f"the C++ extension paged_backend_cpu._C failed to load: {exc}"
+
+
+PANEL = 16
+"""Output features per panel of a packed linear weight (``kPanel`` in csrc/fused_api.h)."""
 
 
 def _attention_fake(
@@ -34,10 +41,44 @@ def _no_result(*args: object) -> None:
     """``write_kv`` and ``copy_blocks`` only mutate their cache arguments."""
 
 
+def _rms_norm_fake(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    return x.new_empty(x.shape)
+
+
+def _add_rms_norm_fake(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    return x.new_empty(x.shape), x.new_empty(x.shape)
+
+
+def _silu_and_mul_fake(x: torch.Tensor) -> torch.Tensor:
+    return x.new_empty((x.shape[0], x.shape[1] // 2))
+
+
+def _rotary_fake(
+    positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor, cos_sin_cache: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    return query.new_empty(query.shape), key.new_empty(key.shape)
+
+
+def _pack_linear_fake(weight: torch.Tensor) -> torch.Tensor:
+    return weight.new_empty(((weight.shape[0] + PANEL - 1) // PANEL, weight.shape[1], PANEL))
+
+
+def _linear_fake(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None, out_features: int) -> torch.Tensor:
+    return x.new_empty((x.shape[0], out_features))
+
+
 if LOAD_ERROR is None:
     torch.library.register_fake("paged_cpu::attention", _attention_fake)
     torch.library.register_fake("paged_cpu::write_kv", _no_result)
     torch.library.register_fake("paged_cpu::copy_blocks", _no_result)
+    torch.library.register_fake("paged_cpu::rms_norm", _rms_norm_fake)
+    torch.library.register_fake("paged_cpu::add_rms_norm", _add_rms_norm_fake)
+    torch.library.register_fake("paged_cpu::silu_and_mul", _silu_and_mul_fake)
+    torch.library.register_fake("paged_cpu::rotary", _rotary_fake)
+    torch.library.register_fake("paged_cpu::pack_linear", _pack_linear_fake)
+    torch.library.register_fake("paged_cpu::linear", _linear_fake)
 
 
 def attention(
@@ -68,6 +109,55 @@ def write_kv(key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor, slo
 def copy_blocks(kv_caches: list[torch.Tensor], src_to_dst: torch.Tensor) -> None:
     """Copy whole blocks, keys and values, for each int64 (source, destination) pair in every cache."""
     torch.ops.paged_cpu.copy_blocks(kv_caches, src_to_dst)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """``x / sqrt(mean(x**2) + eps) * weight`` over the rows of ``x`` ``[T, H]``; a new ``[T, H]`` in ``x.dtype``."""
+    out: torch.Tensor = torch.ops.paged_cpu.rms_norm(x, weight, eps)
+    return out
+
+
+def add_rms_norm(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``s = x + residual`` (rounded to ``x.dtype``); returns new ``(rms_norm(s, weight, eps), s)``."""
+    normed, summed = torch.ops.paged_cpu.add_rms_norm(x, residual, weight, eps)
+    return normed, summed
+
+
+def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
+    """``silu(x[:, :I]) * x[:, I:]`` for ``x`` ``[T, 2I]``; a new ``[T, I]``."""
+    out: torch.Tensor = torch.ops.paged_cpu.silu_and_mul(x)
+    return out
+
+
+def rotary(
+    positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor, cos_sin_cache: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """NeoX rotary of ``query`` ``[T, Hq, D]`` and ``key`` ``[T, Hk, D]`` at ``positions``; new ``(q, k)``.
+
+    ``cos_sin_cache`` is ``[max_position, D]``: cos in the first half of each row, sin in the second.
+    """
+    q, k = torch.ops.paged_cpu.rotary(positions, query, key, cos_sin_cache)
+    return q, k
+
+
+def pack_linear(weight: torch.Tensor) -> torch.Tensor:
+    """``weight`` ``[N, K]`` as panels ``[ceil(N / 16), K, 16]`` of its dtype, the layout :func:`linear` reads."""
+    out: torch.Tensor = torch.ops.paged_cpu.pack_linear(weight)
+    return out
+
+
+def linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None, out_features: int) -> torch.Tensor:
+    """``x @ weight.T + bias`` from a :func:`pack_linear` weight, fp32 sums; a new ``[T, N]`` in ``x.dtype``."""
+    out: torch.Tensor = torch.ops.paged_cpu.linear(x, packed, bias, out_features)
+    return out
+
+
+def fused_isa() -> str:
+    """The layer kernels in use: ``scalar`` when :func:`set_isa` chose it (or no AVX2), else ``avx2``."""
+    name: str = torch.ops.paged_cpu.fused_isa()
+    return name
 
 
 def isa() -> str:

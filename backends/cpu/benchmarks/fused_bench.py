@@ -1,0 +1,212 @@
+"""Layer-op benchmark for paged-backend-cpu's CpuFusedOps (a script, not a test).
+
+At the embedded model's shapes (SmolLM2-135M: hidden 576, intermediate 1536, 9 query
+heads and 3 KV heads of 64), for T tokens, it times one call of each layer op as
+
+* ``cpu``: the backend's C++ op (:class:`paged_backend_cpu.CpuFusedOps`),
+* ``reference``: the pure-torch :class:`paged_core.api.FusedOps` the engine falls back to,
+* ``hf``: the unfused torch sequence a transformers Llama layer issues for the same work
+  (rms_norm: to(float32), pow, mean, add, rsqrt, mul, to, mul; the residual add before it;
+  silu(gate) * up in the model dtype; q * cos + rotate_half(q) * sin for q and k, with cos
+  and sin already gathered, as transformers does once per step),
+
+and, with ``--linear``, the native linear against ``torch.nn.functional.linear`` for
+row counts across the crossover on every projection of the model.
+
+Each figure is the median of ``--runs`` timings taken in turn with the other columns
+of its row, each the median over ``--rounds`` rounds of the mean of a batch of calls
+(a round lasts about ``--round-ms``): on a shared machine, read the ratios.
+
+    python backends/cpu/benchmarks/fused_bench.py [--tokens 1 64 512] [--dtypes float32 bfloat16]
+        [--threads N] [--linear] [--rows 1 2 4 8 16 32 64 128 256 512]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+
+from paged_backend_cpu import CpuFusedOps, fused, ops
+from paged_core.api import FusedOps
+
+HIDDEN, INTER, HEADS, KV_HEADS, HEAD = 576, 1536, 9, 3, 64
+EPS = 1e-5
+LINEARS = {
+    "qkv 576->960": (960, 576),
+    "o_proj 576->576": (576, 576),
+    "gate_up 576->3072": (3072, 576),
+    "down 1536->576": (576, 1536),
+    "lm_head 576->49152": (49152, 576),
+}
+
+
+def timed(fn: Callable[[], object], rounds: int, round_ms: float) -> float:
+    """Median over ``rounds`` of the mean seconds per call in a round of about ``round_ms``."""
+    fn()
+    start = time.perf_counter()
+    fn()
+    once = max(time.perf_counter() - start, 1e-7)
+    calls = max(1, int(round_ms / 1e3 / once))
+    samples = []
+    for _ in range(rounds):
+        start = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        samples.append((time.perf_counter() - start) / calls)
+    return statistics.median(samples)
+
+
+def hf_rms_norm(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """transformers' LlamaRMSNorm.forward."""
+    dtype = x.dtype
+    h = x.to(torch.float32)
+    variance = h.pow(2).mean(-1, keepdim=True)
+    h = h * torch.rsqrt(variance + EPS)
+    return weight * h.to(dtype)
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def op_cases(tokens: int, dtype: torch.dtype) -> dict[str, dict[str, Callable[[], object]]]:
+    """For each op, the callables to time: cpu, reference and the transformers sequence."""
+    gen = torch.Generator().manual_seed(tokens)
+
+    def rand(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, generator=gen).to(dtype)
+
+    cpu, ref = CpuFusedOps(), FusedOps()
+    x, res, w = rand(tokens, HIDDEN), rand(tokens, HIDDEN), rand(HIDDEN)
+    gate_up = rand(tokens, 2 * INTER)
+    qkv = rand(tokens, (HEADS + 2 * KV_HEADS) * HEAD)
+    q = qkv[:, : HEADS * HEAD].view(tokens, HEADS, HEAD)
+    k = qkv[:, HEADS * HEAD : (HEADS + KV_HEADS) * HEAD].view(tokens, KV_HEADS, HEAD)
+    positions = torch.randint(0, 8192, (tokens,), generator=gen)
+    inv_freq = 1.0 / (100000.0 ** (torch.arange(0, HEAD, 2, dtype=torch.float32) / HEAD))
+    angles = torch.arange(8192, dtype=torch.float32)[:, None] * inv_freq[None, :]
+    cache = torch.cat([angles.cos(), angles.sin()], dim=-1)
+    cos = torch.cat([angles.cos(), angles.cos()], -1)[positions][:, None, :].to(dtype)
+    sin = torch.cat([angles.sin(), angles.sin()], -1)[positions][:, None, :].to(dtype)
+
+    def hf_silu() -> torch.Tensor:
+        gate, up = gate_up.chunk(2, dim=-1)
+        return F.silu(gate) * up
+
+    def hf_rotary() -> tuple[torch.Tensor, torch.Tensor]:
+        return q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
+
+    return {
+        "rms_norm": {
+            "cpu": lambda: cpu.rms_norm(x, w, EPS),
+            "reference": lambda: ref.rms_norm(x, w, EPS),
+            "hf": lambda: hf_rms_norm(x, w),
+        },
+        "add_rms_norm": {
+            "cpu": lambda: cpu.add_rms_norm(x, res, w, EPS),
+            "reference": lambda: ref.add_rms_norm(x, res, w, EPS),
+            "hf": lambda: hf_rms_norm(res + x, w),
+        },
+        "silu_and_mul": {
+            "cpu": lambda: cpu.silu_and_mul(gate_up),
+            "reference": lambda: ref.silu_and_mul(gate_up),
+            "hf": hf_silu,
+        },
+        "rotary": {
+            "cpu": lambda: cpu.rotary(positions, q, k, cache),
+            "reference": lambda: ref.rotary(positions, q, k, cache),
+            "hf": hf_rotary,
+        },
+    }
+
+
+def us(seconds: float) -> str:
+    return f"{seconds * 1e6:.1f}" if seconds < 1e-4 else f"{seconds * 1e6:.0f}"
+
+
+def interleaved(impls: dict[str, Callable[[], object]], runs: int, rounds: int, round_ms: float) -> dict[str, float]:
+    """Median of ``runs`` timings of each callable, taken in turn (load drift hits every one alike)."""
+    samples: dict[str, list[float]] = {name: [] for name in impls}
+    for _ in range(runs):
+        for name, fn in impls.items():
+            samples[name].append(timed(fn, rounds, round_ms))
+    return {name: statistics.median(s) for name, s in samples.items()}
+
+
+def bench_ops(tokens_list: list[int], dtypes: list[torch.dtype], runs: int, rounds: int, round_ms: float) -> None:
+    print("| op | dtype | T | cpu (us) | reference (us) | transformers sequence (us) | reference / cpu | hf / cpu |")
+    print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+    for dtype in dtypes:
+        for tokens in tokens_list:
+            for op, impls in op_cases(tokens, dtype).items():
+                t = interleaved(impls, runs, rounds, round_ms)
+                print(
+                    f"| {op} | {str(dtype).removeprefix('torch.')} | {tokens} | {us(t['cpu'])} | {us(t['reference'])} "
+                    f"| {us(t['hf'])} | {t['reference'] / t['cpu']:.1f}x | {t['hf'] / t['cpu']:.1f}x |",
+                    flush=True,
+                )
+
+
+def bench_linear(rows_list: list[int], dtypes: list[torch.dtype], runs: int, rounds: int, round_ms: float) -> None:
+    """Native kernel against torch's linear; lm_head only up to 32 rows (torch's bf16 takes seconds beyond)."""
+    print("| projection | dtype | " + " | ".join(f"M={m}" for m in rows_list) + " |")
+    print("| --- | --- | " + " | ".join("---:" for _ in rows_list) + " |")
+    for dtype in dtypes:
+        for name, (n, k) in LINEARS.items():
+            gen = torch.Generator().manual_seed(n)
+            w = (torch.randn(n, k, generator=gen) * k**-0.5).to(dtype)
+            packed = ops.pack_linear(w)
+            cells = []
+            for m in rows_list:
+                if n > 10_000 and m > 32:
+                    cells.append("-")
+                    continue
+                x = torch.randn(m, k, generator=gen).to(dtype)
+                t = interleaved(
+                    {
+                        "native": lambda x=x, p=packed, n=n: ops.linear(x, p, None, n),
+                        "torch": lambda x=x, w=w: F.linear(x, w),
+                    },
+                    runs,
+                    rounds,
+                    round_ms,
+                )
+                native, torch_s = t["native"], t["torch"]
+                cells.append(f"{us(native)} / {us(torch_s)} ({torch_s / native:.1f}x)")
+            print(f"| {name} | {str(dtype).removeprefix('torch.')} | " + " | ".join(cells) + " |", flush=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--tokens", type=int, nargs="+", default=[1, 64, 512])
+    parser.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"])
+    parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    parser.add_argument("--runs", type=int, default=3, help="timings per figure, taken in turn (median)")
+    parser.add_argument("--rounds", type=int, default=5, help="rounds per timing (median)")
+    parser.add_argument("--round-ms", type=float, default=15.0)
+    parser.add_argument("--linear", action="store_true", help="also time the native linear against F.linear")
+    parser.add_argument("--rows", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32, 64, 128, 256, 512])
+    parser.add_argument("--no-ops", action="store_true", help="skip the element-wise ops")
+    args = parser.parse_args()
+    if args.threads > 0:
+        torch.set_num_threads(args.threads)
+    dtypes = [getattr(torch, d) for d in args.dtypes]
+    print(
+        f"torch {torch.__version__}, {torch.get_num_threads()} threads, kernels: {ops.fused_isa()} "
+        f"(attention {ops.isa()}), linear kernel up to {fused.default_max_rows()} rows"
+    )
+    if not args.no_ops:
+        bench_ops(args.tokens, dtypes, args.runs, args.rounds, args.round_ms)
+    if args.linear:
+        print("\nnative linear / torch F.linear, microseconds (torch / native)")
+        bench_linear(args.rows, dtypes, args.runs, args.rounds, args.round_ms)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,95 @@
+// The interface between the torch-facing layer ops (fused_ops.cpp) and their per-ISA kernels.
+//
+// Like kernel_api.h, no torch headers: the kernel translation units are compiled for their own
+// instruction sets. All arithmetic is fp32; inputs and outputs are fp32, bf16 or fp16, converted
+// on load and rounded once on store.
+#pragma once
+
+#include <cstdint>
+
+namespace paged_cpu {
+
+// Storage type of an input or output.
+enum class Elem : int32_t { F32 = 0, BF16 = 1, F16 = 2 };
+
+// rms_norm and add_rms_norm over rows [begin, end) of a [T, H] input.
+struct RmsArgs {
+  const void* x;          // row t at x + t * x_stride elements, unit stride within a row
+  int64_t x_stride;
+  const void* residual;   // add_rms_norm only (nullptr for rms_norm); same type as x
+  int64_t r_stride;
+  Elem type;              // of x, residual and both outputs
+  const void* weight;     // [H], contiguous
+  Elem w_type;
+  int64_t hidden;
+  float eps;
+  void* out;              // [T, H] contiguous: the normalised rows
+  void* sum;              // [T, H] contiguous: x + residual (add_rms_norm only)
+};
+
+// silu(x[:, :I]) * x[:, I:] over rows [begin, end).
+struct SiluArgs {
+  const void* x;          // [T, 2I], unit stride within a row
+  int64_t x_stride;
+  Elem type;              // of x and out
+  int64_t inter;          // I
+  void* out;              // [T, I] contiguous
+};
+
+// NeoX rotary of one of query / key: [T, heads, D] with arbitrary token and head strides.
+struct RotaryTensor {
+  const void* src;
+  int64_t token_stride;
+  int64_t head_stride;
+  Elem type;
+  int64_t heads;
+  void* dst;              // [T, heads, D] contiguous, same type
+};
+
+struct RotaryArgs {
+  const int64_t* positions;  // [T], already checked against the cache length
+  const void* cache;         // [max_pos, D]: cos halves then sin halves; row p at cache + p * cache_stride
+  int64_t cache_stride;
+  Elem cache_type;
+  int64_t head_size;         // D (even)
+  RotaryTensor q, k;
+};
+
+// Linear layers read weights packed once at load into panels of 16 output features:
+// packed [ceil(N / 16), K, 16], panel p row k = features 16p .. 16p+15 at input k, zero past N.
+// fp32 and fp16 panels hold the 16 features in order. bf16 panels interleave the two halves, so
+// one 32-bit word holds features j (low 16 bits) and 8 + j (high): shifting a word left by 16 gives
+// feature j in fp32 and masking off its low half gives feature 8 + j, with no shuffles.
+constexpr int kPanel = 16;
+
+struct LinearArgs {
+  const float* x;         // [M, K] fp32, row stride ldx
+  int64_t ldx;
+  int64_t rows;           // M
+  int64_t in_features;    // K
+  const void* w;          // packed panels
+  Elem w_type;
+  const float* bias;      // [N] fp32 or nullptr
+  int64_t out_features;   // N
+  void* out;              // [M, N] contiguous
+  Elem out_type;
+};
+
+using RmsFn = void (*)(const RmsArgs&, int64_t begin, int64_t end);
+using SiluFn = void (*)(const SiluArgs&, int64_t begin, int64_t end);
+using RotaryFn = void (*)(const RotaryArgs&, int64_t begin, int64_t end);
+using LinearFn = void (*)(const LinearArgs&, int64_t panel_begin, int64_t panel_end);
+
+// One instruction-set variant of the layer kernels.
+struct FusedKernels {
+  const char* name;
+  RmsFn rms_norm;        // also add_rms_norm (RmsArgs::residual set)
+  SiluFn silu_and_mul;
+  RotaryFn rotary;
+  LinearFn linear;
+};
+
+const FusedKernels* scalar_fused_kernels();
+const FusedKernels* avx2_fused_kernels();  // nullptr when not built (non-x86 or not GCC)
+
+}  // namespace paged_cpu

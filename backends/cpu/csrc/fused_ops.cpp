@@ -1,0 +1,227 @@
+// paged_cpu layer ops (rms_norm, add_rms_norm, silu_and_mul, rotary, pack_linear, linear): checks,
+// new outputs, and the split over torch's threads; the arithmetic is in the per-ISA fused kernels.
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "fused_api.h"
+#include "ops.h"
+
+namespace paged_cpu {
+namespace {
+
+// Elements one thread should have before a call forks: below this (one decode token's row, a few
+// rows) the fork and join of torch's thread pool costs more than the work.
+constexpr int64_t kParallelElems = 32768;
+
+int64_t row_grain(int64_t elems_per_row) {
+  return std::max<int64_t>(1, kParallelElems / std::max<int64_t>(1, elems_per_row));
+}
+
+Elem elem_of(const at::Tensor& t, const char* op, const char* what) {
+  switch (t.scalar_type()) {
+    case at::kFloat: return Elem::F32;
+    case at::kBFloat16: return Elem::BF16;
+    case at::kHalf: return Elem::F16;
+    default:
+      TORCH_CHECK(false, "paged_cpu.", op, ": ", what, " dtype ", t.scalar_type(),
+                  " not supported (supported: float32, bfloat16, float16)");
+  }
+}
+
+// The kernel variant follows the attention ISA switch: the portable build for `scalar`, else AVX2
+// (every CPU that runs the AVX-512 attention variants has AVX2, FMA and F16C).
+const FusedKernels& fused() {
+  static const FusedKernels* const avx2 = [] {
+#if defined(__x86_64__) && defined(__GNUC__)
+    __builtin_cpu_init();
+    const bool ok = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+    return ok ? avx2_fused_kernels() : nullptr;
+#else
+    return static_cast<const FusedKernels*>(nullptr);
+#endif
+  }();
+  if (avx2 != nullptr && std::strcmp(current_kernels().name, "scalar") != 0) return *avx2;
+  return *scalar_fused_kernels();
+}
+
+// The kernels read rows with unit stride along the last dimension and any stride between rows.
+at::Tensor unit_last(const at::Tensor& t) { return t.size(-1) <= 1 || t.stride(-1) == 1 ? t : t.contiguous(); }
+
+void check_rows(const at::Tensor& x, const char* op, const char* what) {
+  TORCH_CHECK(x.dim() == 2, "paged_cpu.", op, ": ", what, " must be 2-D [tokens, hidden], got shape ", x.sizes());
+}
+
+void check_weight(const at::Tensor& weight, int64_t hidden, const char* op) {
+  TORCH_CHECK(weight.dim() == 1 && weight.size(0) == hidden, "paged_cpu.", op, ": weight must be [", hidden,
+              "] (the hidden size of x), got shape ", weight.sizes());
+  elem_of(weight, op, "weight");
+}
+
+at::Tensor norm(const at::Tensor& x_in, const at::Tensor* residual_in, const at::Tensor& weight, double eps,
+                const char* op, at::Tensor* sum_out) {
+  check_rows(x_in, op, "x");
+  const int64_t tokens = x_in.size(0), hidden = x_in.size(1);
+  check_weight(weight, hidden, op);
+  RmsArgs a{};
+  const at::Tensor x = unit_last(x_in), w = weight.contiguous();
+  at::Tensor r;
+  a.type = elem_of(x, op, "x");
+  if (residual_in != nullptr) {
+    TORCH_CHECK(residual_in->sizes() == x_in.sizes(), "paged_cpu.", op, ": residual shape ", residual_in->sizes(),
+                " does not match x shape ", x_in.sizes());
+    TORCH_CHECK(residual_in->scalar_type() == x_in.scalar_type(), "paged_cpu.", op, ": residual dtype ",
+                residual_in->scalar_type(), " does not match x dtype ", x_in.scalar_type());
+    r = unit_last(*residual_in);
+    *sum_out = at::empty({tokens, hidden}, x.options());
+    a.residual = r.data_ptr();
+    a.r_stride = r.stride(0);
+    a.sum = sum_out->data_ptr();
+  }
+  at::Tensor out = at::empty({tokens, hidden}, x.options());
+  a.x = x.data_ptr();
+  a.x_stride = x.stride(0);
+  a.weight = w.data_ptr();
+  a.w_type = elem_of(w, op, "weight");
+  a.hidden = hidden;
+  a.eps = static_cast<float>(eps);
+  a.out = out.data_ptr();
+  const RmsFn fn = fused().rms_norm;
+  at::parallel_for(0, tokens, row_grain(hidden), [&](int64_t begin, int64_t end) { fn(a, begin, end); });
+  return out;
+}
+
+}  // namespace
+
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
+  return norm(x, nullptr, weight, eps, "rms_norm", nullptr);
+}
+
+std::tuple<at::Tensor, at::Tensor> add_rms_norm(const at::Tensor& x, const at::Tensor& residual,
+                                                const at::Tensor& weight, double eps) {
+  at::Tensor sum;
+  at::Tensor out = norm(x, &residual, weight, eps, "add_rms_norm", &sum);
+  return {out, sum};
+}
+
+at::Tensor silu_and_mul(const at::Tensor& x_in) {
+  check_rows(x_in, "silu_and_mul", "x");
+  TORCH_CHECK(x_in.size(1) % 2 == 0, "paged_cpu.silu_and_mul: the last dimension of x (gate then up) must be even, "
+              "got shape ", x_in.sizes());
+  const at::Tensor x = unit_last(x_in);
+  const int64_t tokens = x.size(0), inter = x.size(1) / 2;
+  at::Tensor out = at::empty({tokens, inter}, x.options());
+  SiluArgs a{x.data_ptr(), x.stride(0), elem_of(x, "silu_and_mul", "x"), inter, out.data_ptr()};
+  const SiluFn fn = fused().silu_and_mul;
+  at::parallel_for(0, tokens, row_grain(inter), [&](int64_t begin, int64_t end) { fn(a, begin, end); });
+  return out;
+}
+
+std::tuple<at::Tensor, at::Tensor> rotary(const at::Tensor& positions_in, const at::Tensor& query_in,
+                                          const at::Tensor& key_in, const at::Tensor& cache_in) {
+  const at::ScalarType pos_type = positions_in.scalar_type();
+  TORCH_CHECK(positions_in.dim() == 1 && (pos_type == at::kLong || pos_type == at::kInt),
+              "paged_cpu.rotary: positions must be a 1-D int64 or int32 tensor, got ", positions_in.scalar_type(),
+              " of shape ", positions_in.sizes());
+  TORCH_CHECK(query_in.dim() == 3 && key_in.dim() == 3, "paged_cpu.rotary: query and key must be 3-D [tokens, heads, "
+              "head_size], got shapes ", query_in.sizes(), " and ", key_in.sizes());
+  const int64_t tokens = positions_in.size(0), d = query_in.size(2);
+  TORCH_CHECK(query_in.size(0) == tokens && key_in.size(0) == tokens, "paged_cpu.rotary: query ", query_in.sizes(),
+              " and key ", key_in.sizes(), " must have one token per position (", tokens, ")");
+  TORCH_CHECK(key_in.size(2) == d && d % 2 == 0, "paged_cpu.rotary: query and key need the same even head_size, got ",
+              d, " and ", key_in.size(2));
+  TORCH_CHECK(cache_in.dim() == 2 && cache_in.size(1) == d, "paged_cpu.rotary: cos_sin_cache must be [max_position, ",
+              d, "] (cos halves then sin halves of the head size), got shape ", cache_in.sizes());
+  const at::Tensor positions = positions_in.to(at::kLong).contiguous();
+  const at::Tensor cache = unit_last(cache_in), q = unit_last(query_in), k = unit_last(key_in);
+  const int64_t* pos = positions.data_ptr<int64_t>();
+  const int64_t max_pos = cache.size(0);
+  for (int64_t t = 0; t < tokens; ++t)
+    TORCH_CHECK(pos[t] >= 0 && pos[t] < max_pos, "paged_cpu.rotary: positions[", t, "] = ", pos[t],
+                " is out of range for a cos_sin_cache of ", max_pos, " positions");
+  at::Tensor q_out = at::empty(q.sizes(), q.options()), k_out = at::empty(k.sizes(), k.options());
+  RotaryArgs a{};
+  a.positions = pos;
+  a.cache = cache.data_ptr();
+  a.cache_stride = cache.stride(0);
+  a.cache_type = elem_of(cache, "rotary", "cos_sin_cache");
+  a.head_size = d;
+  a.q = {q.data_ptr(), q.stride(0), q.stride(1), elem_of(q, "rotary", "query"), q.size(1), q_out.data_ptr()};
+  a.k = {k.data_ptr(), k.stride(0), k.stride(1), elem_of(k, "rotary", "key"), k.size(1), k_out.data_ptr()};
+  const RotaryFn fn = fused().rotary;
+  at::parallel_for(0, tokens, row_grain((q.size(1) + k.size(1)) * d), [&](int64_t begin, int64_t end) {
+    fn(a, begin, end);
+  });
+  return {q_out, k_out};
+}
+
+at::Tensor pack_linear(const at::Tensor& weight_in) {
+  TORCH_CHECK(weight_in.dim() == 2, "paged_cpu.pack_linear: weight must be 2-D [out_features, in_features], got shape ",
+              weight_in.sizes());
+  const Elem type = elem_of(weight_in, "pack_linear", "weight");
+  const at::Tensor w = weight_in.contiguous();
+  const int64_t n = w.size(0), k = w.size(1), panels = (n + kPanel - 1) / kPanel;
+  at::Tensor packed = at::zeros({panels, k, kPanel}, w.options());
+  const int64_t esize = w.element_size();
+  const auto* src = static_cast<const char*>(w.data_ptr());
+  auto* dst = static_cast<char*>(packed.data_ptr());
+  at::parallel_for(0, panels, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t p = begin; p < end; ++p)
+      for (int j = 0; j < kPanel && p * kPanel + j < n; ++j) {
+        // bf16 panels interleave features j and 8 + j in one 32-bit word (fused_api.h).
+        const int64_t slot = type == Elem::BF16 ? (j < 8 ? 2 * j : 2 * (j - 8) + 1) : j;
+        const char* row = src + (p * kPanel + j) * k * esize;
+        char* col = dst + (p * k * kPanel + slot) * esize;
+        for (int64_t i = 0; i < k; ++i) std::memcpy(col + i * kPanel * esize, row + i * esize, esize);
+      }
+  });
+  return packed;
+}
+
+at::Tensor linear(const at::Tensor& x_in, const at::Tensor& packed, const std::optional<at::Tensor>& bias,
+                  int64_t out_features) {
+  check_rows(x_in, "linear", "x");
+  TORCH_CHECK(packed.dim() == 3 && packed.size(2) == kPanel && packed.is_contiguous(),
+              "paged_cpu.linear: packed must be a contiguous [panels, in_features, ", kPanel,
+              "] tensor from pack_linear, got shape ", packed.sizes());
+  const int64_t rows = x_in.size(0), k = x_in.size(1), panels = packed.size(0);
+  TORCH_CHECK(packed.size(1) == k, "paged_cpu.linear: x has ", k, " features but the packed weight takes ",
+              packed.size(1), " (x shape ", x_in.sizes(), ")");
+  TORCH_CHECK(out_features > (panels - 1) * kPanel && out_features <= panels * kPanel,
+              "paged_cpu.linear: out_features ", out_features, " does not fit a packed weight of ", panels, " panels");
+  const Elem out_type = elem_of(x_in, "linear", "x");
+  at::Tensor b;
+  if (bias.has_value() && bias->defined()) {
+    TORCH_CHECK(bias->dim() == 1 && bias->size(0) == out_features, "paged_cpu.linear: bias must be [", out_features,
+                "], got shape ", bias->sizes());
+    elem_of(*bias, "linear", "bias");
+    b = bias->to(at::kFloat).contiguous();
+  }
+  at::Tensor x = x_in;
+  if (x.scalar_type() != at::kFloat || (k > 1 && x.stride(1) != 1))
+    x = at::empty({rows, k}, x_in.options().dtype(at::kFloat)).copy_(x_in);
+  at::Tensor out = at::empty({rows, out_features}, x_in.options());
+  LinearArgs a{};
+  a.x = x.data_ptr<float>();
+  a.ldx = x.stride(0);
+  a.rows = rows;
+  a.in_features = k;
+  a.w = packed.data_ptr();
+  a.w_type = elem_of(packed, "linear", "packed");
+  a.bias = b.defined() ? b.data_ptr<float>() : nullptr;
+  a.out_features = out_features;
+  a.out = out.data_ptr();
+  a.out_type = out_type;
+  const LinearFn fn = fused().linear;
+  // Work per panel: its weights, read once, and rows * k * 16 multiply-adds (16 per AVX2 pair of FMAs).
+  const int64_t per_panel = k * kPanel * std::max<int64_t>(1, (rows + 3) / 4);
+  if (rows > 0)
+    at::parallel_for(0, panels, std::max<int64_t>(1, 4 * kParallelElems / per_panel),
+                     [&](int64_t begin, int64_t end) { fn(a, begin, end); });
+  return out;
+}
+
+std::string fused_isa() { return fused().name; }
+
+}  // namespace paged_cpu

@@ -1,0 +1,98 @@
+"""CpuFusedOps: the engine's layer kernels (norms, activation, rotary, small-batch linear) as C++ ops.
+
+Every op is a ``torch.ops.paged_cpu`` custom operator with a fake implementation
+(:mod:`paged_backend_cpu.ops`), returns new tensors and computes in fp32 with one
+rounding to the input dtype at the end, like the reference it overrides.
+
+``linear`` uses the native kernel (packed weights, fp32 sums) where it was measured to beat
+``torch.nn.functional.linear`` (README, "Fused ops"): on a CPU whose best kernels are AVX2,
+for bf16 and fp16 weights at every row count measured (1 to 512: torch's half-precision
+matmul has no fast path there, the kernel is 3-9x faster), and for fp32 up to 16 rows (MKL's
+small-M sgemm is 1.2-4x slower there; from 32 rows on two threads MKL is faster, so torch
+keeps those). Elsewhere (CPUs with AVX-512, where torch's own paths were not measured
+against these kernels, or with no AVX2) every linear goes to torch on the original weight
+unless ``max_rows`` says otherwise.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from paged_backend_cpu import ops
+from paged_core.api import FusedOps, PackedLinear
+
+UNLIMITED = 1 << 62
+"""A ``max_rows`` that sends every row count to the native kernel."""
+
+KERNEL_MAX_ROWS: dict[str, dict[torch.dtype, int]] = {
+    "avx2": {torch.float32: 16, torch.bfloat16: UNLIMITED, torch.float16: UNLIMITED},
+}
+"""Measured defaults, by the best kernel variant of the CPU: the largest row count ``linear``
+sends to the native kernel, per weight dtype (a dtype or variant absent: torch's linear always)."""
+
+
+@dataclass(frozen=True)
+class CpuPackedWeight:
+    """What :meth:`CpuFusedOps.pack_linear` adds to a :class:`PackedLinear`: the weight in panels.
+
+    ``panels`` is ``[ceil(N / 16), K, 16]`` in the weight's dtype (a second copy of the weight,
+    kept beside the original that torch's linear reads above ``max_rows``).
+    """
+
+    panels: torch.Tensor
+    max_rows: int
+
+
+def default_max_rows() -> dict[torch.dtype, int]:
+    """:data:`KERNEL_MAX_ROWS` for this CPU's best kernel variant (empty where nothing was measured)."""
+    return dict(KERNEL_MAX_ROWS.get(ops.supported_isas()[0], {}))
+
+
+class CpuFusedOps(FusedOps):
+    """The reference's layer ops, overridden by the cpu backend's C++ kernels.
+
+    ``max_rows`` overrides :func:`default_max_rows` (per weight dtype; a dtype left out never
+    uses the native linear), for measurements and tests. It is read by :meth:`pack_linear`:
+    only weights packed for the native kernel carry the second copy.
+    """
+
+    name = "cpu"
+
+    def __init__(self, max_rows: dict[torch.dtype, int] | None = None) -> None:
+        self.max_rows = default_max_rows() if max_rows is None else dict(max_rows)
+
+    def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        """RMS normalisation of ``[T, H]`` over ``H``, times ``weight`` ``[H]``: one native pass."""
+        return ops.rms_norm(x, weight, eps)
+
+    def add_rms_norm(
+        self, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(rms_norm(x + residual), x + residual)`` in one native pass."""
+        return ops.add_rms_norm(x, residual, weight, eps)
+
+    def silu_and_mul(self, x: torch.Tensor) -> torch.Tensor:
+        """``silu(gate) * up`` of a merged gate/up projection ``[T, 2I]``."""
+        return ops.silu_and_mul(x)
+
+    def rotary(
+        self, positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor, cos_sin_cache: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """NeoX rotary of ``query`` and ``key`` at ``positions``; new contiguous ``(q, k)``."""
+        return ops.rotary(positions, query, key, cos_sin_cache)
+
+    def pack_linear(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> PackedLinear:
+        """Keep the weight, and for a dtype the native kernel serves, add a packed copy (same size again)."""
+        rows = self.max_rows.get(weight.dtype, 0)
+        if rows <= 0 or weight.dim() != 2 or weight.device.type != "cpu":
+            return PackedLinear(weight, bias)
+        return PackedLinear(weight, bias, CpuPackedWeight(ops.pack_linear(weight.detach()), rows))
+
+    def linear(self, x: torch.Tensor, packed: PackedLinear) -> torch.Tensor:
+        """``x @ weight.T + bias``: the native kernel for few rows of a packed weight, else torch's linear."""
+        p = packed.packed
+        if isinstance(p, CpuPackedWeight) and x.dim() == 2 and x.shape[0] <= p.max_rows:
+            return ops.linear(x, p.panels, packed.bias, packed.out_features)
+        return torch.nn.functional.linear(x, packed.weight, packed.bias)
