@@ -262,7 +262,7 @@ def test_linear_column_strided_and_converted_inputs(variant: str) -> None:
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_linear_switches_to_torch_above_max_rows(monkeypatch: pytest.MonkeyPatch, dtype: torch.dtype) -> None:
-    """Up to max_rows the native op runs, above it torch's linear on the original weight."""
+    """Up to max_rows the native op runs, above it torch's linear on the original weight (oneDNN off)."""
     calls: list[int] = []
     native = ops.linear
 
@@ -271,7 +271,7 @@ def test_linear_switches_to_torch_above_max_rows(monkeypatch: pytest.MonkeyPatch
         return native(x, *args)  # type: ignore[arg-type]
 
     monkeypatch.setattr(ops, "linear", spy)
-    cpu = CpuFusedOps({dtype: 8})
+    cpu = CpuFusedOps({dtype: 8}, onednn=False)
     w = rand(64, 32, dtype=dtype, seed=1)
     b = rand(64, dtype=dtype, seed=2)
     packed = cpu.pack_linear(w, b)
@@ -288,7 +288,7 @@ def test_linear_switches_to_torch_above_max_rows(monkeypatch: pytest.MonkeyPatch
 
 def test_linear_without_a_packed_copy_is_torchs() -> None:
     """A dtype with no kernel configured is not packed (no second copy), and so is a reference PackedLinear."""
-    cpu = CpuFusedOps({torch.bfloat16: 16})
+    cpu = CpuFusedOps({torch.bfloat16: 16}, onednn=False)
     w = rand(32, 16, dtype=torch.float32, seed=1)
     packed = cpu.pack_linear(w)
     assert packed.packed is None
@@ -455,3 +455,19 @@ BAD_CALLS: list[tuple[Callable[[], object], str]] = [
 def test_bad_input_is_refused_with_a_message_naming_it(call: Callable[[], object], message: str) -> None:
     with pytest.raises(RuntimeError, match=message):
         call()
+
+
+def test_linear_above_max_rows_uses_the_prepacked_onednn_weight_where_supported() -> None:
+    """fp32 batches past the native kernel's rows run oneDNN on a weight reordered once at load."""
+    cpu = CpuFusedOps({torch.float32: 8})
+    wide = rand(48, 100, dtype=torch.float32, seed=3)
+    w = wide[:, 10:74].t()  # a strided [64, 48] view: packing must not read past it
+    b = rand(64, dtype=torch.float32, seed=4)
+    packed = cpu.pack_linear(w, b)
+    assert packed.packed is not None
+    if packed.packed.onednn is None:
+        pytest.skip("this torch build or CPU has no fp32 oneDNN linear")
+    for rows in (9, 40, 300):
+        x = rand(rows, 48, dtype=torch.float32, seed=rows)
+        got = cpu.linear(x, packed)
+        assert_matches(got, oracle_linear(x, w, b), exact_share=0.0, atol=sum_error(x, w))
