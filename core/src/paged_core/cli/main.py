@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from types import ModuleType
 
 import paged_core.cli as cli_package
+from paged_core.cli import runtime
 from paged_core.errors import PagedError
 
 
@@ -51,7 +52,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the CLI; returns the exit status instead of exiting (the console script exits with it)."""
+    """Run the CLI; returns the exit status instead of exiting (the console script exits with it).
+
+    Started from the command line (``argv`` None), the heavy subcommands first re-execute the
+    process with tcmalloc and Intel OpenMP preloaded (:mod:`paged_core.cli.runtime`;
+    ``PAGED_RUNTIME=0`` turns that off).
+    """
+    if argv is None:
+        runtime.maybe_reexec()
     parser = build_parser()
     try:
         args = parser.parse_args(argv)
