@@ -64,7 +64,10 @@ def _onednn_weight(weight: torch.Tensor) -> torch.Tensor | None:
     Measured on the AVX2 development machine (fp32, 2 threads, README "Fused ops"): 1.1-2.5x
     torch's MKL linear from 32 to 1024 rows. For bf16, oneDNN needs AVX-512 (it refuses here).
     """
-    if not torch.backends.mkldnn.is_available() or weight.dtype not in (torch.float32, torch.bfloat16):
+    if not torch.backends.mkldnn.is_available() or weight.dtype not in (  # type: ignore[no-untyped-call]
+        torch.float32,
+        torch.bfloat16,
+    ):
         return None
     try:
         packed: torch.Tensor = torch.ops.mkldnn._reorder_linear_weight(weight.detach().contiguous(), ONEDNN_BATCH_HINT)
