@@ -42,6 +42,9 @@ class FakeEngine:
         self.pool = SimpleNamespace(usage=0.0, num_free_blocks=10, num_usable_blocks=10)
         self.scheduler = SimpleNamespace(max_len=max_len, kv=SimpleNamespace(pool=self.pool, stats=PrefixCacheStats()),
                                          num_running=0, num_waiting=0, num_preemptions=0)  # fmt: skip
+        from paged_core.engine.executors import StepStats
+
+        self.runner = SimpleNamespace(executor=SimpleNamespace(mode="eager", stats=StepStats()))
         self.groups: dict[str, dict[str, Any]] = {}
         self.fail_next_step = False
         self.aborted: list[str] = []
