@@ -8,7 +8,7 @@ from typing import Any
 import torch
 
 from paged_core.contract.backend import AttentionBackend
-from paged_core.contract.capabilities import AttentionSpec
+from paged_core.contract.capabilities import AttentionSpec, GraphSupport
 from paged_core.contract.fused_ops import FusedOps, PackedLinear
 from paged_core.contract.metadata import AttentionMetadata
 from paged_core.engine.fused.families import fused_refusal
@@ -80,6 +80,10 @@ class FusedDecoder:
             raise UnsupportedConfigError(f"the fused decoder cannot run this model: {reason}")
         self.backend = backend
         self.ops = backend.fused_ops()
+        # A backend that declares no graph capture may read metadata on the host (the reference does):
+        # under torch.compile its attention runs between compiled pieces instead of being traced.
+        capturable = type(backend).capabilities().graph_support != GraphSupport.NEVER
+        self._attend = backend.forward if capturable else torch.compiler.disable(backend.forward)  # type: ignore[no-untyped-call]
         self.specs = specs
         inner = model.model
         self.embed = inner.embed_tokens.weight.detach()
@@ -118,7 +122,7 @@ class FusedDecoder:
         logits_indices: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Logits ``[K, V]`` of the tokens at ``logits_indices`` (every token when ``None``)."""
-        ops, backend = self.ops, self.backend
+        ops = self.ops
         hidden = torch.nn.functional.embedding(input_ids, self.embed)
         residual: torch.Tensor | None = None
         tokens = hidden.shape[0]
@@ -137,7 +141,7 @@ class FusedDecoder:
                 q = ops.rms_norm(q.reshape(-1, spec.head_size), layer.q_norm, layer.qk_eps).view_as(q)
                 k = ops.rms_norm(k.reshape(-1, spec.head_size), layer.k_norm, layer.qk_eps).view_as(k)
             q, k = ops.rotary(positions, q, k, self.cos_sin)
-            attn = backend.forward(q, k, v, kv_caches[i], metadata, spec)
+            attn = self._attend(q, k, v, kv_caches[i], metadata, spec)
             hidden = ops.linear(attn.reshape(tokens, q_size), layer.o)
             x, residual = ops.add_rms_norm(hidden, residual, layer.post_norm, layer.post_eps)
             hidden = ops.linear(ops.silu_and_mul(ops.linear(x, layer.gate_up)), layer.down)
