@@ -133,7 +133,9 @@ class CpuFusedOps(FusedOps):
         if isinstance(p, CpuPackedWeight) and x.dim() == 2:
             if p.panels is not None and x.shape[0] <= p.max_rows:
                 return ops.linear(x, p.panels, packed.bias, packed.out_features)
-            if p.onednn is not None and x.dtype == packed.weight.dtype:
+            # Inductor cannot lower oneDNN's call on an opaque reordered weight; under compile torch's
+            # linear on the original weight lets it pick its own GEMM.
+            if p.onednn is not None and x.dtype == packed.weight.dtype and not torch.compiler.is_compiling():
                 out: torch.Tensor = torch.ops.mkldnn._linear_pointwise(x.contiguous(), p.onednn, p.bias,
                                                                       "none", [], "")  # fmt: skip
                 return out

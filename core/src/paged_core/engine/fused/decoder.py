@@ -83,7 +83,9 @@ class FusedDecoder:
         # A backend that declares no graph capture may read metadata on the host (the reference does):
         # under torch.compile its attention runs between compiled pieces instead of being traced.
         capturable = type(backend).capabilities().graph_support != GraphSupport.NEVER
-        self._attend = backend.forward if capturable else torch.compiler.disable(backend.forward)  # type: ignore[no-untyped-call]
+        self._traced_attend = (
+            backend.forward if capturable else torch.compiler.disable(backend.forward)  # type: ignore[no-untyped-call]
+        )
         self.specs = specs
         inner = model.model
         self.embed = inner.embed_tokens.weight.detach()
@@ -141,7 +143,8 @@ class FusedDecoder:
                 q = ops.rms_norm(q.reshape(-1, spec.head_size), layer.q_norm, layer.qk_eps).view_as(q)
                 k = ops.rms_norm(k.reshape(-1, spec.head_size), layer.k_norm, layer.qk_eps).view_as(k)
             q, k = ops.rotary(positions, q, k, self.cos_sin)
-            attn = self._attend(q, k, v, kv_caches[i], metadata, spec)
+            attend = self._traced_attend if torch.compiler.is_compiling() else self.backend.forward
+            attn = attend(q, k, v, kv_caches[i], metadata, spec)
             hidden = ops.linear(attn.reshape(tokens, q_size), layer.o)
             x, residual = ops.add_rms_norm(hidden, residual, layer.post_norm, layer.post_eps)
             hidden = ops.linear(ops.silu_and_mul(ops.linear(x, layer.gate_up)), layer.down)
