@@ -56,6 +56,8 @@ class CpuPackedWeight:
 
 ONEDNN_BATCH_HINT = 256
 """The batch size oneDNN's weight layout is chosen for (prefill chunks and large decode batches)."""
+ONEDNN_MIN_ROWS = 17
+"""Fewer rows never go to oneDNN's packed path (it measured far slower than torch's linear at 1-16 rows)."""
 
 
 def _onednn_weight(weight: torch.Tensor) -> torch.Tensor | None:
@@ -135,7 +137,8 @@ class CpuFusedOps(FusedOps):
                 return ops.linear(x, p.panels, packed.bias, packed.out_features)
             # Inductor cannot lower oneDNN's call on an opaque reordered weight; under compile torch's
             # linear on the original weight lets it pick its own GEMM.
-            if p.onednn is not None and x.dtype == packed.weight.dtype and not torch.compiler.is_compiling():
+            if (p.onednn is not None and x.shape[0] >= ONEDNN_MIN_ROWS and x.dtype == packed.weight.dtype
+                    and not torch.compiler.is_compiling()):  # fmt: skip
                 out: torch.Tensor = torch.ops.mkldnn._linear_pointwise(x.contiguous(), p.onednn, p.bias,
                                                                       "none", [], "")  # fmt: skip
                 return out
