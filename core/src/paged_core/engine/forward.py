@@ -1,6 +1,7 @@
 """The two model paths a step can take: the fused decoder, or transformers' own modules.
 
-Both are callables ``(metadata, input_ids, positions, kv_caches, logits_indices) -> logits``
+Both (:class:`TransformersForward` and :class:`~paged_core.engine.fused.FusedDecoder`) have
+``forward(metadata, input_ids, positions, kv_caches, logits_indices) -> logits``
 (every token's logits when ``logits_indices`` is ``None``). ``model_impl`` chooses:
 ``fused`` (refused, with the reason, for a model the fused decoder does not know),
 ``transformers``, or ``auto`` (fused when it can, else transformers).
@@ -70,27 +71,6 @@ class TransformersForward:
         return logits
 
 
-class FusedForward:
-    """The fused decoder (:mod:`paged_core.engine.fused`) behind the same call as :class:`TransformersForward`."""
-
-    name = "fused"
-
-    def __init__(self, decoder: FusedDecoder) -> None:
-        self.decoder = decoder
-        self.shared = decoder.shared
-        """Per-decoder state engines on these weights share (the compiled step)."""
-
-    def forward(
-        self,
-        metadata: AttentionMetadata,
-        input_ids: torch.Tensor,
-        positions: torch.Tensor,
-        kv_caches: list[torch.Tensor],
-        logits_indices: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        return self.decoder.forward(metadata, input_ids, positions, kv_caches, logits_indices)
-
-
 def make_forward(
     model_impl: str,
     model: Any,
@@ -117,4 +97,4 @@ def make_forward(
         decoder = FusedDecoder(model, backend, specs, max_positions)
         cache[key] = decoder
     log.info("model path: fused decoder (ops: %s)", decoder.ops.name)
-    return FusedForward(decoder)
+    return decoder

@@ -69,8 +69,11 @@ class FusedDecoder:
     Built once at load from the transformers model (which keeps working: its
     q/k/v and gate/up weights become views of the merged ones). The kernels
     come from ``backend.fused_ops()``; attention is the backend's paged
-    attention, as on the transformers path.
+    attention, as on the transformers path. It is the ``fused`` model path
+    (:class:`~paged_core.engine.forward.ModelForward`).
     """
+
+    name = "fused"
 
     def __init__(
         self, model: Any, backend: AttentionBackend, specs: list[AttentionSpec], max_positions: int
