@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from tqdm.auto import tqdm
 
 from paged_core.contract.backend import AttentionBackend
 from paged_core.contract.capabilities import GraphSupport
@@ -37,7 +38,6 @@ from paged_core.graph import DeviceGraphStrategy, GraphRunner, StaticInput, capt
 from paged_core.graph.device_strategy import graph_module
 
 log = logging.getLogger("paged.engine")
-
 
 
 @dataclass
@@ -148,7 +148,9 @@ class CompiledExecutor(StepExecutor):
         start = time.perf_counter()
         if self.compile_cache is not None:
             self.compile_cache.activate()
-        for lens in ([1], [1, 3]):
+        # A decode-only and a mixed batch: with a dynamic token dimension these two compiles serve every size.
+        shapes = ([1], [1, 3])
+        for lens in tqdm(shapes, desc="compiling the step (torch.compile)", unit="shape", disable=None, leave=False):
             self._call(_padding_batch(lens, self.block_size, self.backend.device))
         if self.compile_cache is not None:
             self.compile_cache.seal()
@@ -191,7 +193,9 @@ class DeviceGraphExecutor(StepExecutor):
 
     def warm_up(self) -> None:
         start = time.perf_counter()
-        self.graphs.capture_all()
+        sizes = self.graphs.sizes
+        with tqdm(total=len(sizes), desc="capturing device graphs", unit="graph", disable=None, leave=False) as bar:
+            self.graphs.capture_all(on_captured=lambda n: bar.update(1))
         self.stats.warmup_seconds = time.perf_counter() - start
         log.info("captured %d device graphs (sizes %s) in %.1f s", len(self.graphs.sizes),
                  self.graphs.sizes, self.stats.warmup_seconds)  # fmt: skip

@@ -87,8 +87,11 @@ class GraphRunner:
         self.stats = GraphStats()
         self._static_metadata: dict[int, AttentionMetadata] = {}
 
-    def capture_all(self) -> None:
-        """Warm up and capture every size, largest first (so smaller graphs can reuse its pool memory)."""
+    def capture_all(self, on_captured: Callable[[int], None] | None = None) -> None:
+        """Warm up and capture every size, largest first (so smaller graphs can reuse its pool memory).
+
+        ``on_captured(n)`` is called after each size (a progress bar hangs there).
+        """
         if self.support == GraphSupport.NEVER:
             return
         for n in reversed(self.sizes):
@@ -102,6 +105,8 @@ class GraphRunner:
                 fn(*args)
             self.strategy.capture(n, fn, args)
             self._static_metadata[n] = metadata
+            if on_captured is not None:
+                on_captured(n)
 
     def run(self, metadata: AttentionMetadata, **inputs: torch.Tensor) -> torch.Tensor:
         """One step: replay the graph of the padded size if admitted, else call the step eagerly.
