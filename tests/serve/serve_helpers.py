@@ -49,16 +49,20 @@ def free_socket() -> socket.socket:
 
 
 class ServerThread:
-    """Serves ``app`` with uvicorn on a background thread; ``url`` is its base address."""
+    """Serves ``app`` with uvicorn on a background thread; ``url`` is its base address.
 
-    def __init__(self, app: Any) -> None:
+    ``uvicorn_options`` override the ``uvicorn.Config`` keywords below (e.g. the connection timeouts).
+    """
+
+    def __init__(self, app: Any, **uvicorn_options: Any) -> None:
         import uvicorn
 
         self.sock = free_socket()
         self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
         # A long keep-alive: on a busy machine a pooled connection idle past uvicorn's default 5 s can be closed
         # by the server just as the client reuses it, which would read as a spurious connection error.
-        config = uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=2, timeout_keep_alive=60)
+        options = {"log_level": "warning", "timeout_graceful_shutdown": 2, "timeout_keep_alive": 60, **uvicorn_options}
+        config = uvicorn.Config(app, **options)
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
 

@@ -41,6 +41,7 @@ class FakeEngine:
         self.loaded = SimpleNamespace(model=SimpleNamespace(config=config), source=SimpleNamespace(name="fake"))
         self.pool = SimpleNamespace(usage=0.0, num_free_blocks=10, num_usable_blocks=10)
         self.scheduler = SimpleNamespace(max_len=max_len, kv=SimpleNamespace(pool=self.pool, stats=PrefixCacheStats()),
+                                         config=SimpleNamespace(max_num_seqs=256),
                                          num_running=0, num_waiting=0, num_preemptions=0)  # fmt: skip
         from paged_core.engine.executors import StepStats
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import random
 
 import pytest
 from hypothesis import given, settings
@@ -109,3 +110,64 @@ def test_any_chunking_gives_the_character_stream_result(
     for piece in emitted:
         shown += piece
         assert reference(text, tuple(stops), include)[0].startswith(shown)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    text=st.text(alphabet="ab", max_size=40),
+    stops=st.lists(st.text(alphabet="ab", min_size=1, max_size=6), min_size=1, max_size=12),
+    cuts=st.lists(st.integers(min_value=0, max_value=40), max_size=12),
+    include=st.booleans(),
+)
+def test_many_overlapping_stops_give_the_character_stream_result(
+    text: str, stops: list[str], cuts: list[int], include: bool
+) -> None:
+    # A two-letter alphabet makes stop strings prefixes and suffixes of one another: the automaton's hard cases.
+    bounds = sorted({0, len(text), *(c for c in cuts if c <= len(text))})
+    deltas = [text[a:b] for a, b in itertools.pairwise(bounds)]
+    checker = StopStringChecker(tuple(stops), include)
+    emitted, matched = feed_all(checker, deltas)
+    assert ("".join(emitted), matched) == reference(text, tuple(stops), include)
+    assert len(checker.held) <= max(len(s) for s in stops) - 1
+
+
+def _never_matching_stops(count: int, rng: random.Random) -> tuple[str, ...]:
+    """``count`` distinct stop strings whose prefixes keep matching text over "abcd" but which never complete."""
+    stops: set[str] = set()
+    while len(stops) < count:
+        stops.add("".join(rng.choice("abcd") for _ in range(rng.randint(3, 9))) + "e")
+    return tuple(sorted(stops))
+
+
+def test_matching_cost_does_not_grow_with_the_number_of_stop_strings() -> None:
+    rng = random.Random(0)
+    text = "".join(rng.choice("abcd") for _ in range(3000))
+    deltas, i = [], 0
+    while i < len(text):
+        step = rng.randint(1, 6)
+        deltas.append(text[i : i + step])
+        i += step
+    steps = {}
+    for count in (10, 10_000):
+        stops = _never_matching_stops(count, rng)
+        checker = StopStringChecker(stops)
+        emitted, matched = feed_all(checker, deltas)
+        assert matched is None and "".join(emitted) == text
+        # Aho-Corasick: at most two transitions per character fed, whatever the number of stop strings.
+        assert checker.steps <= 2 * len(text)
+        steps[count] = checker.steps
+    assert steps[10] >= len(text)  # every character costs at least one transition
+    # A thousand times more stop strings: deeper partial matches, but the same bound on the work.
+    assert steps[10_000] <= 2 * steps[10]
+
+
+def test_many_stops_find_the_first_completion() -> None:
+    rng = random.Random(1)
+    stops = _never_matching_stops(10_000, rng)
+    target = stops[1234]
+    text = "".join(rng.choice("abcd") for _ in range(500)) + target + "dd" + stops[99]
+    checker = StopStringChecker(stops)
+    emitted, matched = feed_all(checker, [text[i : i + 4] for i in range(0, len(text), 4)])
+    assert ("".join(emitted), matched) == reference(text, stops, False)
+    # The text's first "e" ends the target: whichever stop matched (the longest ending there) ends there too.
+    assert matched is not None and "".join(emitted) + matched == text[: text.index(target) + len(target)]

@@ -29,6 +29,17 @@ def register(subparsers: Any) -> None:
     g.add_argument("--max-body-bytes", type=int, default=4 << 20, help="largest request body (default 4 MiB)")
     g.add_argument("--max-tokens-limit", type=int, default=None, help="cap on max_tokens (default: context length)")
     g.add_argument("--max-n", type=int, default=16, help="cap on n (default 16)")
+    g.add_argument("--max-queued-requests", type=int, default=256,
+                   help="sequences admitted beyond --max-num-seqs before answering 429 (default 256)")  # fmt: skip
+    g.add_argument("--idle-timeout", type=float, default=5.0,
+                   help="seconds a connection may sit idle between requests (default 5)")  # fmt: skip
+    g.add_argument("--header-timeout", type=float, default=10.0,
+                   help="seconds a request's headers may take to arrive (default 10)")  # fmt: skip
+    g.add_argument("--body-timeout", type=float, default=30.0,
+                   help="seconds a request's body may take to arrive (default 30)")  # fmt: skip
+    g.add_argument("--allow-special-tokens-in-content", action="store_true",
+                   help="let chat message content contain control-token text such as <|im_start|> (default: refused, "
+                   "so a user cannot forge a system turn)")  # fmt: skip
     g.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"))
     add_engine_args(parser)
     parser.set_defaults(func=run)
@@ -48,7 +59,9 @@ def run(args: argparse.Namespace) -> int:
     config = ServeConfig(
         host=args.host, port=args.port, api_key=args.api_key, served_model_name=args.served_model_name,
         max_body_bytes=args.max_body_bytes, max_tokens_limit=args.max_tokens_limit, max_n=args.max_n,
-        log_level=args.log_level,
+        allow_special_tokens_in_content=args.allow_special_tokens_in_content,
+        log_level=args.log_level, max_queued_requests=args.max_queued_requests, idle_timeout=args.idle_timeout,
+        header_timeout=args.header_timeout, body_timeout=args.body_timeout,
     )  # fmt: skip
     run_server(engine_config_from(args), config)
     return 0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import logging
 import time
 from collections.abc import Sequence as Seq
 from typing import Any
@@ -14,11 +15,14 @@ from paged_core.engine.config import EngineConfig
 from paged_core.engine.outputs import RequestOutput
 from paged_core.engine.sequence import RequestGroup, Sequence
 from paged_core.errors import RequestRejectedError
+from paged_core.sampling.isolate import sample_isolated
 from paged_core.sampling.logprobs import TokenLogprobs
-from paged_core.sampling.params import SamplingParams
+from paged_core.sampling.params import INT64_MAX, INT64_MIN, SamplingParams
 from paged_core.sampling.sampler import Sampler
 from paged_core.sched.output import SchedulerOutput
 from paged_core.sched.request import Request, RequestStatus
+
+log = logging.getLogger("paged.engine")
 
 _FINISH = {RequestStatus.FINISHED_STOPPED: "stop", RequestStatus.FINISHED_LENGTH: "length",
            RequestStatus.FINISHED_ABORTED: "abort"}  # fmt: skip
@@ -31,6 +35,11 @@ class LLMEngine:
     schedules a token budget across requests (chunked prefill, prefix hits
     and decodes alike), runs the model once, samples, and returns the
     outputs of every request that progressed.
+
+    No request can fail another: request data is bounded at admission (see
+    :meth:`add_request`), a row the sampler still cannot serve ends alone,
+    and a step that fails as a whole ends only the requests it was running.
+    :attr:`failed` names the requests the last step ended on an error.
     """
 
     def __init__(self, config: EngineConfig | None = None, loaded: LoadedModel | None = None) -> None:
@@ -43,6 +52,9 @@ class LLMEngine:
         self.sampler = Sampler(seed=self.config.seed)
         self.groups: dict[str, RequestGroup] = {}
         self.seqs: dict[str, Sequence] = {}
+        self.vocab_size = int(self.loaded.model.config.get_text_config().vocab_size)
+        self.failed: dict[str, str] = {}
+        """Request id -> why, for the requests the last :meth:`step` ended on an error (reset by each step)."""
         self._ids = itertools.count()
         torch.manual_seed(self.config.seed)
 
@@ -57,7 +69,7 @@ class LLMEngine:
             ids = list(self.tokenizer.encode(prompt, add_special_tokens=True))
         else:
             ids = list(prompt)
-            vocab = int(self.loaded.model.config.get_text_config().vocab_size)
+            vocab = self.vocab_size
             bad = [t for t in ids if not isinstance(t, int) or isinstance(t, bool) or not 0 <= t < vocab]
             if bad:
                 raise RequestRejectedError(f"{field}: token ids must be ints in [0, {vocab}); got {bad[:5]!r}")
@@ -74,11 +86,21 @@ class LLMEngine:
         cache_salt: str | None = None,
         priority: int = 0,
     ) -> str:
-        """Queue a request; returns its id. Raises :class:`RequestRejectedError` naming what is wrong."""
+        """Queue a request; returns its id. Raises :class:`RequestRejectedError` naming what is wrong.
+
+        Everything a step will compute with is bounded here, so no request can
+        make a step fail: ``params`` are checked against the vocabulary (stop
+        token ids inside it; a ``top_k`` above it is clamped to it, which keeps
+        the same tokens) and ``priority`` must fit int64.
+        """
         params = params or SamplingParams()
         rid = request_id if request_id is not None else f"req-{next(self._ids)}"
         if rid in self.groups:
             raise RequestRejectedError(f"request id {rid!r} is already in use")
+        if not isinstance(priority, int) or isinstance(priority, bool) or not INT64_MIN <= priority <= INT64_MAX:
+            shown = priority if isinstance(priority, int) and abs(priority) < 10**40 else type(priority).__name__
+            raise RequestRejectedError(f"priority must be an int in [-2**63, 2**63 - 1]; got {shown!r}")
+        params = params.for_vocabulary(self.vocab_size)
         ids = self.tokenize(prompt)
         group = RequestGroup(rid, prompt if isinstance(prompt, str) else None, ids, params,
                              self.loaded.eos_token_ids, self.tokenizer, cache_salt, priority)  # fmt: skip
@@ -116,18 +138,47 @@ class LLMEngine:
 
     # ---- one step -----------------------------------------------------
     def step(self) -> list[RequestOutput]:
-        """Run one scheduler step; returns the outputs of requests that produced tokens or finished."""
+        """Run one scheduler step; returns the outputs of requests that produced tokens or finished.
+
+        A request whose row the sampler cannot serve ends alone: it comes back
+        finished with ``error`` set, and is named in :attr:`failed`, while the
+        other rows get their tokens. If the step fails as a whole (the model
+        forward, say), the requests it was running are ended, freed and named
+        in :attr:`failed`, and the error is raised; the waiting requests and
+        the engine are untouched, so the caller may step on.
+        """
+        self.failed = {}
         out = self.scheduler.schedule()
+        # Taken before the step runs: a request that finishes mid-step must still be reported if the step fails.
+        seqs = self.seqs
+        scheduled = dict.fromkeys(
+            seq.group.request_id for sid in out.num_scheduled_tokens if (seq := seqs.get(sid)) is not None
+        )
+        try:
+            return self._run(out)
+        except Exception as exc:
+            # The caller logs the step's error; the requests only learn that their step failed.
+            self._fail(dict.fromkeys(scheduled, f"the engine step running this request failed ({type(exc).__name__})"))
+            raise
+
+    def _run(self, out: SchedulerOutput) -> list[RequestOutput]:
         req_ids, logits = self.runner.execute(out)
         sampled: dict[str, list[int]] = {}
         logprobs: dict[str, list[dict[int, float]] | None] = {}
         forks: list[tuple[Sequence, list[int], list[Any]]] = []
+        failures: dict[str, str] = {}
         if logits is not None and req_ids:
             seqs = [self.seqs[rid] for rid in req_ids]
             # A request with n > 1 draws all n first tokens from its one shared prefill.
             counts = [1 if s.group.forked else s.group.params.n for s in seqs]
-            result = self.sampler.sample(logits, [s.state for s in seqs], counts)
+            result, errors = sample_isolated(self.sampler, logits, [s.state for s in seqs], counts)
+            for i, exc in errors.items():
+                rid = seqs[i].group.request_id
+                log.error("request %s: sampling its row failed; ending it alone", rid, exc_info=exc)
+                failures[rid] = f"sampling failed for this request ({type(exc).__name__})"
             for seq, toks, lps in zip(seqs, result.token_ids, result.logprobs, strict=True):
+                if failures and seq.group.request_id in failures:
+                    continue
                 sampled[seq.seq_id] = toks[:1]
                 logprobs[seq.seq_id] = [_as_dict(lps[0])] if lps is not None else None
                 if len(toks) > 1:
@@ -136,10 +187,28 @@ class LLMEngine:
                     for j in range(1, len(toks)):
                         group.add_child(j, seq.state.fork(j))
                     forks.append((seq, toks[1:], [_as_dict(x) for x in lps[1:]] if lps is not None else []))
+        # Failed requests leave the scheduler first, so the update below skips them.
+        ended = self._fail(failures) if failures else []
         touched = self._apply(out, sampled, logprobs)
         for parent, toks, lps in forks:
             touched.update(self._fork(parent, toks, lps))
-        return [self._emit(rid) for rid in touched if rid in self.groups]
+        return ended + [self._emit(rid) for rid in touched if rid in self.groups]
+
+    def _fail(self, failures: dict[str, str]) -> list[RequestOutput]:
+        """End these requests on an error: blocks freed, named in :attr:`failed`, a finished output with ``error``."""
+        ended = []
+        for rid, message in failures.items():
+            self.failed[rid] = message
+            group = self.groups.get(rid)
+            if group is None:
+                continue  # finished earlier in the failed step; its output was lost with the step
+            self.abort_request([rid])
+            if group.metrics.finished_time is None:
+                group.metrics.finished_time = time.monotonic()
+            ended.append(
+                RequestOutput(rid, group.prompt, group.prompt_token_ids, [], True, group.metrics, error=message)
+            )
+        return ended
 
     def _apply(
         self, out: SchedulerOutput, sampled: dict[str, list[int]], logprobs: dict[str, list[dict[int, float]] | None]

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import cast
 
@@ -13,45 +14,98 @@ from paged_core.errors import RequestRejectedError
 # near-zero temperature only overflows, and the distribution is a one-hot anyway.
 GREEDY_EPSILON = 1e-5
 MAX_LOGPROBS = 20
+# Integer fields end up in int64 tensors or C++ code; anything outside int64 is refused at construction.
+INT64_MIN = -(2**63)
+INT64_MAX = 2**63 - 1
+# Stop strings are matched on every token of every sequence: their count and size are capped.
+MAX_STOP_STRINGS = 64
+MAX_STOP_CHARS = 4096
+"""Total characters over all of a request's stop strings."""
+MAX_STOP_TOKEN_IDS = 4096
+# Values echoed in errors are cut to this many characters (a hostile value can be megabytes).
+_MAX_ECHO = 120
+
+
+def _brief(value: object) -> str:
+    try:
+        text = repr(value)
+    except ValueError:  # an int past sys.get_int_max_str_digits() (4300 digits) has no repr
+        return f"<{type(value).__name__} too large to show>"
+    return text if len(text) <= _MAX_ECHO else f"{text[:_MAX_ECHO]}... ({len(text)} characters)"
 
 
 def _reject(name: str, value: object, accepted: str) -> RequestRejectedError:
-    return RequestRejectedError(f"SamplingParams.{name} must be {accepted}; got {value!r}")
+    return RequestRejectedError(f"SamplingParams.{name} must be {accepted}; got {_brief(value)}")
 
 
 def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _is_real(value: object) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+def _as_float(value: object) -> float | None:
+    """``value`` as a finite float, or None (not a number, a bool, or too large: ``float(10**400)`` overflows)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    try:
+        number = float(value)
+    except OverflowError:
+        return None
+    return number if math.isfinite(number) else None
 
 
-def _check_int(name: str, value: object, low: int, high: int | None = None) -> None:
-    if not _is_int(value) or cast(int, value) < low or (high is not None and cast(int, value) > high):
-        accepted = f"an int >= {low}" if high is None else f"an int in [{low}, {high}]"
+def _check_int(name: str, value: object, low: int, high: int = INT64_MAX) -> None:
+    if not _is_int(value) or not low <= cast(int, value) <= high:
+        accepted = f"an int >= {low} and <= 2**63 - 1 (int64)" if high == INT64_MAX else f"an int in [{low}, {high}]"
         raise _reject(name, value, accepted)
 
 
-def _check_real(name: str, value: object, ok: bool, accepted: str) -> None:
-    if not _is_real(value) or not ok:
+def _real(name: str, value: object, ok: Callable[[float], bool], accepted: str) -> float:
+    number = _as_float(value)
+    if number is None or not ok(number):
         raise _reject(name, value, accepted)
+    return number
+
+
+# The float fields: what each accepts, as a test and as the words of its error.
+_REALS: dict[str, tuple[Callable[[float], bool], str]] = {
+    "temperature": (lambda v: v >= 0, "a finite number >= 0 (0 = greedy)"),
+    "top_p": (lambda v: 0 < v <= 1, "a number in (0, 1]"),
+    "min_p": (lambda v: 0 <= v <= 1, "a number in [0, 1]"),
+    "repetition_penalty": (lambda v: v > 0, "a finite number > 0 (1 = off)"),
+    "frequency_penalty": (lambda v: -2 <= v <= 2, "a number in [-2, 2]"),
+    "presence_penalty": (lambda v: -2 <= v <= 2, "a number in [-2, 2]"),
+}
 
 
 def _normalise_stop(value: object) -> tuple[str, ...]:
     if value is None:
         return ()
     items: Sequence[object] = (value,) if isinstance(value, str) else cast(Sequence[object], value)
+    if isinstance(items, (list, tuple)) and len(items) > MAX_STOP_STRINGS:
+        raise RequestRejectedError(
+            f"SamplingParams.stop must be at most {MAX_STOP_STRINGS} strings (MAX_STOP_STRINGS); got {len(items)}"
+        )
     if not isinstance(items, (list, tuple)) or not all(isinstance(s, str) and s for s in items):
         raise _reject("stop", value, "None, a non-empty str or a list of non-empty strs")
-    return tuple(cast(Sequence[str], items))
+    stops = tuple(cast(Sequence[str], items))
+    total = sum(len(s) for s in stops)
+    if total > MAX_STOP_CHARS:
+        raise RequestRejectedError(
+            f"SamplingParams.stop must be at most {MAX_STOP_CHARS} characters in all (MAX_STOP_CHARS); got {total}"
+        )
+    return stops
 
 
 def _normalise_token_ids(value: object) -> tuple[int, ...]:
     if value is None:
         return ()
-    if not isinstance(value, (list, tuple)) or not all(_is_int(t) and t >= 0 for t in value):
-        raise _reject("stop_token_ids", value, "None or a list of non-negative ints")
+    if isinstance(value, (list, tuple)) and len(value) > MAX_STOP_TOKEN_IDS:
+        raise RequestRejectedError(
+            f"SamplingParams.stop_token_ids must be at most {MAX_STOP_TOKEN_IDS} ids (MAX_STOP_TOKEN_IDS); "
+            f"got {len(value)}"
+        )
+    if not isinstance(value, (list, tuple)) or not all(_is_int(t) and 0 <= t <= INT64_MAX for t in value):
+        raise _reject("stop_token_ids", value, "None or a list of ints in [0, 2**63 - 1]")
     return tuple(cast(Sequence[int], value))
 
 
@@ -65,7 +119,13 @@ class SamplingParams:
     view). ``logprobs`` asks for the sampled token's log-probability plus the
     ``logprobs`` most likely tokens of the model's raw distribution (0 means
     only the sampled token's). Every invalid field raises
-    :class:`~paged_core.errors.RequestRejectedError` naming it. Use
+    :class:`~paged_core.errors.RequestRejectedError` naming it and its limit.
+
+    Limits: every int (``n``, ``top_k``, ``seed``, ``max_tokens``,
+    ``min_tokens``, each of ``stop_token_ids``) fits int64; at most
+    :data:`MAX_STOP_STRINGS` stop strings of :data:`MAX_STOP_CHARS`
+    characters in all, and :data:`MAX_STOP_TOKEN_IDS` stop token ids. The
+    vocabulary is checked by the engine (:meth:`for_vocabulary`). Use
     :func:`dataclasses.replace` to derive a modified copy.
     """
 
@@ -89,21 +149,13 @@ class SamplingParams:
 
     def __post_init__(self) -> None:
         _check_int("n", self.n, 1)
-        t = self.temperature
-        _check_real("temperature", t, _is_real(t) and t >= 0, "a finite number >= 0 (0 = greedy)")
-        if not _is_int(self.top_k) or not (self.top_k == -1 or self.top_k >= 0):
-            raise _reject("top_k", self.top_k, "an int >= 1, or 0 / -1 to disable top-k")
-        p = self.top_p
-        _check_real("top_p", p, _is_real(p) and 0 < p <= 1, "a number in (0, 1]")
-        mp = self.min_p
-        _check_real("min_p", mp, _is_real(mp) and 0 <= mp <= 1, "a number in [0, 1]")
-        rp = self.repetition_penalty
-        _check_real("repetition_penalty", rp, _is_real(rp) and rp > 0, "a finite number > 0 (1 = off)")
-        for name in ("frequency_penalty", "presence_penalty"):
-            v = getattr(self, name)
-            _check_real(name, v, _is_real(v) and -2 <= v <= 2, "a number in [-2, 2]")
-        if self.seed is not None and not _is_int(self.seed):
-            raise _reject("seed", self.seed, "None or an int")
+        if not _is_int(self.top_k) or not -1 <= self.top_k <= INT64_MAX:
+            raise _reject("top_k", self.top_k, "an int >= 1 and <= 2**63 - 1 (int64), or 0 / -1 to disable top-k")
+        for name, (ok, accepted) in _REALS.items():
+            # Stored as floats: an int (even a huge one) never reaches a tensor as an int64.
+            object.__setattr__(self, name, _real(name, getattr(self, name), ok, accepted))
+        if self.seed is not None and (not _is_int(self.seed) or not INT64_MIN <= self.seed <= INT64_MAX):
+            raise _reject("seed", self.seed, "None or an int in [-2**63, 2**63 - 1]")
         _check_int("max_tokens", self.max_tokens, 1)
         _check_int("min_tokens", self.min_tokens, 0)
         if self.min_tokens > self.max_tokens:
@@ -116,6 +168,25 @@ class SamplingParams:
         # Frozen dataclass: normalised values are written through object.__setattr__.
         object.__setattr__(self, "stop", _normalise_stop(self.stop))
         object.__setattr__(self, "stop_token_ids", _normalise_token_ids(self.stop_token_ids))
+
+    def for_vocabulary(self, vocab_size: int) -> SamplingParams:
+        """These params checked against a model's vocabulary: stop token ids inside it, ``top_k`` clamped to it.
+
+        A ``top_k`` above the vocabulary keeps every token, exactly as ``top_k =
+        vocab_size`` does, so it is clamped rather than refused (the sampler then
+        never sees a number wider than the logits). Returns ``self`` when nothing
+        changes; a stop token id outside ``[0, vocab_size)`` raises
+        :class:`~paged_core.errors.RequestRejectedError` naming the field and the size.
+        """
+        outside = [t for t in cast(tuple[int, ...], self.stop_token_ids) if t >= vocab_size]
+        if outside:
+            raise RequestRejectedError(
+                f"SamplingParams.stop_token_ids must be token ids in [0, {vocab_size}) (the vocabulary size); "
+                f"got {_brief(outside[:5])}"
+            )
+        if self.top_k > vocab_size:
+            return dataclasses.replace(self, top_k=vocab_size)
+        return self
 
     @property
     def is_greedy(self) -> bool:

@@ -145,7 +145,8 @@ class Sampler:
         sub = take_rows(x, rows)
         temperature = torch.tensor([p.temperature for p in params], device=device).unsqueeze(1)
         probs = (sub / temperature).softmax(dim=-1)
-        ks = [p.top_k if p.top_k > 0 else vocab for p in params]
+        # A top_k at or past the vocabulary is off; clamping here keeps huge ints out of the tensor.
+        ks = [p.top_k if 0 < p.top_k < vocab else vocab for p in params]
         ps = [p.top_p for p in params]
         mins = [p.min_p for p in params]
         top_k = torch.tensor(ks, device=device) if any(k < vocab for k in ks) else None

@@ -10,13 +10,15 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from paged_core.serve import chat, completions
+from paged_core.serve import chat, completions, openapi
 from paged_core.serve.async_engine import AsyncEngine
 from paged_core.serve.auth import BearerAuth
 from paged_core.serve.body import parse_body
 from paged_core.serve.config import ServeConfig
-from paged_core.serve.errors import APIError, install_handlers
+from paged_core.serve.errors import APIError, CatchUnexpected, install_handlers
+from paged_core.serve.health import HealthProbe, health_response
 from paged_core.serve.metrics import ServerMetrics
+from paged_core.serve.openapi import install_openapi
 from paged_core.serve.protocol import DetokenizeRequest, TokenizeRequest
 from paged_core.serve.state import ServerState, get_state
 from paged_core.serve.tokens import Tokens
@@ -30,7 +32,8 @@ def build_app(engine: Any, config: ServeConfig | None = None) -> FastAPI:
     aengine.observer = metrics.observe
     vocab = int(engine.loaded.model.config.get_text_config().vocab_size)
     state = ServerState(
-        config=config, engine=aengine, metrics=metrics, tokens=Tokens(engine.tokenizer, vocab),
+        config=config, engine=aengine, metrics=metrics,
+        tokens=Tokens(engine.tokenizer, vocab, allow_special_in_content=config.allow_special_tokens_in_content),
         model_name=config.served_model_name or engine.loaded.source.name, max_model_len=int(engine.scheduler.max_len),
     )  # fmt: skip
 
@@ -41,12 +44,18 @@ def build_app(engine: Any, config: ServeConfig | None = None) -> FastAPI:
             yield
         finally:
             aengine.stop()
+            state.tokens.close()
 
     app = FastAPI(title="paged", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.paged = state
     install_handlers(app)
+    install_openapi(app, api_key=bool(config.api_key))
     if config.api_key:
         app.add_middleware(BearerAuth, api_key=config.api_key)
+    # Added last, so outermost: /health is answered before auth or routing, and errors of everything inside
+    # (auth included) are caught before Starlette's last-resort handler.
+    app.add_middleware(CatchUnexpected)
+    app.add_middleware(HealthProbe, healthy=lambda: aengine.healthy)
     app.include_router(completions.router)
     app.include_router(chat.router)
     _add_info_routes(app)
@@ -54,19 +63,17 @@ def build_app(engine: Any, config: ServeConfig | None = None) -> FastAPI:
 
 
 def _add_info_routes(app: FastAPI) -> None:
-    @app.get("/health")
+    @app.get("/health", openapi_extra=openapi.HEALTH)
     async def health(request: Request) -> Response:
-        """200 while the engine thread runs; 503 once it has died."""
-        if get_state(request).engine.healthy:
-            return Response(status_code=200)
-        raise APIError(503, "engine is not running")
+        """200 ``{"status": "ok"}`` while the engine thread runs, 503 once it has died (see :class:`HealthProbe`)."""
+        return health_response(get_state(request).engine.healthy)
 
-    @app.get("/metrics")
+    @app.get("/metrics", openapi_extra=openapi.METRICS)
     async def metrics(request: Request) -> Response:
         """Prometheus exposition text."""
         return Response(get_state(request).metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
-    @app.get("/v1/models")
+    @app.get("/v1/models", openapi_extra=openapi.MODELS)
     async def models(request: Request) -> JSONResponse:
         """The one model this server serves."""
         s = get_state(request)
@@ -74,7 +81,7 @@ def _add_info_routes(app: FastAPI) -> None:
                 "max_model_len": s.max_model_len}  # fmt: skip
         return JSONResponse({"object": "list", "data": [card]})
 
-    @app.post("/tokenize")
+    @app.post("/tokenize", openapi_extra=openapi.TOKENIZE)
     async def tokenize(request: Request) -> JSONResponse:
         """Token ids of ``prompt`` or of ``messages`` through the chat template."""
         s = get_state(request)
@@ -82,17 +89,25 @@ def _add_info_routes(app: FastAPI) -> None:
         s.check_model(req.model, required=False)
         if (req.prompt is None) == (req.messages is None):
             raise APIError(400, "send exactly one of 'prompt' or 'messages'", param="prompt")
+        # Text that cannot fit the context is refused by size, as the generation routes do: tokenizing a few MiB
+        # costs seconds of a core, which a client could otherwise spend at will.
         if req.messages is not None:
-            ids = s.tokens.render_chat(req.messages, req.add_generation_prompt)
+            s.tokens.refuse_oversize(sum(len(m.text()) for m in req.messages), s.max_model_len, "messages")
+            ids = await s.tokens.offload(s.tokens.render_chat, req.messages, req.add_generation_prompt)
         else:
-            ids = s.tokens.encode(req.prompt or "", add_special_tokens=req.add_special_tokens)
+            s.tokens.refuse_oversize(len(req.prompt or ""), s.max_model_len, "prompt")
+            ids = await s.tokens.offload(s.tokens.encode, req.prompt or "", add_special_tokens=req.add_special_tokens)
         return JSONResponse({"tokens": ids, "count": len(ids), "max_model_len": s.max_model_len})
 
-    @app.post("/detokenize")
+    @app.post("/detokenize", openapi_extra=openapi.DETOKENIZE)
     async def detokenize(request: Request) -> JSONResponse:
         """Text of ``tokens``."""
         s = get_state(request)
         req = await parse_body(request, DetokenizeRequest, s.config.max_body_bytes)
         s.check_model(req.model, required=False)
-        ids = s.tokens.check_ids(req.tokens, "tokens")
-        return JSONResponse({"prompt": s.tokens.decode(ids)})
+        text = await s.tokens.offload(_detokenize, s.tokens, req.tokens)
+        return JSONResponse({"prompt": text})
+
+
+def _detokenize(tokens: Tokens, ids: list[int]) -> str:
+    return tokens.decode(tokens.check_ids(ids, "tokens"))

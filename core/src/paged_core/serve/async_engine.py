@@ -31,6 +31,10 @@ class EngineDeadError(RuntimeError):
     """The engine thread stopped; no request can be served."""
 
 
+class RequestFailedError(RuntimeError):
+    """The engine ended this one request on an error; the other requests go on."""
+
+
 class RequestStream:
     """The outputs of one request, in step order; iterate with ``async for``.
 
@@ -185,15 +189,32 @@ class AsyncEngine:
         try:
             outputs = self.engine.step()
         except Exception as exc:
-            # A failed step leaves its requests in an unknown state: fail and abort them, keep serving.
             log.exception("engine step failed")
-            ids = list(self.engine.groups)
-            self.engine.abort_request(ids)
-            self._call(self._fail_streams, RuntimeError(f"engine step failed: {exc!r}"), ids)
+            # The engine ended (and names) the requests of the failed step; the others keep going.
+            failed = self._take_failed()
+            if not failed:
+                # Nothing was attributed (an engine without per-request failures): fail every request, keep serving.
+                ids = list(self.engine.groups)
+                self.engine.abort_request(ids)
+                self._call(self._fail_streams, RuntimeError(f"engine step failed: {exc!r}"), ids)
+                return
+            self._call(self._fail_requests, failed)
             return
         self._steps += 1
+        failed = self._take_failed()
+        if failed:
+            # Those requests come back as finished outputs with an error: their streams get the error instead.
+            outputs = [out for out in outputs if out.request_id not in failed]
+            self._call(self._fail_requests, failed)
         if outputs:
             self._call(self._deliver, outputs, time.monotonic())
+
+    def _take_failed(self) -> dict[str, str]:
+        """The requests the engine's last step ended on an error (request id -> why), logged here."""
+        failed: dict[str, str] = dict(getattr(self.engine, "failed", None) or {})
+        for rid, why in failed.items():
+            log.error("request %s failed: %s", rid, why)
+        return failed
 
     def _call(self, fn: Callable[..., None], *args: Any) -> None:
         loop = self._loop
@@ -217,6 +238,13 @@ class AsyncEngine:
         if self.observer is not None and delivered:
             self.observer(delivered, now)
 
+    def _fail_requests(self, failed: dict[str, str]) -> None:
+        """End only these requests' streams, each with a :class:`RequestFailedError` saying why."""
+        for rid, why in failed.items():
+            stream = self._streams.pop(rid, None)
+            if stream is not None:
+                stream.queue.put_nowait(RequestFailedError(why))
+
     def _fail_streams(self, exc: BaseException, ids: list[str] | None = None) -> None:
         for rid in list(self._streams) if ids is None else ids:
             stream = self._streams.pop(rid, None)
@@ -231,4 +259,3 @@ def _settle(future: asyncio.Future[None], error: BaseException | None) -> None:
         future.set_result(None)
     else:
         future.set_exception(error)
-

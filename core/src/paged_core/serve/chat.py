@@ -6,14 +6,23 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, Response
 
 from paged_core.engine.outputs import CompletionOutput, RequestOutput
+from paged_core.serve import openapi
+from paged_core.serve.admission import admit
 from paged_core.serve.body import parse_body
 from paged_core.serve.generation import ClientGone, Generation
 from paged_core.serve.logprobs import chat_logprobs
-from paged_core.serve.params import check_context, check_limits, requested_max_tokens, sampling_params
+from paged_core.serve.params import (
+    check_context,
+    check_limits,
+    max_tokens_param,
+    placeholder_max_tokens,
+    requested_max_tokens,
+    sampling_params,
+)
 from paged_core.serve.protocol import ChatCompletionRequest
 from paged_core.serve.responses import collect, sse, stream_response, usage
 from paged_core.serve.state import ServerState, get_state
@@ -21,16 +30,21 @@ from paged_core.serve.state import ServerState, get_state
 router = APIRouter()
 
 
-@router.post("/v1/chat/completions")
+@router.post("/v1/chat/completions", dependencies=[Depends(admit)], openapi_extra=openapi.CHAT_COMPLETIONS)
 async def create_chat_completion(request: Request) -> Response:
     """OpenAI's chat completions endpoint."""
     state = get_state(request)
     req = await parse_body(request, ChatCompletionRequest, state.config.max_body_bytes)
     state.check_model(req.model)
     check_limits(req, state.config)
-    sampling_params(req, 1)  # refuse bad sampling fields before paying for the template
-    ids = state.tokens.render_chat(req.messages, req.add_generation_prompt, req.chat_template_kwargs)
-    max_tokens = check_context(len(ids), requested_max_tokens(req), state.max_model_len, "messages")
+    limit = state.config.max_tokens_limit
+    sampling_params(req, placeholder_max_tokens(req, limit))  # refuse bad sampling fields before the template
+    # The template only adds text around the contents, so their length alone can prove the chat cannot fit.
+    state.tokens.refuse_oversize(sum(len(m.text()) for m in req.messages), state.max_model_len, "messages")
+    ids = await state.tokens.offload(state.tokens.render_chat, req.messages, req.add_generation_prompt,
+                                     req.chat_template_kwargs)  # fmt: skip
+    max_tokens = check_context(len(ids), requested_max_tokens(req), state.max_model_len, "messages", limit=limit,
+                               max_tokens_param=max_tokens_param(req))  # fmt: skip
     params = sampling_params(req, max_tokens)
     gen = Generation(state, request, "chatcmpl")
     await gen.start([ids], [params], req.cache_salt, req.priority)

@@ -7,15 +7,23 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any, cast
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, Response
 
 from paged_core.engine.outputs import CompletionOutput, RequestOutput
+from paged_core.serve import openapi
+from paged_core.serve.admission import admit
 from paged_core.serve.body import parse_body
 from paged_core.serve.errors import APIError
 from paged_core.serve.generation import ClientGone, Generation
 from paged_core.serve.logprobs import completion_logprobs
-from paged_core.serve.params import check_context, check_limits, sampling_params
+from paged_core.serve.params import (
+    check_context,
+    check_limits,
+    placeholder_max_tokens,
+    requested_max_tokens,
+    sampling_params,
+)
 from paged_core.serve.protocol import CompletionRequest
 from paged_core.serve.responses import collect, sse, stream_response, usage
 from paged_core.serve.state import ServerState, get_state
@@ -24,41 +32,61 @@ router = APIRouter()
 
 
 def _prompts(req: CompletionRequest, state: ServerState) -> list[list[int]]:
-    """Each prompt as token ids (text is encoded; ids are checked against the vocabulary)."""
+    """Each prompt as token ids (text is encoded; ids are checked against the vocabulary).
+
+    Blocking (tokenization): run it through ``state.tokens.offload``. A prompt whose size alone proves it
+    cannot fit the context is refused before any tokenizing or id checking.
+    """
     p = req.prompt
     if isinstance(p, str):
-        return [state.tokens.encode(p)]
+        return [_encode(p, "prompt", state)]
     if not p:
         raise APIError(400, "prompt is empty", param="prompt")
     if isinstance(p[0], int):
-        return [state.tokens.check_ids(p, "prompt")]
+        return [_check_ids(p, "prompt", state)]
     if len(p) > state.config.max_prompts:
         raise APIError(400, f"at most {state.config.max_prompts} prompts per request, got {len(p)}", param="prompt")
     out = []
     for i, item in enumerate(p):
         if isinstance(item, str):
-            out.append(state.tokens.encode(item, f"prompt[{i}]"))
+            out.append(_encode(item, f"prompt[{i}]", state))
         else:
-            out.append(state.tokens.check_ids(cast(list[int], item), f"prompt[{i}]"))
+            out.append(_check_ids(cast(list[int], item), f"prompt[{i}]", state))
     return out
 
 
-@router.post("/v1/completions")
+def _encode(text: str, param: str, state: ServerState) -> list[int]:
+    state.tokens.refuse_oversize(len(text), state.max_model_len, param)
+    return state.tokens.encode(text, param)
+
+
+def _echoes(prompts: list[list[int]], state: ServerState) -> list[str]:
+    return [state.tokens.decode(ids) for ids in prompts]
+
+
+def _check_ids(ids: list[int], param: str, state: ServerState) -> list[int]:
+    check_context(len(ids), None, state.max_model_len, param)  # its length alone may already not fit
+    return state.tokens.check_ids(ids, param)
+
+
+@router.post("/v1/completions", dependencies=[Depends(admit)], openapi_extra=openapi.COMPLETIONS)
 async def create_completion(request: Request) -> Response:
     """OpenAI's completions endpoint."""
     state = get_state(request)
     req = await parse_body(request, CompletionRequest, state.config.max_body_bytes)
     state.check_model(req.model)
     check_limits(req, state.config)
-    prompts = _prompts(req, state)
-    first = sampling_params(req, 1)  # validates every field once, before any token budget is computed
-    params = [
-        dataclasses.replace(first, max_tokens=check_context(len(ids), req.max_tokens, state.max_model_len, "prompt"))
-        for ids in prompts
-    ]
+    # Validates every field once, before paying for tokenization or computing any token budget.
+    limit = state.config.max_tokens_limit
+    first = sampling_params(req, placeholder_max_tokens(req, limit))
+    prompts = await state.tokens.offload(_prompts, req, state)
+    asked = requested_max_tokens(req, limit)
+    budgets = [check_context(len(ids), asked, state.max_model_len, "prompt", limit=limit) for ids in prompts]
+    # replace() re-validates: a default budget below min_tokens is refused there, naming min_tokens.
+    params = [dataclasses.replace(first, max_tokens=budget) for budget in budgets]
     gen = Generation(state, request, "cmpl")
     await gen.start(prompts, params, req.cache_salt, req.priority)
-    echoes = [state.tokens.decode(ids) if req.echo else "" for ids in prompts]
+    echoes = await state.tokens.offload(_echoes, prompts, state) if req.echo else [""] * len(prompts)
     if req.stream:
         return stream_response(gen, _chunks(gen, req, state, echoes))
     try:

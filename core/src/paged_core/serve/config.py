@@ -18,6 +18,16 @@ class ServeConfig:
     caps ``max_tokens`` per request (``None``: only the context length caps
     it); ``max_n`` caps ``n``; ``max_prompts`` caps a batched ``prompt``
     list; ``max_body_bytes`` caps the request body.
+    ``allow_special_tokens_in_content`` lets chat message content contain
+    the tokenizer's control-token text (refused by default: it would let a
+    user forge turns such as a system message).
+
+    Overload: at most ``max_num_seqs + max_queued_requests`` engine sequences
+    are in flight; past that a generation request is answered 429 with
+    ``Retry-After`` (see :mod:`paged_core.serve.admission`). Connections are
+    closed when idle (no request under way) for ``idle_timeout`` seconds, when
+    a request's headers take over ``header_timeout`` seconds to arrive, or its
+    body over ``body_timeout`` seconds (see :mod:`paged_core.serve.timeouts`).
     """
 
     host: str = "127.0.0.1"
@@ -28,7 +38,12 @@ class ServeConfig:
     max_tokens_limit: int | None = None
     max_n: int = 16
     max_prompts: int = 64
+    allow_special_tokens_in_content: bool = False
     log_level: str = "info"
+    max_queued_requests: int = 256
+    idle_timeout: float = 5.0
+    header_timeout: float = 10.0
+    body_timeout: float = 30.0
 
     def __post_init__(self) -> None:
         if not isinstance(self.port, int) or not 0 <= self.port <= 65535:
@@ -42,3 +57,10 @@ class ServeConfig:
         limit = self.max_tokens_limit
         if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool) or limit < 1):
             raise ConfigError(f"max_tokens_limit must be an int >= 1 or None, got {limit!r}")
+        queued = self.max_queued_requests
+        if not isinstance(queued, int) or isinstance(queued, bool) or queued < 0:
+            raise ConfigError(f"max_queued_requests must be an int >= 0, got {queued!r}")
+        for name in ("idle_timeout", "header_timeout", "body_timeout"):
+            value = getattr(self, name)
+            if not isinstance(value, int | float) or isinstance(value, bool) or not 0 < value <= 3600:
+                raise ConfigError(f"{name} must be a number of seconds in (0, 3600], got {value!r}")

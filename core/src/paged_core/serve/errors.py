@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import logging
 import re
+import uuid
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from paged_core.errors import PagedError
 
@@ -52,8 +54,49 @@ def rejected(exc: PagedError) -> APIError:
     return APIError(400, message.replace("SamplingParams.", ""), param=param)
 
 
+def internal_error(exc: BaseException, where: str) -> APIError:
+    """A 500 for an unexpected failure, logged here once with its traceback under a fresh error id.
+
+    The body carries only that id: an exception's text can hold paths, reprs of internal objects or other
+    tenants' data, so it goes to the log, never to the client.
+    """
+    error_id = uuid.uuid4().hex[:16]
+    log.error("internal error %s in %s", error_id, where, exc_info=(type(exc), exc, exc.__traceback__))
+    return APIError(500, f"internal server error (error id {error_id}); the server log has the details",
+                    type="server_error", code="internal_error")  # fmt: skip
+
+
+class CatchUnexpected:
+    """Pure ASGI middleware answering any exception that escapes a route with a 500 carrying an error id.
+
+    Starlette's own last-resort handler re-raises after answering, so uvicorn logs a second traceback and
+    drops the keep-alive connection; catching here, inside it, logs once and keeps the connection usable.
+    """
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def tracked(message: Message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, receive, tracked)
+        except Exception as exc:
+            error = internal_error(exc, f"{scope['method']} {scope['path']}")
+            if not started:  # once a response is under way the client cannot be told; the log has it
+                await error.response()(scope, receive, send)
+
+
 def install_handlers(app: FastAPI) -> None:
-    """Answer every error (ours, routing's, and unexpected ones) in OpenAI's shape."""
+    """Answer every error in OpenAI's shape (unexpected ones through :class:`CatchUnexpected`)."""
 
     async def on_api_error(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, APIError)
@@ -69,11 +112,6 @@ def install_handlers(app: FastAPI) -> None:
         message = {404: f"no route {path}", 405: f"method {request.method} not allowed on {path}"}
         return APIError(exc.status_code, message.get(exc.status_code, str(exc.detail))).response()
 
-    async def on_unexpected(request: Request, exc: Exception) -> JSONResponse:
-        log.exception("internal error on %s %s", request.method, request.url.path)
-        return APIError(500, f"internal server error ({type(exc).__name__})", type="server_error").response()
-
     app.add_exception_handler(APIError, on_api_error)
     app.add_exception_handler(PagedError, on_paged_error)
     app.add_exception_handler(StarletteHTTPException, on_http_error)
-    app.add_exception_handler(Exception, on_unexpected)

@@ -1,7 +1,9 @@
 """Generation: the engine requests behind one HTTP request (one per prompt), merged into one event stream.
 
 It also watches the connection: when the client goes away, every request
-is aborted at once (freeing its KV blocks) and the stream ends.
+is aborted at once (freeing its KV blocks) and the stream ends. It holds the
+HTTP request's admission ticket (its share of the in-flight bound) until it
+closes.
 """
 
 from __future__ import annotations
@@ -16,8 +18,9 @@ from fastapi import Request
 from paged_core.engine.outputs import RequestOutput
 from paged_core.errors import PagedError
 from paged_core.sampling.params import SamplingParams
+from paged_core.serve.admission import Ticket
 from paged_core.serve.async_engine import EngineDeadError
-from paged_core.serve.errors import APIError, rejected
+from paged_core.serve.errors import APIError, internal_error, rejected
 from paged_core.serve.state import ServerState
 
 
@@ -36,11 +39,17 @@ class Generation:
         self._sink: asyncio.Queue[RequestOutput | BaseException] = asyncio.Queue()
         self._pending: set[str] = set()
         self._watcher: asyncio.Task[None] | None = None
+        self._ticket: Ticket | None = None
 
     async def start(self, prompts: list[list[int]], params: list[SamplingParams], cache_salt: str | None,
                     priority: int = 0) -> None:  # fmt: skip
-        """Queue every prompt; if the engine refuses one, abort the rest and raise a 400."""
+        """Queue every prompt; if the engine refuses one, abort the rest and raise a 400.
+
+        First the request's admission ticket grows to its number of sequences
+        (prompts x ``n``): a 429 if that would exceed the in-flight bound.
+        """
         engine = self.state.engine
+        self._admit(sum(p.n for p in params))
         try:
             for i, (ids, p) in enumerate(zip(prompts, params, strict=True)):
                 rid = f"{self.id}-{i}"
@@ -58,6 +67,14 @@ class Generation:
             raise
         self._watcher = asyncio.create_task(self._watch())
 
+    def _admit(self, size: int) -> None:
+        ticket: Ticket | None = getattr(self.request.state, "admission", None)
+        if ticket is None or ticket.released:  # a route without the admit dependency: take a ticket here
+            self._ticket = self.state.admission.acquire(size)
+        else:
+            ticket.adopt(size)
+            self._ticket = ticket
+
     async def events(self) -> AsyncIterator[tuple[int, RequestOutput]]:
         """Outputs in arrival order, tagged with their prompt's index; raises :class:`ClientGone` on disconnect."""
         index = {rid: i for i, rid in enumerate(self.request_ids)}
@@ -68,7 +85,7 @@ class Generation:
             if isinstance(item, EngineDeadError):
                 raise APIError(503, str(item))
             if isinstance(item, BaseException):
-                raise APIError(500, f"generation failed: {item}", type="server_error")
+                raise internal_error(item, f"generation {self.id}")
             if item.finished:
                 self._pending.discard(item.request_id)
             yield index[item.request_id], item
@@ -83,6 +100,8 @@ class Generation:
             else:  # already failed by the engine thread: nothing to abort, only timing state to drop
                 self.state.metrics.forget(rid)
         self._pending.clear()
+        if self._ticket is not None:
+            self._ticket.release()
         if self._watcher is not None and self._watcher is not asyncio.current_task():
             self._watcher.cancel()
         self._watcher = None

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -79,6 +79,13 @@ class ServerMetrics:
         self.itl = Histogram("paged_inter_token_latency_seconds", "Gap between a request's successive steps.",
                              buckets=_ITL, registry=r)  # fmt: skip
         self.e2e = Histogram("paged_e2e_request_latency_seconds", "Arrival to completion.", buckets=_E2E, registry=r)
+        self.in_flight = Gauge("paged_requests_in_flight", "Engine sequences admitted and not yet done (event loop).",
+                               registry=r)  # fmt: skip
+        self.in_flight_limit = Gauge("paged_requests_in_flight_limit",
+                                     "Admission bound: max_num_seqs + max_queued_requests.", registry=r)  # fmt: skip
+        self.refused = Counter("paged_requests_refused", "Generation requests refused by admission, by reason.",
+                               ["reason"], registry=r)  # fmt: skip
+        self.refused.labels(reason="queue_full")  # exported at 0 from the start, so rates work before the first refusal
         r.register(_EngineCollector(self.read_stats))
         self._live: dict[str, _Tracked] = {}
 
@@ -113,6 +120,14 @@ class ServerMetrics:
     def forget(self, request_id: str) -> None:
         """Drop a request's timing state without counting it (it failed rather than being aborted)."""
         self._live.pop(request_id, None)
+
+    def set_in_flight(self, value: int) -> None:
+        """Admission's count of sequences in flight changed."""
+        self.in_flight.set(value)
+
+    def count_refusal(self, reason: str) -> None:
+        """A generation request was refused by admission (``queue_full``)."""
+        self.refused.labels(reason=reason).inc()
 
     def render(self) -> bytes:
         """The exposition text for ``GET /metrics``."""

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import math
 from typing import Any
 
 from paged_core.errors import RequestRejectedError
@@ -10,13 +12,22 @@ from paged_core.serve.config import ServeConfig
 from paged_core.serve.errors import APIError, rejected
 from paged_core.serve.protocol import ChatCompletionRequest, CompletionRequest
 
+MAX_TEMPLATE_KWARGS_BYTES = 4096
+# apply_chat_template's own parameters and the template's special-token variables (see check_template_kwargs).
+RESERVED_TEMPLATE_KWARGS = frozenset({
+    "conversation", "messages", "tools", "documents", "add_generation_prompt", "continue_final_message",
+    "tokenize", "sanitize_control_tokens", "padding", "truncation", "max_length", "return_tensors", "return_dict",
+    "return_assistant_tokens_mask", "tokenizer_kwargs", "bos_token", "eos_token", "unk_token", "sep_token",
+    "pad_token", "cls_token", "mask_token", "additional_special_tokens", "extra_special_tokens",
+})  # fmt: skip
+
 
 def check_limits(req: CompletionRequest | ChatCompletionRequest, config: ServeConfig) -> None:
     """Refuse ``n`` and ``max_tokens`` beyond the server's caps, and unsupported OpenAI features."""
     if req.n > config.max_n:
         raise APIError(400, f"n must be at most {config.max_n} on this server, got {req.n}", param="n")
-    max_tokens = requested_max_tokens(req)
     limit = config.max_tokens_limit
+    max_tokens = requested_max_tokens(req, limit)
     if max_tokens is not None and limit is not None and max_tokens > limit:
         name = "max_completion_tokens" if getattr(req, "max_completion_tokens", None) is not None else "max_tokens"
         raise APIError(400, f"{name} must be at most {limit} on this server, got {max_tokens}", param=name)
@@ -32,21 +43,65 @@ def check_limits(req: CompletionRequest | ChatCompletionRequest, config: ServeCo
     else:
         if req.tools:
             raise APIError(400, "tools are not supported", param="tools")
+        check_template_kwargs(req.chat_template_kwargs)
         kind = (req.response_format or {}).get("type", "text")
         if kind != "text":
             raise APIError(400, f"response_format type {kind!r} is not supported (only 'text')",
                            param="response_format")  # fmt: skip
 
 
-def requested_max_tokens(req: CompletionRequest | ChatCompletionRequest) -> int | None:
-    """``max_completion_tokens`` (chat) wins over ``max_tokens``; None means 'up to the context length'."""
+def check_template_kwargs(kwargs: dict[str, Any] | None) -> None:
+    """Refuse ``chat_template_kwargs`` that could do more than set a flag of the model's template.
+
+    The server renders only the model's own template: a client template is arbitrary code to run (a loop of
+    ``range(10**9)`` freezes rendering), so ``chat_template`` is refused. The other names refused are
+    ``apply_chat_template``'s own parameters (tokenize, return_tensors... would change what it returns) and
+    the special-token variables (a client ``bos_token`` would put arbitrary control text into the prompt).
+    Values are flat scalars within :data:`MAX_TEMPLATE_KWARGS_BYTES` of JSON: real templates read flags like
+    ``enable_thinking``, and lists or long strings would only feed loops in the template.
+    """
+    if not kwargs:
+        return
+    if "chat_template" in kwargs:
+        raise APIError(400, "chat_template_kwargs.chat_template is not accepted: this server only renders the "
+                       "model's own chat template", param="chat_template_kwargs")  # fmt: skip
+    size = len(json.dumps(kwargs, ensure_ascii=False).encode())
+    if size > MAX_TEMPLATE_KWARGS_BYTES:
+        raise APIError(400, f"chat_template_kwargs is {size} bytes of JSON; at most {MAX_TEMPLATE_KWARGS_BYTES} are "
+                       "accepted", param="chat_template_kwargs")  # fmt: skip
+    reserved = sorted(RESERVED_TEMPLATE_KWARGS.intersection(kwargs))
+    if reserved:
+        raise APIError(400, f"chat_template_kwargs may not set {', '.join(reserved)} (reserved by the server)",
+                       param="chat_template_kwargs")  # fmt: skip
+    for key, value in kwargs.items():
+        if not isinstance(value, (str, int, float, bool)) or (isinstance(value, float) and not math.isfinite(value)):
+            raise APIError(400, f"chat_template_kwargs.{key} must be a string, number or boolean, got "
+                           f"{type(value).__name__}", param="chat_template_kwargs")  # fmt: skip
+
+
+def requested_max_tokens(req: CompletionRequest | ChatCompletionRequest, limit: int | None = None) -> int | None:
+    """The completion budget asked for; None means 'fill the context' (within ``limit``, see check_context).
+
+    Chat's ``max_completion_tokens`` wins over ``max_tokens``. A completion that omits ``max_tokens`` gets
+    OpenAI's default of 16, lowered to the server's ``limit``: the client did not ask for more.
+    """
     if isinstance(req, ChatCompletionRequest) and req.max_completion_tokens is not None:
         return req.max_completion_tokens
+    if isinstance(req, CompletionRequest) and "max_tokens" not in req.model_fields_set and limit is not None:
+        return None if req.max_tokens is None else min(req.max_tokens, limit)
     return req.max_tokens
 
 
-def check_context(num_prompt_tokens: int, max_tokens: int | None, max_model_len: int, param: str) -> int:
-    """The ``max_tokens`` to use; refuses a prompt that leaves no room, or prompt + max_tokens beyond the context."""
+def check_context(
+    num_prompt_tokens: int, max_tokens: int | None, max_model_len: int, param: str, *, limit: int | None = None,
+    max_tokens_param: str = "max_tokens",
+) -> int:  # fmt: skip
+    """The ``max_tokens`` to use; refuses a prompt that leaves no room, or prompt + max_tokens beyond the context.
+
+    An omitted ``max_tokens`` (None) fills the context, but never beyond the server's ``limit``
+    (``--max-tokens-limit``): a cap that omitting the field could escape would cap nothing.
+    ``max_tokens_param`` is the field the client sent (chat's ``max_completion_tokens``), named in errors.
+    """
     if num_prompt_tokens >= max_model_len:
         raise APIError(
             400, f"this model's maximum context length is {max_model_len} tokens; {num_prompt_tokens} tokens in the "
@@ -54,14 +109,33 @@ def check_context(num_prompt_tokens: int, max_tokens: int | None, max_model_len:
         )  # fmt: skip
     room = max_model_len - num_prompt_tokens
     if max_tokens is None:
-        return room
+        return room if limit is None else min(room, limit)
     if max_tokens > room:
         raise APIError(
             400, f"this model's maximum context length is {max_model_len} tokens, but {num_prompt_tokens + max_tokens}"
             f" were requested ({num_prompt_tokens} in the {param}, {max_tokens} for the completion); "
-            "reduce the prompt or max_tokens", param="max_tokens", code="context_length_exceeded",
+            f"reduce the prompt or {max_tokens_param}", param=max_tokens_param, code="context_length_exceeded",
         )  # fmt: skip
     return max_tokens
+
+
+def max_tokens_param(req: CompletionRequest | ChatCompletionRequest) -> str:
+    """The name of the token-budget field the client sent (chat's ``max_completion_tokens`` wins)."""
+    if isinstance(req, ChatCompletionRequest) and req.max_completion_tokens is not None:
+        return "max_completion_tokens"
+    return "max_tokens"
+
+
+def placeholder_max_tokens(req: CompletionRequest | ChatCompletionRequest, limit: int | None = None) -> int:
+    """A ``max_tokens`` for validating the sampling fields before the prompt's length is known.
+
+    The client's own value when it sent one (so ``min_tokens > max_tokens`` is still refused up front), else
+    one that cannot conflict with ``min_tokens``: a fixed 1 would refuse every ``min_tokens`` of 2 or more.
+    """
+    given = requested_max_tokens(req, limit)
+    if given is not None:
+        return given
+    return max(1, req.min_tokens)
 
 
 def sampling_params(req: CompletionRequest | ChatCompletionRequest, max_tokens: int) -> SamplingParams:
@@ -83,7 +157,10 @@ def sampling_params(req: CompletionRequest | ChatCompletionRequest, max_tokens: 
     try:
         return SamplingParams(**given)
     except RequestRejectedError as exc:
-        raise rejected(exc) from None
+        error = rejected(exc)
+        if error.param == "max_tokens":  # name the field the client actually sent
+            error.param = max_tokens_param(req)
+        raise error from None
 
 
 def _chat_logprobs(req: ChatCompletionRequest) -> int | None:

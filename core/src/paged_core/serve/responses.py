@@ -3,17 +3,14 @@
 from __future__ import annotations
 
 import json
-import logging
 from collections.abc import AsyncIterator, Iterable
 from typing import Any
 
 from fastapi.responses import StreamingResponse
 
 from paged_core.engine.outputs import RequestOutput
-from paged_core.serve.errors import APIError
+from paged_core.serve.errors import APIError, internal_error
 from paged_core.serve.generation import ClientGone, Generation
-
-log = logging.getLogger("paged.serve")
 
 
 def sse(data: dict[str, Any]) -> str:
@@ -45,7 +42,7 @@ async def collect(gen: Generation, count: int) -> list[RequestOutput]:
     finally:
         gen.close()
     if any(o is None for o in final):
-        raise APIError(500, "a request ended without a final output", type="server_error")
+        raise internal_error(RuntimeError("a request ended without a final output"), f"request {gen.id}")
     return [o for o in final if o is not None]
 
 
@@ -59,8 +56,8 @@ def stream_response(gen: Generation, chunks: AsyncIterator[str]) -> StreamingRes
         except ClientGone:
             return  # nobody is listening; the requests were aborted already
         except Exception as exc:
-            log.warning("stream %s failed: %s", gen.id, exc)
-            err = exc if isinstance(exc, APIError) else APIError(500, f"generation failed: {exc}", type="server_error")
+            # An APIError is meant for the client (and a 500 one was logged with its id where it was made).
+            err = exc if isinstance(exc, APIError) else internal_error(exc, f"stream {gen.id}")
             yield sse(err.body())
         finally:
             gen.close()

@@ -16,9 +16,12 @@ def run_server(engine_config: EngineConfig, config: ServeConfig) -> None:
 
     from paged_core.engine.engine import LLMEngine
     from paged_core.serve.app import build_app
+    from paged_core.serve.timeouts import uvicorn_options
 
     engine = LLMEngine(engine_config)
     app = build_app(engine, config)
     auth = "bearer-token auth on" if config.api_key else "no auth"
     log.info("serving %s on http://%s:%d (%s)", app.state.paged.model_name, config.host, config.port, auth)
-    uvicorn.run(app, host=config.host, port=config.port, log_level=config.log_level, timeout_graceful_shutdown=5)
+    timeouts = uvicorn_options(config.idle_timeout, config.header_timeout, config.body_timeout)
+    uvicorn.run(app, host=config.host, port=config.port, log_level=config.log_level, timeout_graceful_shutdown=5,
+                **timeouts)  # fmt: skip

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 from fastapi import Request
 
+from paged_core.serve.admission import Admission
 from paged_core.serve.async_engine import AsyncEngine
 from paged_core.serve.config import ServeConfig
 from paged_core.serve.errors import APIError
@@ -25,6 +26,14 @@ class ServerState:
     model_name: str
     max_model_len: int
     created: int = field(default_factory=lambda: int(time.time()))
+    admission: Admission = field(init=False)
+    """The in-flight bound of generation requests (``max_num_seqs + max_queued_requests`` sequences)."""
+
+    def __post_init__(self) -> None:
+        running = int(self.engine.engine.scheduler.config.max_num_seqs)
+        self.admission = Admission(running, self.config.max_queued_requests, self.metrics.set_in_flight,
+                                   self.metrics.count_refusal)  # fmt: skip
+        self.metrics.in_flight_limit.set(self.admission.capacity)
 
     def check_model(self, name: str | None, required: bool = True) -> None:
         """A 404 (as OpenAI answers) for a model this server does not serve."""

@@ -1,12 +1,32 @@
-"""Tokenizer use on the server: prompts, chat templates, and token strings/bytes for logprobs."""
+"""Tokenizer use on the server: prompts, chat templates, and token strings/bytes for logprobs.
+
+Tokenizing and rendering a chat template take time proportional to the input, so routes run them through
+:meth:`Tokens.offload`, on a small thread pool, never on the event loop. Measured with SmolLM2's HF fast
+tokenizer (tokenizers 0.23): encoding 3 MiB takes about 6 s and releases the GIL while it runs (the event
+loop's longest pause meanwhile was 60 ms), so the pool keeps the loop serving; the size pre-check
+(:meth:`Tokens.refuse_oversize`) is what keeps a client from spending those seconds of a core at will.
+Jinja rendering is pure Python and shares the GIL, which is why client templates are refused outright.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import Any
+import asyncio
+import functools
+import re
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, ParamSpec, TypeVar
+
+from jinja2 import TemplateError
 
 from paged_core.serve.errors import APIError
 from paged_core.serve.protocol import ChatMessage
+from paged_core.serve.tokenizer_facts import control_tokens, max_chars_per_token
+
+P = ParamSpec("P")
+T = TypeVar("T")
+# Two workers: one long tokenization does not hold up the next request's, and the cores stay with the engine.
+WORKERS = 2
 
 
 def _byte_decoder() -> dict[str, int]:
@@ -27,11 +47,54 @@ _BYTES = _byte_decoder()
 class Tokens:
     """Wraps the engine's tokenizer (read-only use, safe next to the engine thread's decoding)."""
 
-    def __init__(self, tokenizer: Any | None, vocab_size: int) -> None:
+    def __init__(self, tokenizer: Any | None, vocab_size: int, *, allow_special_in_content: bool = False) -> None:
         self.tokenizer = tokenizer
         self.vocab_size = vocab_size
         self._text: dict[int, tuple[str, list[int]]] = {}
         self._byte_level = _is_byte_level(tokenizer)
+        self.chars_per_token = max_chars_per_token(tokenizer, self._byte_level)
+        self.control_tokens = () if allow_special_in_content else control_tokens(tokenizer)
+        self._control = re.compile("|".join(map(re.escape, self.control_tokens))) if self.control_tokens else None
+        self._pool: ThreadPoolExecutor | None = None  # made on first use, so an app can start again after close
+
+    async def offload(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
+        """``fn(*args, **kwargs)`` on the tokenizer pool, so the event loop keeps serving meanwhile."""
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(max_workers=WORKERS, thread_name_prefix="paged-tokens")
+        return await asyncio.get_running_loop().run_in_executor(self._pool, functools.partial(fn, *args, **kwargs))
+
+    def close(self) -> None:
+        """Stop the pool (queued work is dropped; running work finishes on its own)."""
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool = None
+
+    def refuse_oversize(self, num_chars: int, max_model_len: int, param: str) -> None:
+        """A 400 when ``num_chars`` of text need more than ``max_model_len`` tokens whatever they say.
+
+        Checked before tokenizing, so a huge prompt costs nothing: see :func:`max_chars_per_token` for why
+        the bound holds. Tokenizers without a bound skip it (their prompts are still tokenized off the loop).
+        """
+        bound = self.chars_per_token
+        if bound is not None and num_chars > bound * max_model_len:
+            raise APIError(
+                400, f"this model's maximum context length is {max_model_len} tokens, and the {num_chars} characters "
+                f"in the {param} need more than that (one token covers at most {bound} characters here)",
+                param=param, code="context_length_exceeded",
+            )  # fmt: skip
+
+    def check_content(self, texts: Iterable[tuple[str, str]], param: str) -> None:
+        """A 400 when a text (named by the first item of each pair) contains a control token's text."""
+        if self._control is None:
+            return
+        for where, text in texts:
+            match = self._control.search(text)
+            if match is not None:
+                raise APIError(
+                    400, f"{where} contains the control token {match.group()!r}; this server refuses control-token "
+                    "text in chat content so that it cannot forge chat turns (the operator can allow it with "
+                    "--allow-special-tokens-in-content)", param=param,
+                )  # fmt: skip
 
     def require(self, what: str) -> Any:
         """The tokenizer, or a 400 saying that ``what`` needs one."""
@@ -61,17 +124,20 @@ class Tokens:
         self, messages: Sequence[ChatMessage], add_generation_prompt: bool = True,
         extra: Mapping[str, Any] | None = None,
     ) -> list[int]:  # fmt: skip
-        """Token ids of a conversation through the model's chat template."""
+        """Token ids of a conversation through the model's chat template (blocking: run it through offload)."""
         tok = self.require("chat")
         if not getattr(tok, "chat_template", None):
             raise APIError(400, "this model has no chat template; use /v1/completions with a plain prompt")
         # Templates predating the 'developer' role know it as 'system'.
         conv = [{"role": "system" if m.role == "developer" else m.role, "content": m.text()} for m in messages]
+        self.check_content(((f"messages[{i}].content", m["content"]) for i, m in enumerate(conv)), "messages")
+        kwargs = dict(extra or {})
+        self.check_content(((f"chat_template_kwargs.{k}", v) for k, v in kwargs.items() if isinstance(v, str)),
+                           "chat_template_kwargs")  # fmt: skip
         try:
-            ids = tok.apply_chat_template(conv, add_generation_prompt=add_generation_prompt, tokenize=True,
-                                          **dict(extra or {}))  # fmt: skip
-        except Exception as exc:  # jinja raises its own errors for conversations a template refuses
-            raise APIError(400, f"chat template failed on these messages: {exc}", param="messages") from None
+            ids = tok.apply_chat_template(conv, add_generation_prompt=add_generation_prompt, tokenize=True, **kwargs)
+        except TemplateError as exc:  # the model's template refuses this conversation, saying why
+            raise APIError(400, f"the chat template refused these messages: {exc}", param="messages") from None
         if isinstance(ids, Mapping) or hasattr(ids, "input_ids"):
             ids = ids["input_ids"]
         return self.check_ids([int(t) for t in ids], "messages")
