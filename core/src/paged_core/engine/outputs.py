@@ -57,8 +57,9 @@ class CompletionOutput:
 class RequestOutput:
     """The state of one request after a step (or at the end, from :meth:`LLM.generate`).
 
-    ``error`` is set (and ``outputs`` empty) when the request was refused; in a
-    batch, a refused request never affects the others.
+    ``error`` is set (and ``outputs`` empty) when the request was refused, or when
+    a step failed on it (see :attr:`LLMEngine.failed`); in a batch, a refused or
+    failed request never affects the others.
     """
 
     request_id: str
