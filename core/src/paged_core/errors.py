@@ -25,3 +25,7 @@ class BackendNotFoundError(PagedError, LookupError):
 
 class BackendUnavailableError(PagedError, RuntimeError):
     """The backend exists but cannot run here; the message says why."""
+
+
+class EngineDeadError(PagedError, RuntimeError):
+    """The engine core stopped (its process died, or its thread broke); no request can be served."""

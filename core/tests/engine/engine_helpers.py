@@ -32,10 +32,10 @@ def run_to_end(engine: LLMEngine, max_steps: int = 500) -> dict[str, RequestOutp
         for out in engine.step():
             if out.finished:
                 final[out.request_id] = out
-    raise AssertionError(f"requests still unfinished after {max_steps} steps: {sorted(engine.groups)}")
+    raise AssertionError(f"requests still unfinished after {max_steps} steps: {sorted(engine.core.groups)}")
 
 
 def all_blocks_free(engine: LLMEngine) -> bool:
     """True when every usable KV block is back in the pool."""
-    pool = engine.scheduler.kv.pool
+    pool = engine.core.scheduler.kv.pool
     return bool(pool.num_free_blocks == pool.num_usable_blocks)

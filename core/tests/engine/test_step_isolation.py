@@ -20,7 +20,7 @@ POISON_SEED = 666  # the row whose sampling is made to fail
 
 def poison_sampler(engine: LLMEngine, monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """Make every sampler call that includes the poisoned row raise; returns the batch sizes it was called with."""
-    real = engine.sampler.sample
+    real = engine.core.sampler.sample
     calls: list[int] = []
 
     def sample(logits: torch.Tensor, states: Sequence[SamplingState], num_samples: Any = None) -> SamplerOutput:
@@ -29,7 +29,7 @@ def poison_sampler(engine: LLMEngine, monkeypatch: pytest.MonkeyPatch) -> list[i
             raise OverflowError("Overflow when unpacking long long")
         return real(logits, states, num_samples)
 
-    monkeypatch.setattr(engine.sampler, "sample", sample)
+    monkeypatch.setattr(engine.core.sampler, "sample", sample)
     return calls
 
 
@@ -67,18 +67,18 @@ def test_a_failed_forward_ends_only_the_requests_of_that_step(
     engine = make_engine(tiny_loaded, max_num_seqs=2)
     first = [engine.add_request([1, 2, i + 3], SamplingParams(max_tokens=3, seed=i)) for i in range(2)]
     waiting = engine.add_request([7, 8], SamplingParams(max_tokens=3, seed=5))
-    real = engine.runner.forward
+    real = engine.core.runner.forward
 
     def broken(batch: Any) -> torch.Tensor:
-        monkeypatch.setattr(engine.runner, "forward", real)  # fails once
+        monkeypatch.setattr(engine.core.runner, "forward", real)  # fails once
         raise RuntimeError("device lost")
 
-    monkeypatch.setattr(engine.runner, "forward", broken)
+    monkeypatch.setattr(engine.core.runner, "forward", broken)
     with pytest.raises(RuntimeError, match="device lost"):
         engine.step()
     assert sorted(engine.failed) == sorted(first)
     assert all("the engine step running this request failed (RuntimeError)" == m for m in engine.failed.values())
-    assert list(engine.groups) == [waiting]
+    assert list(engine.core.groups) == [waiting]
     final, failed = step_all(engine)
     assert not failed and final[waiting].error is None and len(final[waiting].outputs[0].token_ids) == 3
     assert all_blocks_free(engine)
@@ -91,13 +91,16 @@ def test_a_failed_step_after_sampling_reports_every_request_it_ran(
     engine = make_engine(tiny_loaded)
     ids = [engine.add_request([1, 2, i + 3], SamplingParams(max_tokens=1 + i, seed=i)) for i in range(2)]
 
-    def broken(rid: str) -> RequestOutput:
+    real = engine.core._apply
+
+    def broken(*args: Any) -> Any:
+        real(*args)  # the step's requests are updated (and some finished) before the failure
         raise RuntimeError("emit failed")
 
-    monkeypatch.setattr(engine, "_emit", broken)
+    monkeypatch.setattr(engine.core, "_apply", broken)
     with pytest.raises(RuntimeError, match="emit failed"):
         engine.step()
-    assert sorted(engine.failed) == sorted(ids) and not engine.groups and all_blocks_free(engine)
+    assert sorted(engine.failed) == sorted(ids) and not engine.core.groups and all_blocks_free(engine)
 
 
 def test_failed_is_reset_by_each_step(tiny_loaded: Any, monkeypatch: pytest.MonkeyPatch) -> None:

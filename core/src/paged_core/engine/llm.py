@@ -29,10 +29,22 @@ class LLM:
     best available backend; keyword arguments are :class:`EngineConfig`
     fields (``backend``, ``dtype``, ``kv_cache_memory``, ``max_num_seqs``,
     ``max_num_batched_tokens``, ``block_size``, ``enable_prefix_caching``...).
+    ``multiprocess=True`` runs the engine core in a child process (as ``paged serve`` does);
+    outputs are the same token for token. Call :meth:`close` (or use ``with``) to stop it.
     """
 
-    def __init__(self, model: str | None = None, **kwargs: Any) -> None:
-        self.engine = LLMEngine(EngineConfig(model=model, **kwargs))
+    def __init__(self, model: str | None = None, *, multiprocess: bool = False, **kwargs: Any) -> None:
+        self.engine = LLMEngine(EngineConfig(model=model, **kwargs), multiprocess=multiprocess)
+
+    def close(self) -> None:
+        """Stop the engine core (a child process exits); idempotent."""
+        self.engine.shutdown()
+
+    def __enter__(self) -> LLM:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     def reconfigured(self, **changes: Any) -> LLM:
         """A new LLM sharing this one's weights, tokenizer and backend, with a fresh KV cache and scheduler.
@@ -90,19 +102,7 @@ class LLM:
         chat_template_kwargs: Mapping[str, Any] | None = None,
     ) -> list[int]:
         """Token ids of a conversation rendered through the model's chat template."""
-        tok = self.engine.tokenizer
-        if tok is None or not getattr(tok, "chat_template", None):
-            raise RequestRejectedError("this model has no chat template; use generate() with a plain prompt")
-        for i, m in enumerate(conversation):
-            if not isinstance(m, Mapping) or "role" not in m or "content" not in m:
-                raise RequestRejectedError(f"messages[{i}] must be a dict with 'role' and 'content', got {m!r}")
-        ids = tok.apply_chat_template(
-            list(conversation), add_generation_prompt=add_generation_prompt, tokenize=True,
-            **dict(chat_template_kwargs or {}),
-        )  # fmt: skip
-        if isinstance(ids, Mapping) or hasattr(ids, "input_ids"):
-            ids = ids["input_ids"]
-        return [int(t) for t in ids]
+        return self.engine.input.render_chat(conversation, add_generation_prompt, chat_template_kwargs)
 
     def stream(self, prompt: Prompt, sampling_params: SamplingParams | None = None) -> Iterator[RequestOutput]:
         """Run one request and yield its output after every step that changed it (for streaming UIs)."""

@@ -18,9 +18,10 @@ from paged_core.sched.output import SchedulerOutput
 class ModelRunner:
     """Runs a causal LM over a paged KV cache, one scheduler step at a time.
 
-    The runner mirrors what the scheduler told it (new rows, blocks gained,
-    copy-on-write replacements, finished and preempted rows) and never asks
-    the scheduler anything, so the two could live in different processes.
+    The runner mirrors what the scheduler told it (new rows, tokens and blocks
+    gained, copy-on-write replacements, finished and preempted rows) and never
+    asks the scheduler anything: it is a function of the scheduler outputs, so
+    the two could live in different processes.
     ``forward`` is the model path (the fused decoder or transformers'
     modules, see :mod:`paged_core.engine.forward`); ``graph_mode`` picks how
     steps run (see :mod:`paged_core.engine.executors`).
@@ -76,10 +77,12 @@ class ModelRunner:
         for new in out.scheduled_new_reqs:
             self.rows[new.req_id] = RowState(list(new.token_ids), list(new.block_ids), new.num_computed_tokens)
         cached = out.scheduled_cached_reqs
-        for rid, blocks, computed in zip(
-            cached.req_ids, cached.new_block_ids, cached.num_computed_tokens, strict=True
+        for rid, blocks, computed, tokens in zip(
+            cached.req_ids, cached.new_block_ids, cached.num_computed_tokens, cached.new_token_ids, strict=True
         ):
             row = self.rows[rid]
+            if tokens:
+                row.token_ids.extend(tokens)
             if blocks:
                 row.block_ids.extend(blocks)
             row.num_computed = computed
@@ -87,12 +90,6 @@ class ModelRunner:
             table = self.rows[rid].block_ids
             for index, block_id in replaced:
                 table[index] = block_id
-
-    def append_tokens(self, req_id: str, token_ids: list[int]) -> None:
-        """Record tokens the engine accepted for a row (they are the next step's inputs)."""
-        row = self.rows.get(req_id)
-        if row is not None:
-            row.token_ids.extend(token_ids)
 
     def copy_blocks(self, pairs: list[tuple[int, int]]) -> None:
         """Copy-on-write: duplicate shared blocks in every layer before attention writes into them."""

@@ -24,12 +24,16 @@ class CachedRequestData:
     """Requests the runner already knows, as parallel lists (cheap at thousands of rows).
 
     ``new_block_ids[i]`` are only the blocks gained this step (appended to the
-    row's table); ``num_computed_tokens[i]`` is the count before this step.
+    row's table); ``num_computed_tokens[i]`` is the count before this step;
+    ``new_token_ids[i]`` are the tokens appended to the request since the runner
+    last heard of it (the tokens sampled in earlier steps), so the runner needs
+    nothing but scheduler outputs to know every row's inputs.
     """
 
     req_ids: list[str] = field(default_factory=list)
     new_block_ids: list[list[int]] = field(default_factory=list)
     num_computed_tokens: list[int] = field(default_factory=list)
+    new_token_ids: list[list[int]] = field(default_factory=list)
 
 
 @dataclass(slots=True)

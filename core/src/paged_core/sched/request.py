@@ -59,6 +59,7 @@ class Request:
         "status",
         "stop_reason",
         "stop_token_ids",
+        "num_announced_tokens",
     )
 
     def __init__(
@@ -101,6 +102,7 @@ class Request:
         self.lora_id = lora_id
         self.extra_keys = extra_keys
         self.num_computed_tokens = 0
+        self.num_announced_tokens = 0  # tokens the model runner has been told of (through scheduler outputs)
         self.spec_token_ids: list[int] = []
         self.block_hashes: list[bytes] = []
         self.num_cached_tokens = -1  # prefix-cache hit at first admission; -1 until admitted

@@ -212,6 +212,7 @@ class Scheduler:
         new_reqs: list[NewRequestData] = []
         cached = CachedRequestData()
         cached_ids, cached_blocks, cached_computed = cached.req_ids, cached.new_block_ids, cached.num_computed_tokens
+        cached_tokens = cached.new_token_ids
         spec: dict[str, list[int]] = {}
         unannounced = self._unannounced
         copies, replaced = kv.take_copies()
@@ -227,6 +228,8 @@ class Scheduler:
                 cached_ids.append(rid)
                 cached_blocks.append([b.block_id for b in gained] if gained else [])
                 cached_computed.append(req.num_computed_tokens)
+                cached_tokens.append(req.all_token_ids[req.num_announced_tokens :])
+            req.num_announced_tokens = len(req.all_token_ids)
             computed = req.num_computed_tokens + n
             if computed > len(req.all_token_ids):
                 spec[rid] = req.spec_token_ids[: computed - len(req.all_token_ids)]
