@@ -33,7 +33,7 @@ def backend_name() -> str:
 @pytest.fixture(scope="session")
 def loaded(tiny_model_dir: Path, backend_name: str) -> Any:
     """Weights and tokenizer loaded once; each server gets a fresh KV cache and scheduler around them."""
-    from paged_core.api import LLMEngine
     from paged_core.engine.config import EngineConfig
+    from paged_core.engine.core import EngineCore
 
-    return LLMEngine(EngineConfig(model=str(tiny_model_dir), backend=backend_name, kv_cache_memory="2MiB")).loaded
+    return EngineCore(EngineConfig(model=str(tiny_model_dir), backend=backend_name, kv_cache_memory="2MiB")).loaded

@@ -105,13 +105,13 @@ def metric_values(text: str) -> dict[str, float]:
 
 
 def make_engine(loaded: Any, **overrides: Any) -> Any:
-    """A fresh engine over the shared weights (2 MiB of KV unless overridden)."""
-    from paged_core.api import LLMEngine
+    """A fresh in-process engine core over the shared weights (2 MiB of KV unless overridden)."""
     from paged_core.engine.config import EngineConfig
+    from paged_core.engine.core import EngineCore
 
     fields = {"model": str(loaded.source.directory), "kv_cache_memory": "2MiB", "max_num_seqs": 128}
     fields.update(overrides)
-    return LLMEngine(EngineConfig(**fields), loaded)
+    return EngineCore(EngineConfig(**fields), loaded)
 
 
 @contextlib.contextmanager

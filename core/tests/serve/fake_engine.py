@@ -1,13 +1,13 @@
-"""A deterministic stand-in for LLMEngine: characters are tokens, each step appends one letter per sequence."""
+"""A deterministic stand-in for EngineCore: characters are tokens, each step appends one letter per sequence."""
 
 from __future__ import annotations
 
 import time
-from types import SimpleNamespace
 from typing import Any
 
-from paged_core.api import CompletionOutput, PrefixCacheStats, RequestMetrics, RequestOutput, SamplingParams
+from paged_core.engine.messages import CoreAbort, CoreFacts, CoreOutputs, CoreRequest, SchedulerStats, SeqDelta
 from paged_core.errors import RequestRejectedError
+from paged_core.sampling.params import SamplingParams
 
 VOCAB = 1000
 REFUSED_TOKEN = 999  # a prompt containing this id is refused by add_request
@@ -33,72 +33,76 @@ class CharTokenizer:
 
 
 class FakeEngine:
-    """Sequence ``j`` of a request emits ``'a' + j`` each step until ``max_tokens``; logprobs are ``-0.5``."""
+    """An engine core: sequence ``j`` of a request emits ``'a' + j`` each step until ``max_tokens``.
+
+    Logprobs are ``-0.5`` for the token and ``-1.5`` for token 200.
+    """
 
     def __init__(self, max_len: int = 100) -> None:
         self.tokenizer = CharTokenizer()
-        config = SimpleNamespace(get_text_config=lambda: SimpleNamespace(vocab_size=VOCAB))
-        self.loaded = SimpleNamespace(model=SimpleNamespace(config=config), source=SimpleNamespace(name="fake"))
-        self.pool = SimpleNamespace(usage=0.0, num_free_blocks=10, num_usable_blocks=10)
-        self.scheduler = SimpleNamespace(max_len=max_len, kv=SimpleNamespace(pool=self.pool, stats=PrefixCacheStats()),
-                                         config=SimpleNamespace(max_num_seqs=256),
-                                         num_running=0, num_waiting=0, num_preemptions=0)  # fmt: skip
-        from paged_core.engine.executors import StepStats
-
-        self.runner = SimpleNamespace(executor=SimpleNamespace(mode="eager", stats=StepStats()))
+        self.max_len = max_len
         self.groups: dict[str, dict[str, Any]] = {}
         self.fail_next_step = False
         self.aborted: list[str] = []
+        self.steps = 0
 
-    def add_request(self, prompt: list[int], params: SamplingParams, *, request_id: str, cache_salt: str | None = None,
-                    priority: int = 0) -> str:  # fmt: skip
-        if REFUSED_TOKEN in prompt:
+    def facts(self) -> CoreFacts:
+        return CoreFacts(
+            model_name="fake", model_source="fake", vocab_size=VOCAB, eos_token_ids=[], max_model_len=self.max_len,
+            block_size=16, num_usable_blocks=10, max_num_seqs=256, backend="fake", dtype="float32",
+            graph_mode="eager", model_path="fake",
+        )  # fmt: skip
+
+    def stats(self) -> SchedulerStats:
+        return SchedulerStats(kv_usage=min(1.0, len(self.groups) / 10), num_free_blocks=10, num_usable_blocks=10,
+                              num_running=len(self.groups), steps=self.steps)  # fmt: skip
+
+    def call(self, method: str) -> Any:
+        return True
+
+    def add_request(self, request: CoreRequest) -> None:
+        if REFUSED_TOKEN in request.prompt_token_ids:
             raise RequestRejectedError("SamplingParams.max_tokens must be refused for this prompt")
-        self.groups[request_id] = {"prompt": list(prompt), "params": params, "tokens": [[] for _ in range(params.n)],
-                                   "metrics": RequestMetrics(arrival_time=time.monotonic(),
-                                                             num_prompt_tokens=len(prompt))}  # fmt: skip
-        self._sync()
-        return request_id
+        n = request.params.n
+        self.groups[request.request_id] = {"params": request.params, "tokens": [[] for _ in range(n)],
+                                           "done": [False] * n}  # fmt: skip
 
-    def abort_request(self, ids: list[str]) -> None:
-        for rid in ids:
+    def abort(self, abort: CoreAbort) -> None:
+        for rid in abort.request_ids:
             if self.groups.pop(rid, None) is not None:
                 self.aborted.append(rid)
-        self._sync()
+        for rid, index in abort.sequences:
+            g = self.groups.get(rid)
+            if g is not None:
+                g["done"][index] = True
+                if all(g["done"]):
+                    del self.groups[rid]
 
     def has_unfinished_requests(self) -> bool:
         return bool(self.groups)
 
-    def step(self) -> list[RequestOutput]:
+    def step(self) -> CoreOutputs:
+        self.steps += 1
         if self.fail_next_step:
             self.fail_next_step = False
-            raise RuntimeError("simulated kernel failure")
+            failed = dict.fromkeys(self.groups, "the engine step running this request failed (RuntimeError)")
+            deltas = [SeqDelta(rid, 0, [], finish_reason="abort", error=why) for rid, why in failed.items()]
+            self.groups.clear()
+            return CoreOutputs(deltas, self.stats(), failed, step_error="RuntimeError('simulated kernel failure')")
         time.sleep(0.002)  # a step takes time, so requests overlap
-        outputs = []
+        deltas = []
         for rid, g in list(self.groups.items()):
             p: SamplingParams = g["params"]
-            outs = []
             for j, toks in enumerate(g["tokens"]):
+                if g["done"][j]:
+                    continue
                 tok = ord("a") + j
                 toks.append(tok)
                 done = len(toks) >= p.max_tokens
-                outs.append(CompletionOutput(
-                    index=j, text="".join(map(chr, toks)), token_ids=list(toks),
-                    finish_reason="length" if done else None,
-                    logprobs=[{t: -0.5, 200: -1.5} for t in toks] if p.logprobs is not None else None,
-                    new_text=chr(tok), new_token_ids=[tok],
-                ))  # fmt: skip
-            m: RequestMetrics = g["metrics"]
-            if m.first_token_time is None:
-                m.first_token_time = time.monotonic()
-            finished = all(o.finish_reason for o in outs)
-            if finished:
-                m.finished_time = time.monotonic()
+                deltas.append(SeqDelta(rid, j, [tok], [{tok: -0.5, 200: -1.5}] if p.logprobs is not None else None,
+                                       finish_reason="length" if done else None,
+                                       num_cached_tokens=0 if len(toks) == 1 else -1))  # fmt: skip
+                g["done"][j] = done
+            if all(g["done"]):
                 del self.groups[rid]
-            outputs.append(RequestOutput(rid, None, g["prompt"], outs, finished, m))
-        self._sync()
-        return outputs
-
-    def _sync(self) -> None:
-        self.scheduler.num_running = len(self.groups)
-        self.pool.usage = min(1.0, len(self.groups) / 10)
+        return CoreOutputs(deltas, self.stats())

@@ -10,13 +10,15 @@ from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
 from paged_core.api import RequestMetrics, RequestOutput, SamplingParams
+from paged_core.engine.messages import CoreRequest
+from paged_core.engine.messages import SchedulerStats as EngineStats
 from paged_core.errors import ConfigError, RequestRejectedError
 from paged_core.serve import AsyncEngine, EngineDeadError, ServeConfig, build_app
 from paged_core.serve.body import decode_json
+from paged_core.serve.core_client import ThreadCoreClient
 from paged_core.serve.errors import APIError
 from paged_core.serve.metrics import ServerMetrics
 from paged_core.serve.params import check_context
-from paged_core.serve.stats import EngineStats
 from paged_core.serve.tokens import _BYTES
 
 from .fake_engine import REFUSED_TOKEN, FakeEngine
@@ -100,7 +102,7 @@ def test_async_engine_serves_refuses_aborts_and_stops() -> None:
     engine = FakeEngine()
 
     async def scenario() -> None:
-        ae = AsyncEngine(engine)
+        ae = AsyncEngine(ThreadCoreClient(engine), engine.tokenizer)
         ae.start()
         try:
             stream = await ae.add("r1", [5, 6], SamplingParams(max_tokens=3))
@@ -131,15 +133,18 @@ def test_async_engine_serves_refuses_aborts_and_stops() -> None:
 
 def test_adds_racing_a_stop_are_refused_not_left_hanging() -> None:
     async def scenario() -> None:
-        ae = AsyncEngine(FakeEngine())
+        fake = FakeEngine()
+        ae = AsyncEngine(ThreadCoreClient(fake), fake.tokenizer)
         ae.start()
         ae.stop()
         with pytest.raises(EngineDeadError):  # after stop, add refuses up front
             await ae.add("late", [5], SamplingParams())
         # An add that slipped into the queue just as the thread ended gets settled, not forgotten.
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        ae._cmds.put(("add", "racing", [5], SamplingParams(), None, 0, fut))
-        ae._refuse_queued()
+        client = ae.client
+        assert isinstance(client, ThreadCoreClient)
+        client._cmds.put(("add", CoreRequest("racing", [5], SamplingParams()), fut))
+        client._refuse_queued()
         with pytest.raises(EngineDeadError):
             await asyncio.wait_for(fut, 5)
 

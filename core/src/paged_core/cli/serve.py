@@ -40,6 +40,9 @@ def register(subparsers: Any) -> None:
     g.add_argument("--allow-special-tokens-in-content", action="store_true",
                    help="let chat message content contain control-token text such as <|im_start|> (default: refused, "
                    "so a user cannot forge a system turn)")  # fmt: skip
+    g.add_argument("--engine-in-process", action="store_true",
+                   help="run the engine core on a thread of the API server's process (default: its own process, so "
+                   "HTTP, JSON and detokenizing never share a GIL with the model)")  # fmt: skip
     g.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"))
     add_engine_args(parser)
     parser.set_defaults(func=run)
@@ -63,5 +66,4 @@ def run(args: argparse.Namespace) -> int:
         log_level=args.log_level, max_queued_requests=args.max_queued_requests, idle_timeout=args.idle_timeout,
         header_timeout=args.header_timeout, body_timeout=args.body_timeout,
     )  # fmt: skip
-    run_server(engine_config_from(args), config)
-    return 0
+    return run_server(engine_config_from(args), config, in_process=args.engine_in_process)

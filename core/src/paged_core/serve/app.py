@@ -15,6 +15,7 @@ from paged_core.serve.async_engine import AsyncEngine
 from paged_core.serve.auth import BearerAuth
 from paged_core.serve.body import parse_body
 from paged_core.serve.config import ServeConfig
+from paged_core.serve.core_client import ThreadCoreClient
 from paged_core.serve.errors import APIError, CatchUnexpected, install_handlers
 from paged_core.serve.health import HealthProbe, health_response
 from paged_core.serve.metrics import ServerMetrics
@@ -24,17 +25,21 @@ from paged_core.serve.state import ServerState, get_state
 from paged_core.serve.tokens import Tokens
 
 
-def build_app(engine: Any, config: ServeConfig | None = None) -> FastAPI:
-    """An OpenAI-compatible app serving ``engine`` (an :class:`LLMEngine`); the engine thread runs while it does."""
+def build_app(engine: AsyncEngine | Any, config: ServeConfig | None = None) -> FastAPI:
+    """An OpenAI-compatible app serving ``engine``; the core runs (and is stopped) with the app's lifespan.
+
+    ``engine`` is an :class:`AsyncEngine` (over a core process or a core thread), or an in-process
+    :class:`~paged_core.engine.core.EngineCore` (or anything with its interface), which gets a thread.
+    """
     config = config or ServeConfig()
-    aengine = AsyncEngine(engine)
+    aengine = engine if isinstance(engine, AsyncEngine) else AsyncEngine(ThreadCoreClient(engine), engine.tokenizer)
     metrics = ServerMetrics(lambda: aengine.stats)
     aengine.observer = metrics.observe
-    vocab = int(engine.loaded.model.config.get_text_config().vocab_size)
+    facts = aengine.facts
     state = ServerState(
         config=config, engine=aengine, metrics=metrics,
-        tokens=Tokens(engine.tokenizer, vocab, allow_special_in_content=config.allow_special_tokens_in_content),
-        model_name=config.served_model_name or engine.loaded.source.name, max_model_len=int(engine.scheduler.max_len),
+        tokens=Tokens(aengine.input, allow_special_in_content=config.allow_special_tokens_in_content),
+        model_name=config.served_model_name or facts.model_name, max_model_len=facts.max_model_len,
     )  # fmt: skip
 
     @asynccontextmanager

@@ -1,34 +1,34 @@
-"""AsyncEngine: the engine stepped on its own thread, fed by a command queue, read through asyncio queues.
+"""AsyncEngine: the server's front end: input and output processing on the event loop, a core behind a client.
 
-The engine is not thread-safe, so exactly one thread touches it. HTTP
-handlers send ``add``/``abort`` commands; after each step the thread hands
-the outputs to the event loop in one ``call_soon_threadsafe`` and starts the
-next step at once, so turning outputs into JSON overlaps the model's work.
+HTTP handlers :meth:`~AsyncEngine.add` requests and read their :class:`RequestStream`; the core
+(a thread or a child process, see :mod:`paged_core.serve.core_client`) sends token deltas, which
+the :class:`~paged_core.engine.output.OutputProcessor` turns into cumulative outputs here. When
+the core dies every open stream ends with :class:`EngineDeadError` naming the cause, and
+``on_dead`` lets the server exit (so a supervisor restarts it).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import queue
-import threading
 import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
+from paged_core.engine.input import InputProcessor
+from paged_core.engine.messages import CoreAbort, CoreFacts, CoreOutputs, SchedulerStats
+from paged_core.engine.output import OutputProcessor
 from paged_core.engine.outputs import RequestOutput
-from paged_core.errors import PagedError
+from paged_core.errors import EngineDeadError, PagedError
 from paged_core.sampling.params import SamplingParams
-from paged_core.serve.stats import EngineStats, snapshot
+from paged_core.serve.core_client import AsyncCoreClient
 
 log = logging.getLogger("paged.serve")
 
 StepObserver = Callable[[list[RequestOutput], float], None]
 Sink = asyncio.Queue[RequestOutput | BaseException]
 
-
-class EngineDeadError(RuntimeError):
-    """The engine thread stopped; no request can be served."""
+__all__ = ["AsyncEngine", "EngineDeadError", "RequestFailedError", "RequestStream"]
 
 
 class RequestFailedError(RuntimeError):
@@ -58,44 +58,57 @@ class RequestStream:
 
 
 class AsyncEngine:
-    """Runs ``engine.step()`` on a background thread and serves asyncio callers.
+    """Serves asyncio callers from one engine core.
 
-    ``observer(outputs, step_end_time)`` is called on the event loop after
-    every step that produced outputs (the server's metrics hang there).
+    ``observer(outputs, step_end_time)`` is called on the event loop after every step that produced
+    outputs (the server's metrics hang there); ``on_dead(why)`` once, if the core dies.
     """
 
-    def __init__(self, engine: Any, observer: StepObserver | None = None) -> None:
-        self.engine = engine
+    def __init__(
+        self, client: AsyncCoreClient, tokenizer: Any | None, observer: StepObserver | None = None,
+        on_dead: Callable[[str], None] | None = None,
+    ) -> None:  # fmt: skip
+        self.client = client
+        self.facts: CoreFacts = client.facts
+        self.tokenizer = tokenizer
+        self.input = InputProcessor(tokenizer, self.facts)
+        self.output = OutputProcessor(tokenizer)
         self.observer = observer
-        self.stats: EngineStats = snapshot(engine, 0)  # safe here: the engine thread has not started yet
-        self._cmds: queue.Queue[tuple[Any, ...]] = queue.Queue()
+        self.on_dead = on_dead
         self._streams: dict[str, RequestStream] = {}
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._thread: threading.Thread | None = None
-        self._dead: BaseException | None = None
-        self._steps = 0
+        self._dead: str | None = None
+        self._started = False
+        self._stopped = False
 
     # ---- lifecycle (event loop side) ------------------------------------
     def start(self) -> None:
-        """Start the engine thread; call from the event loop that will read the outputs."""
-        if self._thread is not None:
+        """Start receiving from the core; call from the event loop that will read the outputs."""
+        if self._started:
             raise RuntimeError("AsyncEngine already started")
-        self._loop = asyncio.get_running_loop()
-        self._thread = threading.Thread(target=self._run, name="paged-engine", daemon=True)
-        self._thread.start()
+        self._started = True
+        self.client.start(asyncio.get_running_loop(), self._on_outputs, self._on_dead)
 
-    def stop(self, timeout: float = 10.0) -> None:
-        """Stop the thread after its current step; pending requests end with :class:`EngineDeadError`."""
-        if self._thread is None:
+    def stop(self, timeout: float = 5.0) -> None:
+        """Stop the core; pending requests end with :class:`EngineDeadError`."""
+        if self._stopped:
             return
-        self._cmds.put(("stop",))
-        self._thread.join(timeout)
+        self._stopped = True
+        self.client.shutdown(timeout)
         self._fail_streams(EngineDeadError("server is shutting down"))
 
     @property
+    def stats(self) -> SchedulerStats:
+        """The core's latest scheduler statistics."""
+        return self.client.stats
+
+    @property
     def healthy(self) -> bool:
-        """True while the engine thread is alive and has not died on an error."""
-        return self._thread is not None and self._thread.is_alive() and self._dead is None
+        """True while the core runs and has not died."""
+        return self._started and not self._stopped and self._dead is None and bool(getattr(self.client, "alive", True))
+
+    @property
+    def dead_reason(self) -> str | None:
+        return self._dead
 
     @property
     def num_streams(self) -> int:
@@ -107,130 +120,59 @@ class AsyncEngine:
         self, request_id: str, prompt: list[int], params: SamplingParams, cache_salt: str | None = None,
         priority: int = 0, sink: Sink | None = None,
     ) -> RequestStream:  # fmt: skip
-        """Queue a request; raises the engine's :class:`PagedError` if refused. Outputs go to ``sink`` if given."""
+        """Queue a request; raises :class:`PagedError` if refused. Outputs go to ``sink`` if given."""
         if not self.healthy:
-            raise EngineDeadError(f"engine is not running ({self._dead!r})")
-        loop = asyncio.get_running_loop()
-        accepted: asyncio.Future[None] = loop.create_future()
+            raise EngineDeadError(f"engine is not running ({self._dead or 'stopped'})")
         if request_id in self._streams:
             raise PagedError(f"request id {request_id!r} is already in use")
+        request = self.input.process(request_id, prompt, params, cache_salt=cache_salt, priority=priority)
         stream = RequestStream(request_id, sink)
         self._streams[request_id] = stream
-        self._cmds.put(("add", request_id, prompt, params, cache_salt, priority, accepted))
+        self.output.add(request)
         try:
-            await accepted
+            await self.client.add(request)
         except BaseException:
             # Refused, or the caller went away while waiting: make sure nothing stays queued.
             self._streams.pop(request_id, None)
-            self._cmds.put(("abort", request_id))
+            self.output.remove([request_id])
+            if self.healthy:
+                self.client.abort(CoreAbort(request_ids=[request_id]))
             raise
         return stream
 
     def abort(self, request_id: str) -> bool:
-        """Abort a request (its blocks are freed on the engine thread's next turn); False if it was done."""
+        """Abort a request (its blocks are freed on the core's next turn); False if it was done."""
         stream = self._streams.pop(request_id, None)
         if stream is None:
             return False
-        self._cmds.put(("abort", request_id))
+        self.output.remove([request_id])
+        if self.healthy:
+            self.client.abort(CoreAbort(request_ids=[request_id]))
         return True
 
-    # ---- engine thread --------------------------------------------------
-    def _run(self) -> None:
-        try:
-            while self._drain(block=not self.engine.has_unfinished_requests()):
-                if self.engine.has_unfinished_requests():
-                    self._step()
-                self.stats = snapshot(self.engine, self._steps)
-        except BaseException as exc:  # the loop itself broke: report it and refuse new work
-            log.exception("engine thread died")
-            self._dead = exc
-            self._call(self._fail_streams, EngineDeadError(f"engine thread died: {exc!r}"))
-        finally:
-            self._refuse_queued()
+    async def reset_prefix_cache(self) -> bool:
+        """Drop every cached prefix block in the core (False if some are in use)."""
+        return bool(await self.client.call("reset_prefix_cache"))
 
-    def _refuse_queued(self) -> None:
-        """Settle the futures of adds that arrived after the loop ended, so no caller waits forever."""
-        while True:
-            try:
-                cmd = self._cmds.get_nowait()
-            except queue.Empty:
-                return
-            if cmd[0] == "add":
-                self._call(_settle, cmd[-1], EngineDeadError("engine is not running"))
-
-    def _drain(self, block: bool) -> bool:
-        """Apply queued commands (waiting for one if idle); False once asked to stop."""
-        while True:
-            try:
-                cmd = self._cmds.get(timeout=1.0) if block else self._cmds.get_nowait()
-            except queue.Empty:
-                if block:
-                    self.stats = snapshot(self.engine, self._steps)
-                    continue
-                return True
-            block = False
-            if cmd[0] == "stop":
-                return False
-            if cmd[0] == "abort":
-                self.engine.abort_request([cmd[1]])
-            elif cmd[0] == "add":
-                self._add(*cmd[1:])
-
-    def _add(self, rid: str, prompt: list[int], params: SamplingParams, salt: str | None, priority: int,
-             accepted: asyncio.Future[None]) -> None:  # fmt: skip
-        error: BaseException | None = None
-        try:
-            self.engine.add_request(prompt, params, request_id=rid, cache_salt=salt, priority=priority)
-        except PagedError as exc:
-            error = exc
-        self._call(_settle, accepted, error)
-
-    def _step(self) -> None:
-        try:
-            outputs = self.engine.step()
-        except Exception as exc:
-            log.exception("engine step failed")
-            # The engine ended (and names) the requests of the failed step; the others keep going.
-            failed = self._take_failed()
-            if not failed:
-                # Nothing was attributed (an engine without per-request failures): fail every request, keep serving.
-                ids = list(self.engine.groups)
-                self.engine.abort_request(ids)
-                self._call(self._fail_streams, RuntimeError(f"engine step failed: {exc!r}"), ids)
-                return
-            self._call(self._fail_requests, failed)
-            return
-        self._steps += 1
-        failed = self._take_failed()
-        if failed:
-            # Those requests come back as finished outputs with an error: their streams get the error instead.
-            outputs = [out for out in outputs if out.request_id not in failed]
-            self._call(self._fail_requests, failed)
-        if outputs:
-            self._call(self._deliver, outputs, time.monotonic())
-
-    def _take_failed(self) -> dict[str, str]:
-        """The requests the engine's last step ended on an error (request id -> why), logged here."""
-        failed: dict[str, str] = dict(getattr(self.engine, "failed", None) or {})
-        for rid, why in failed.items():
+    # ---- from the core (event loop side) --------------------------------
+    def _on_outputs(self, outputs: CoreOutputs) -> None:
+        now = time.monotonic()
+        if outputs.step_error is not None:
+            log.error("engine step failed: %s", outputs.step_error)
+        for rid, why in outputs.failed.items():
             log.error("request %s failed: %s", rid, why)
-        return failed
-
-    def _call(self, fn: Callable[..., None], *args: Any) -> None:
-        loop = self._loop
-        if loop is not None and not loop.is_closed():
-            try:
-                loop.call_soon_threadsafe(fn, *args)
-            except RuntimeError:  # the loop closed between the check and the call (shutdown)
-                pass
-
-    # ---- back on the event loop -----------------------------------------
-    def _deliver(self, outputs: list[RequestOutput], now: float) -> None:
+        results, stopped = self.output.process(outputs)
+        if stopped and self.healthy:
+            self.client.abort(CoreAbort(sequences=stopped, stopped=True))
         delivered = []
-        for out in outputs:
+        for out in results:
             stream = self._streams.get(out.request_id)
             if stream is None:
                 continue  # aborted by the server while this step ran
+            if out.error is not None:
+                del self._streams[out.request_id]
+                stream.queue.put_nowait(RequestFailedError(out.error))
+                continue
             stream.queue.put_nowait(out)
             delivered.append(out)
             if out.finished:
@@ -238,24 +180,16 @@ class AsyncEngine:
         if self.observer is not None and delivered:
             self.observer(delivered, now)
 
-    def _fail_requests(self, failed: dict[str, str]) -> None:
-        """End only these requests' streams, each with a :class:`RequestFailedError` saying why."""
-        for rid, why in failed.items():
-            stream = self._streams.pop(rid, None)
-            if stream is not None:
-                stream.queue.put_nowait(RequestFailedError(why))
+    def _on_dead(self, why: str) -> None:
+        if self._dead is not None:
+            return
+        self._dead = why
+        self._fail_streams(EngineDeadError(why))
+        self.output.remove(list(self.output.requests))
+        if self.on_dead is not None:
+            self.on_dead(why)
 
-    def _fail_streams(self, exc: BaseException, ids: list[str] | None = None) -> None:
-        for rid in list(self._streams) if ids is None else ids:
-            stream = self._streams.pop(rid, None)
-            if stream is not None:
-                stream.queue.put_nowait(exc)
-
-
-def _settle(future: asyncio.Future[None], error: BaseException | None) -> None:
-    if future.done():
-        return
-    if error is None:
-        future.set_result(None)
-    else:
-        future.set_exception(error)
+    def _fail_streams(self, exc: BaseException) -> None:
+        for rid in list(self._streams):
+            stream = self._streams.pop(rid)
+            stream.queue.put_nowait(exc)

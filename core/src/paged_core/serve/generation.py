@@ -16,10 +16,9 @@ from collections.abc import AsyncIterator
 from fastapi import Request
 
 from paged_core.engine.outputs import RequestOutput
-from paged_core.errors import PagedError
+from paged_core.errors import EngineDeadError, PagedError
 from paged_core.sampling.params import SamplingParams
 from paged_core.serve.admission import Ticket
-from paged_core.serve.async_engine import EngineDeadError
 from paged_core.serve.errors import APIError, internal_error, rejected
 from paged_core.serve.state import ServerState
 
@@ -56,12 +55,12 @@ class Generation:
                 await engine.add(rid, ids, p, cache_salt, priority, sink=self._sink)
                 self.request_ids.append(rid)
                 self._pending.add(rid)
+        except EngineDeadError as exc:  # before PagedError, which it is: a dead core is a 503, never a 400
+            self.close()
+            raise APIError(503, str(exc)) from None
         except PagedError as exc:
             self.close()
             raise rejected(exc) from None
-        except EngineDeadError as exc:
-            self.close()
-            raise APIError(503, str(exc)) from None
         except BaseException:
             self.close()
             raise

@@ -13,8 +13,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from paged_core.engine.messages import SchedulerStats
 from paged_core.engine.outputs import RequestOutput
-from paged_core.serve.stats import EngineStats
 
 # Latency buckets in seconds, from fast CPU decode steps to minute-long requests.
 _TTFT = (0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
@@ -25,7 +25,7 @@ _E2E = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
 class _EngineCollector(Collector):
     """Reports the engine snapshot at scrape time (the scrape never touches the engine itself)."""
 
-    def __init__(self, read: Callable[[], EngineStats]) -> None:
+    def __init__(self, read: Callable[[], SchedulerStats]) -> None:
         self.read = read
 
     def collect(self) -> Iterator[Metric]:
@@ -64,7 +64,7 @@ class _Tracked:
 class ServerMetrics:
     """Counters and histograms fed from engine outputs, and the engine gauges."""
 
-    read_stats: Callable[[], EngineStats]
+    read_stats: Callable[[], SchedulerStats]
     registry: CollectorRegistry = field(default_factory=CollectorRegistry)
 
     def __post_init__(self) -> None:

@@ -1,27 +1,73 @@
-"""run_server: load the engine, then serve it with uvicorn until interrupted."""
+"""run_server: start the engine core (a child process by default), then serve it with uvicorn until stopped.
+
+Exit status: 0 after SIGTERM or Ctrl-C (in-flight requests get ``drain_timeout`` seconds, then the core is
+stopped and no process is left behind); 1 when the engine core died (every open stream ended with an error
+naming the cause, ``/health`` answered 503 meanwhile), so a supervisor restarts the server.
+"""
 
 from __future__ import annotations
 
+import asyncio
 import logging
+from typing import TYPE_CHECKING
 
 from paged_core.engine.config import EngineConfig
 from paged_core.serve.config import ServeConfig
 
+if TYPE_CHECKING:
+    from paged_core.serve.async_engine import AsyncEngine
+
 log = logging.getLogger("paged.serve")
 
+DRAIN_TIMEOUT = 5.0
+"""Seconds in-flight requests get to finish after SIGTERM or Ctrl-C."""
+DEAD_EXIT_DELAY = 1.0
+"""Seconds the server keeps answering 503 after the core died, before it exits."""
 
-def run_server(engine_config: EngineConfig, config: ServeConfig) -> None:
-    """Build the engine and the app, then block serving HTTP on ``config.host:config.port``."""
+
+def start_engine(engine_config: EngineConfig, in_process: bool = False) -> AsyncEngine:
+    """The :class:`AsyncEngine` over a core process (or, ``in_process``, a core thread); blocks until it runs."""
+    from paged_core.serve.async_engine import AsyncEngine
+    from paged_core.serve.core_client import AsyncMPClient, ThreadCoreClient
+
+    if in_process:
+        from paged_core.engine.core import EngineCore
+
+        core = EngineCore(engine_config)
+        return AsyncEngine(ThreadCoreClient(core), core.tokenizer)
+    from paged_core.engine.mp_client import start_with_tokenizer
+
+    process, tokenizer = start_with_tokenizer(engine_config)
+    log.info("engine core running in process %d", process.pid)
+    return AsyncEngine(AsyncMPClient(process), tokenizer)
+
+
+def run_server(engine_config: EngineConfig, config: ServeConfig, in_process: bool = False) -> int:
+    """Start the engine and the app, then block serving HTTP on ``config.host:config.port``; the exit status."""
     import uvicorn
 
-    from paged_core.engine.engine import LLMEngine
     from paged_core.serve.app import build_app
     from paged_core.serve.timeouts import uvicorn_options
 
-    engine = LLMEngine(engine_config)
-    app = build_app(engine, config)
-    auth = "bearer-token auth on" if config.api_key else "no auth"
-    log.info("serving %s on http://%s:%d (%s)", app.state.paged.model_name, config.host, config.port, auth)
-    timeouts = uvicorn_options(config.idle_timeout, config.header_timeout, config.body_timeout)
-    uvicorn.run(app, host=config.host, port=config.port, log_level=config.log_level, timeout_graceful_shutdown=5,
-                **timeouts)  # fmt: skip
+    engine = start_engine(engine_config, in_process)
+    try:
+        app = build_app(engine, config)
+        timeouts = uvicorn_options(config.idle_timeout, config.header_timeout, config.body_timeout)
+        server = uvicorn.Server(uvicorn.Config(app, host=config.host, port=config.port, log_level=config.log_level,
+                                               timeout_graceful_shutdown=int(DRAIN_TIMEOUT), **timeouts))  # fmt: skip
+        died: list[str] = []
+
+        def on_dead(why: str) -> None:
+            died.append(why)
+            log.error("engine core died (%s); the server exits in %.0f s", why, DEAD_EXIT_DELAY)
+            asyncio.get_running_loop().call_later(DEAD_EXIT_DELAY, setattr, server, "should_exit", True)
+
+        app.state.paged.engine.on_dead = on_dead
+        auth = "bearer-token auth on" if config.api_key else "no auth"
+        mode = "in-process engine" if in_process else "engine-core process"
+        log.info("serving %s on http://%s:%d (%s, %s)", app.state.paged.model_name, config.host, config.port, auth,
+                 mode)  # fmt: skip
+        server.run()
+    finally:
+        engine.stop()  # idempotent; the app's lifespan normally did it
+    return 1 if died else 0

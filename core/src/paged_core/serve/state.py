@@ -30,7 +30,7 @@ class ServerState:
     """The in-flight bound of generation requests (``max_num_seqs + max_queued_requests`` sequences)."""
 
     def __post_init__(self) -> None:
-        running = int(self.engine.engine.scheduler.config.max_num_seqs)
+        running = int(self.engine.facts.max_num_seqs)
         self.admission = Admission(running, self.config.max_queued_requests, self.metrics.set_in_flight,
                                    self.metrics.count_refusal)  # fmt: skip
         self.metrics.in_flight_limit.set(self.admission.capacity)

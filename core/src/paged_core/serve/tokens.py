@@ -17,8 +17,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, ParamSpec, TypeVar
 
-from jinja2 import TemplateError
-
+from paged_core.engine.input import InputError, InputProcessor
 from paged_core.serve.errors import APIError
 from paged_core.serve.protocol import ChatMessage
 from paged_core.serve.tokenizer_facts import control_tokens, max_chars_per_token
@@ -44,12 +43,18 @@ def _byte_decoder() -> dict[str, int]:
 _BYTES = _byte_decoder()
 
 
-class Tokens:
-    """Wraps the engine's tokenizer (read-only use, safe next to the engine thread's decoding)."""
+def _as_api_error(exc: InputError) -> APIError:
+    return APIError(400, str(exc), param=exc.param)
 
-    def __init__(self, tokenizer: Any | None, vocab_size: int, *, allow_special_in_content: bool = False) -> None:
+
+class Tokens:
+    """The server's use of the front end's :class:`InputProcessor` (refusals become 400s), plus logprob pieces."""
+
+    def __init__(self, inputs: InputProcessor, *, allow_special_in_content: bool = False) -> None:
+        tokenizer = inputs.tokenizer
+        self.inputs = inputs
         self.tokenizer = tokenizer
-        self.vocab_size = vocab_size
+        self.vocab_size = inputs.vocab_size
         self._text: dict[int, tuple[str, list[int]]] = {}
         self._byte_level = _is_byte_level(tokenizer)
         self.chars_per_token = max_chars_per_token(tokenizer, self._byte_level)
@@ -104,21 +109,18 @@ class Tokens:
 
     def encode(self, text: str, param: str = "prompt", add_special_tokens: bool = True) -> list[int]:
         """Token ids of ``text``; an empty result is a 400."""
-        if not text:
-            raise APIError(400, f"{param} is empty", param=param)
-        ids = [int(t) for t in self.require("a text prompt").encode(text, add_special_tokens=add_special_tokens)]
-        if not ids:
-            raise APIError(400, f"{param} encodes to no tokens", param=param)
-        return ids
+        self.require("a text prompt")
+        try:
+            return self.inputs.encode(text, param, add_special_tokens)
+        except InputError as exc:
+            raise _as_api_error(exc) from None
 
     def check_ids(self, ids: Sequence[int], param: str) -> list[int]:
         """``ids`` if every one is a valid token id; else a 400 naming the bad ones."""
-        if not ids:
-            raise APIError(400, f"{param} is empty", param=param)
-        bad = [t for t in ids if not 0 <= t < self.vocab_size]
-        if bad:
-            raise APIError(400, f"{param}: token ids must be in [0, {self.vocab_size}); got {bad[:5]}", param=param)
-        return list(ids)
+        try:
+            return self.inputs.check_ids(ids, param)
+        except InputError as exc:
+            raise _as_api_error(exc) from None
 
     def render_chat(
         self, messages: Sequence[ChatMessage], add_generation_prompt: bool = True,
@@ -135,12 +137,9 @@ class Tokens:
         self.check_content(((f"chat_template_kwargs.{k}", v) for k, v in kwargs.items() if isinstance(v, str)),
                            "chat_template_kwargs")  # fmt: skip
         try:
-            ids = tok.apply_chat_template(conv, add_generation_prompt=add_generation_prompt, tokenize=True, **kwargs)
-        except TemplateError as exc:  # the model's template refuses this conversation, saying why
-            raise APIError(400, f"the chat template refused these messages: {exc}", param="messages") from None
-        if isinstance(ids, Mapping) or hasattr(ids, "input_ids"):
-            ids = ids["input_ids"]
-        return self.check_ids([int(t) for t in ids], "messages")
+            return self.inputs.render_chat(conv, add_generation_prompt, kwargs)
+        except InputError as exc:
+            raise _as_api_error(exc) from None
 
     def decode(self, ids: Sequence[int]) -> str:
         """Text of ``ids`` (special tokens kept, as /detokenize should show them)."""
