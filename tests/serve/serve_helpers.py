@@ -114,11 +114,34 @@ def make_engine(loaded: Any, **overrides: Any) -> Any:
     return EngineCore(EngineConfig(**fields), loaded)
 
 
+MODES = ("inproc", "mp")
+"""How a server runs its engine core: a thread of the server process, or a child process (``paged serve``'s default)."""
+
+
+def make_mp_engine(loaded: Any, **overrides: Any) -> Any:
+    """An :class:`AsyncEngine` over a fresh core process loading the same model (as ``paged serve`` starts one)."""
+    from paged_core.engine.config import EngineConfig
+    from paged_core.engine.mp_client import start_with_tokenizer
+    from paged_core.serve.async_engine import AsyncEngine
+    from paged_core.serve.core_client import AsyncMPClient
+
+    fields = {"model": str(loaded.source.directory), "backend": loaded.backend.name, "kv_cache_memory": "2MiB",
+              "max_num_seqs": 128}  # fmt: skip
+    fields.update(overrides)
+    process, tokenizer = start_with_tokenizer(EngineConfig(**fields))
+    return AsyncEngine(AsyncMPClient(process), tokenizer)
+
+
 @contextlib.contextmanager
-def serve(loaded: Any, config: Any = None, **engine_overrides: Any) -> Iterator[ServerThread]:
-    """Serve a fresh engine for the duration of a fixture."""
+def serve(loaded: Any, config: Any = None, mode: str = "inproc", **engine_overrides: Any) -> Iterator[ServerThread]:
+    """Serve a fresh engine for the duration of a fixture (``mode``: one of :data:`MODES`)."""
     from paged_core.serve import ServeConfig, build_app
 
     config = config or ServeConfig(served_model_name=MODEL_NAME)
-    with ServerThread(build_app(make_engine(loaded, **engine_overrides), config)) as server:
-        yield server
+    engine = make_engine(loaded, **engine_overrides) if mode == "inproc" else make_mp_engine(loaded, **engine_overrides)
+    try:
+        with ServerThread(build_app(engine, config)) as server:
+            yield server
+    finally:
+        if mode != "inproc":
+            engine.stop()

@@ -9,7 +9,7 @@ from typing import Any
 import httpx
 import pytest
 
-from .serve_helpers import API_KEY, MODEL_NAME, ServerThread, serve
+from .serve_helpers import API_KEY, MODEL_NAME, MODES, ServerThread, serve
 
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
 GOOD = {"model": MODEL_NAME, "prompt": "Hello", "max_tokens": 2}
@@ -17,13 +17,13 @@ CHAT = {"model": MODEL_NAME, "messages": [{"role": "user", "content": "Hi"}], "m
 LONG = "word " * 600  # far beyond max_model_len (512)
 
 
-@pytest.fixture(scope="module")
-def server(loaded: Any) -> Iterator[ServerThread]:
+@pytest.fixture(scope="module", params=MODES)
+def server(request: pytest.FixtureRequest, loaded: Any) -> Iterator[ServerThread]:
     from paged_core.serve import ServeConfig
 
     config = ServeConfig(served_model_name=MODEL_NAME, api_key=API_KEY, max_n=4, max_tokens_limit=64,
                          max_body_bytes=64 * 1024)  # fmt: skip
-    with serve(loaded, config) as s:
+    with serve(loaded, config, mode=request.param) as s:
         yield s
 
 

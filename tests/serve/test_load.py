@@ -15,16 +15,16 @@ import httpx
 import pytest
 from openai import AsyncOpenAI
 
-from .serve_helpers import MODEL_NAME, ServerThread, metric_values, serve
+from .serve_helpers import MODEL_NAME, MODES, ServerThread, metric_values, serve
 
 CLIENTS = 64
 ROUNDS = 3
 
 
-@pytest.fixture(scope="module")
-def server(loaded: Any) -> Iterator[ServerThread]:
+@pytest.fixture(scope="module", params=MODES)
+def server(request: pytest.FixtureRequest, loaded: Any) -> Iterator[ServerThread]:
     # 2 MiB of KV is 128 blocks: less than 64 clients at full length need, so preemption is exercised too.
-    with serve(loaded, max_num_seqs=64) as s:
+    with serve(loaded, max_num_seqs=64, mode=request.param) as s:
         yield s
 
 

@@ -8,7 +8,7 @@ from typing import Any
 import httpx
 import pytest
 
-from .serve_helpers import MODEL_NAME, ServerThread, metric_values, serve
+from .serve_helpers import MODEL_NAME, MODES, ServerThread, metric_values, serve
 
 GAUGES = ("paged_kv_cache_usage_ratio", "paged_kv_cache_free_blocks", "paged_kv_cache_blocks",
           "paged_requests_running", "paged_requests_waiting")  # fmt: skip
@@ -19,9 +19,9 @@ HISTOGRAMS = ("paged_time_to_first_token_seconds", "paged_inter_token_latency_se
               "paged_e2e_request_latency_seconds")  # fmt: skip
 
 
-@pytest.fixture(scope="module")
-def server(loaded: Any) -> Iterator[ServerThread]:
-    with serve(loaded) as s:
+@pytest.fixture(scope="module", params=MODES)
+def server(request: pytest.FixtureRequest, loaded: Any) -> Iterator[ServerThread]:
+    with serve(loaded, mode=request.param) as s:
         yield s
 
 

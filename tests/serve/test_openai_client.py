@@ -9,14 +9,14 @@ import httpx
 import pytest
 from openai import OpenAI
 
-from .serve_helpers import MODEL_NAME, ServerThread, serve
+from .serve_helpers import MODEL_NAME, MODES, ServerThread, serve
 
 LONG_PROMPT = "The history of paged memory begins with virtual memory systems in the nineteen sixties. " * 6
 
 
-@pytest.fixture(scope="module")
-def server(loaded: Any) -> Iterator[ServerThread]:
-    with serve(loaded) as s:
+@pytest.fixture(scope="module", params=MODES)
+def server(request: pytest.FixtureRequest, loaded: Any) -> Iterator[ServerThread]:
+    with serve(loaded, mode=request.param) as s:
         yield s
 
 
