@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 from collections.abc import Iterator, Mapping
 from collections.abc import Sequence as Seq
@@ -32,7 +31,7 @@ class LLM:
     """
 
     def __init__(self, model: str | None = None, **kwargs: Any) -> None:
-        self.engine = LLMEngine(EngineConfig(model=model, **kwargs))
+        self.engine = LLMEngine(EngineConfig.of(model=model, **kwargs))
 
     def reconfigured(self, **changes: Any) -> LLM:
         """A new LLM sharing this one's weights, tokenizer and backend, with a fresh KV cache and scheduler.
@@ -43,7 +42,7 @@ class LLM:
         fixed = {"model", "backend", "dtype", "device", "trust_remote_code"} & changes.keys()
         if fixed:
             raise ValueError(f"reconfigured() cannot change {sorted(fixed)}: build a new LLM for that")
-        config = dataclasses.replace(self.engine.config, **changes)
+        config = self.engine.config.replace(**changes)
         clone = LLM.__new__(LLM)
         clone.engine = LLMEngine(config, self.engine.loaded)
         return clone
