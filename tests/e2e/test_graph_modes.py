@@ -55,8 +55,7 @@ def test_device_mode_replays_decodes_and_matches_transformers(
     monkeypatch.setattr(executors, "device_graph_refusal", lambda backend: None)
     monkeypatch.setattr(executors, "DeviceGraphStrategy", lambda device_type: EagerStrategy())
     loaded = dataclasses.replace(base.engine.loaded, backend=CapturingReference(device="cpu"))
-    config = dataclasses.replace(base.engine.config, graph_mode="device", model_impl=model_impl,
-                                 capture_sizes=(1, 2, 4, 8))  # fmt: skip
+    config = base.engine.config.replace(graph_mode="device", model_impl=model_impl, capture_sizes=(1, 2, 4, 8))
     llm = LLM.__new__(LLM)
     llm.engine = LLMEngine(config, loaded)
     assert llm.engine.runner.graph_mode == "device"

@@ -59,7 +59,8 @@ def test_gemma2_is_refused_by_the_fused_decoder_with_the_reason(tmp_path_factory
 def test_single_prompt(tiny: tuple[LLM, list, list]) -> None:
     llm, prompts, want = tiny
     specs = llm.engine.loaded.specs
-    if llm.engine.config.model and "mistral" in llm.engine.config.model:
+    model = llm.engine.config.model.model
+    if model and "mistral" in model:
         assert all(s.sliding_window == 48 for s in specs)  # read from the config: Mistral's modules lack it
     assert_same_tokens(llm.generate([prompts[5]], PARAMS, use_tqdm=False), [want[5]])
 

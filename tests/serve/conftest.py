@@ -36,4 +36,4 @@ def loaded(tiny_model_dir: Path, backend_name: str) -> Any:
     from paged_core.engine.config import EngineConfig
     from paged_core.engine.core import EngineCore
 
-    return EngineCore(EngineConfig(model=str(tiny_model_dir), backend=backend_name, kv_cache_memory="2MiB")).loaded
+    return EngineCore(EngineConfig.of(model=str(tiny_model_dir), backend=backend_name, kv_cache_memory="2MiB")).loaded

@@ -111,7 +111,7 @@ def make_engine(loaded: Any, **overrides: Any) -> Any:
 
     fields = {"model": str(loaded.source.directory), "kv_cache_memory": "2MiB", "max_num_seqs": 128}
     fields.update(overrides)
-    return EngineCore(EngineConfig(**fields), loaded)
+    return EngineCore(EngineConfig.of(**fields), loaded)
 
 
 MODES = ("inproc", "mp")
@@ -128,7 +128,7 @@ def make_mp_engine(loaded: Any, **overrides: Any) -> Any:
     fields = {"model": str(loaded.source.directory), "backend": loaded.backend.name, "kv_cache_memory": "2MiB",
               "max_num_seqs": 128}  # fmt: skip
     fields.update(overrides)
-    process, tokenizer = start_with_tokenizer(EngineConfig(**fields))
+    process, tokenizer = start_with_tokenizer(EngineConfig.of(**fields))
     return AsyncEngine(AsyncMPClient(process), tokenizer)
 
 

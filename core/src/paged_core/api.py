@@ -7,7 +7,7 @@ names below follow the plugin API compatibility promise in
 
 from __future__ import annotations
 
-from paged_core.config import CacheConfig, SchedulerConfig
+from paged_core.config import CacheConfig, GraphConfig, ModelConfig, ParallelConfig, SchedulerConfig
 from paged_core.contract.backend import AttentionBackend, Availability
 from paged_core.contract.capabilities import AttentionSpec, BackendCapabilities, GraphSupport
 from paged_core.contract.fused_ops import FusedOps, PackedLinear
@@ -76,6 +76,7 @@ __all__ = [
     "EngineConfig",
     "FusedOps",
     "GraphCaptureStrategy",
+    "GraphConfig",
     "GraphRunner",
     "GraphStats",
     "GraphSupport",
@@ -83,9 +84,11 @@ __all__ = [
     "KVBlock",
     "KVCacheManager",
     "LLMEngine",
+    "ModelConfig",
     "NewRequestData",
     "PackedLinear",
     "PagedError",
+    "ParallelConfig",
     "PrefixCacheStats",
     "ReferenceBackend",
     "Request",

@@ -1,57 +1,158 @@
-"""Engine-independent configuration of the KV cache and the scheduler."""
+"""The five sections of an engine's configuration: model, KV cache, scheduler, graphs, parallelism.
+
+Each section is a frozen dataclass of plain field types (it travels to a
+child process as msgspec JSON) and validates itself in ``__post_init__``:
+errors are :class:`~paged_core.errors.ConfigError` naming the field and what
+is allowed. A field's ``metadata["help"]`` is its one-line description (the
+CLI flags are generated from it, see :mod:`paged_core.cli.engine_args`);
+``metadata`` keys ``flag``, ``choices`` and ``metavar`` shape its flag.
+``None`` in a field whose value the engine derives (``block_size``,
+``num_blocks``, ``max_model_len``) means "derive it"; the KV cache manager
+and the scheduler take only resolved sections (``require_resolved``).
+"""
 
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 from paged_core.errors import ConfigError
+from paged_core.sizes import parse_size
 
+DTYPES = ("auto", "bfloat16", "float16", "float32")
+MODEL_IMPLS = ("auto", "fused", "transformers")
+"""Which model path runs; see :mod:`paged_core.engine.forward`."""
+GRAPH_MODES = ("auto", "eager", "compiled", "device")
+"""How steps run; see :mod:`paged_core.engine.executors`."""
 POLICIES = ("fcfs", "priority")
+HASH_ALGORITHMS = tuple(sorted(a for a in hashlib.algorithms_guaranteed if not a.startswith("shake")))
+"""Digests the prefix cache can chain (shake_* need a length, so they are left out)."""
 MAX_BLOCK_SIZE = 4096
 # Block ids travel as int32 in the block table; slots as int64.
 MAX_NUM_BLOCKS = 2**31 - 1
+MAX_SEED = 2**64 - 1  # torch.manual_seed's range
 
 
-def _require_int(name: str, value: object, low: int, high: int | None = None) -> None:
+def _opt(default: Any, help: str, **cli: Any) -> Any:
+    """A field with its default and its description (plus CLI hints such as ``flag`` or ``choices``)."""
+    return field(default=default, metadata={"help": help, **cli})
+
+
+def _require_int(name: str, value: object, low: int, high: int | None = None, *, optional: bool = False) -> None:
+    if optional and value is None:
+        return
     if not isinstance(value, int) or isinstance(value, bool) or value < low or (high is not None and value > high):
         bound = f">= {low}" if high is None else f"in [{low}, {high}]"
-        raise ConfigError(f"{name} must be an int {bound}, got {value!r}")
+        raise ConfigError(f"{name} must be an int {bound}{' or None' if optional else ''}, got {value!r}")
 
 
-@dataclass(frozen=True, slots=True)
-class CacheConfig:
-    """KV-cache geometry and prefix caching.
+def _require_choice(name: str, value: object, allowed: tuple[str, ...]) -> None:
+    if value not in allowed:
+        raise ConfigError(f"{name} must be one of {', '.join(allowed)}; got {value!r}")
 
-    ``num_blocks`` includes the null block (id 0), so ``num_blocks - 1`` blocks
-    hold KV.
-    """
 
-    num_blocks: int
-    block_size: int = 16
-    enable_prefix_caching: bool = True
-    hash_algorithm: str = "sha256"
+def _require_bool(name: str, value: object) -> None:
+    if not isinstance(value, bool):
+        raise ConfigError(f"{name} must be True or False, got {value!r}")
+
+
+def _require_text(name: str, value: object) -> None:
+    if value is not None and (not isinstance(value, str) or not value):
+        raise ConfigError(f"{name} must be a non-empty string or None, got {value!r}")
+
+
+def _require_set(section: str, names: tuple[str, ...], config: object, user: str) -> None:
+    missing = [n for n in names if getattr(config, n) is None]
+    if missing:
+        raise ConfigError(
+            f"{user} needs a resolved {section}: {' and '.join(missing)} left None (the engine derives them "
+            "when it is built); set them explicitly"
+        )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ModelConfig:
+    """What to load and where: the model, the backend, the compute dtype and device, and the engine's seed."""
+
+    model: str | None = _opt(None, "local model directory or .gguf file (default: the embedded SmolLM2)")
+    backend: str | None = _opt(None, "backend name (default: the best available; see `paged backends`)")
+    dtype: str = _opt("auto", "compute dtype (auto: bf16 where fast, else fp32)", choices=DTYPES)
+    device: str | None = _opt(None, "torch device, e.g. cuda:1 (default: the backend's)")
+    trust_remote_code: bool = _opt(False, "allow model code shipped with the checkpoint (not acted on yet: only "
+                                   "transformers' built-in architectures load)")  # fmt: skip
+    model_impl: str = _opt("auto", "fused: the engine's decoder (Llama/Mistral/Qwen2/Qwen3); transformers: its "
+                           "modules; auto: fused where it applies", choices=MODEL_IMPLS)  # fmt: skip
+    seed: int = _opt(0, "seed of the sampler's shared generator and of torch (requests may bring their own)",
+                     flag="--engine-seed")  # fmt: skip
 
     def __post_init__(self) -> None:
-        _require_int("block_size", self.block_size, 1, MAX_BLOCK_SIZE)
-        _require_int("num_blocks", self.num_blocks, 2, MAX_NUM_BLOCKS)
-        allowed = sorted(a for a in hashlib.algorithms_guaranteed if not a.startswith("shake"))
-        if self.hash_algorithm not in allowed:
-            raise ConfigError(f"hash_algorithm must be one of {', '.join(allowed)}; got {self.hash_algorithm!r}")
+        for name in ("model", "backend", "device"):
+            _require_text(name, getattr(self, name))
+        _require_choice("dtype", self.dtype, DTYPES)
+        _require_bool("trust_remote_code", self.trust_remote_code)
+        _require_choice("model_impl", self.model_impl, MODEL_IMPLS)
+        _require_int("seed", self.seed, 0, MAX_SEED)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CacheConfig:
+    """KV-cache geometry, budget and prefix caching.
+
+    ``num_blocks`` includes the null block (id 0), so ``num_blocks - 1``
+    blocks hold KV. When it is set it wins; else the engine derives it from
+    ``kv_cache_memory`` or, without that, from free memory after profiling
+    (``memory_fraction`` of a GPU; see :mod:`paged_core.engine.kv_budget`).
+    """
+
+    block_size: int | None = _opt(None, "tokens per KV block (default: the backend's)")
+    kv_cache_memory: int | str | None = _opt(None, "KV-cache budget, e.g. 4GiB or a byte count (default: from free "
+                                             "memory)", metavar="SIZE")  # fmt: skip
+    memory_fraction: float = _opt(0.9, "share of GPU memory the engine may use, weights and KV cache together")
+    enable_prefix_caching: bool = _opt(True, "turn off the prefix cache", flag="--no-prefix-caching")
+    hash_algorithm: str = _opt("sha256", "digest chaining the prefix cache's block hashes", choices=HASH_ALGORITHMS)
+    num_blocks: int | None = _opt(None, "KV blocks including the null block (default: from kv_cache_memory)")
+
+    def __post_init__(self) -> None:
+        _require_int("block_size", self.block_size, 1, MAX_BLOCK_SIZE, optional=True)
+        if self.kv_cache_memory is not None:
+            parse_size(self.kv_cache_memory, "kv_cache_memory")
+        fraction = self.memory_fraction
+        if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or not 0.0 < fraction <= 1.0:
+            raise ConfigError(f"memory_fraction must be in (0, 1], got {fraction!r}")
+        object.__setattr__(self, "memory_fraction", float(fraction))
+        _require_bool("enable_prefix_caching", self.enable_prefix_caching)
+        _require_choice("hash_algorithm", self.hash_algorithm, HASH_ALGORITHMS)
+        _require_int("num_blocks", self.num_blocks, 2, MAX_NUM_BLOCKS, optional=True)
+
+    @property
+    def kv_cache_bytes(self) -> int | None:
+        """``kv_cache_memory`` in bytes (``None`` when unset)."""
+        return None if self.kv_cache_memory is None else parse_size(self.kv_cache_memory)
+
+    def require_resolved(self, user: str) -> tuple[int, int]:
+        """``(block_size, num_blocks)``; refuses, naming ``user``, a section that still leaves them to the engine."""
+        _require_set("CacheConfig", ("block_size", "num_blocks"), self, user)
+        return int(self.block_size or 0), int(self.num_blocks or 0)
 
     @classmethod
-    def from_memory(cls, budget_bytes: int, bytes_per_block: int, **kwargs: object) -> CacheConfig:
+    def from_memory(cls, budget_bytes: int, bytes_per_block: int, **kwargs: Any) -> CacheConfig:
         """Size the cache from a byte budget (all layers' K and V for one block = ``bytes_per_block``)."""
-        _require_int("bytes_per_block", bytes_per_block, 1)
-        if budget_bytes < 2 * bytes_per_block:
-            raise ConfigError(
-                f"kv_cache_memory of {budget_bytes} bytes is smaller than two blocks "
-                f"({2 * bytes_per_block} bytes: one usable block plus the null block)"
-            )
-        return cls(num_blocks=min(budget_bytes // bytes_per_block, MAX_NUM_BLOCKS), **kwargs)  # type: ignore[arg-type]
+        return cls(num_blocks=blocks_for_memory(budget_bytes, bytes_per_block), **kwargs)
 
 
-@dataclass(frozen=True, slots=True)
+def blocks_for_memory(budget_bytes: int, bytes_per_block: int) -> int:
+    """How many blocks (the null block included) ``budget_bytes`` holds."""
+    _require_int("bytes_per_block", bytes_per_block, 1)
+    if budget_bytes < 2 * bytes_per_block:
+        raise ConfigError(
+            f"kv_cache_memory of {budget_bytes} bytes is smaller than two blocks "
+            f"({2 * bytes_per_block} bytes: one usable block plus the null block)"
+        )
+    return min(budget_bytes // bytes_per_block, MAX_NUM_BLOCKS)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class SchedulerConfig:
     """Per-step budgets and policies.
 
@@ -60,17 +161,58 @@ class SchedulerConfig:
     must fit in one step's token budget.
     """
 
-    max_model_len: int = 2048
-    max_num_batched_tokens: int = 2048
-    max_num_seqs: int = 256
-    enable_chunked_prefill: bool = True
-    policy: str = "fcfs"
-    num_lookahead_tokens: int = 0
+    max_model_len: int | None = _opt(None, "longest prompt + output (default: the model's, capped by the KV cache)")
+    max_num_batched_tokens: int = _opt(2048, "token budget of one step")
+    max_num_seqs: int = _opt(256, "most requests running at once")
+    enable_chunked_prefill: bool = _opt(True, "prefill each prompt in one step", flag="--no-chunked-prefill")
+    policy: str = _opt("fcfs", "who is preempted first: fcfs (latest arrival) or priority (lowest priority)",
+                       choices=POLICIES)  # fmt: skip
+    num_lookahead_tokens: int = _opt(0, "extra KV slots reserved per decode for speculative tokens")
 
     def __post_init__(self) -> None:
-        _require_int("max_model_len", self.max_model_len, 1)
+        _require_int("max_model_len", self.max_model_len, 1, optional=True)
         _require_int("max_num_batched_tokens", self.max_num_batched_tokens, 1)
         _require_int("max_num_seqs", self.max_num_seqs, 1)
+        _require_bool("enable_chunked_prefill", self.enable_chunked_prefill)
+        _require_choice("policy", self.policy, POLICIES)
         _require_int("num_lookahead_tokens", self.num_lookahead_tokens, 0)
-        if self.policy not in POLICIES:
-            raise ConfigError(f"policy must be one of {', '.join(POLICIES)}; got {self.policy!r}")
+
+    def require_resolved(self, user: str) -> int:
+        """``max_model_len``; refuses, naming ``user``, a section that still leaves it to the engine."""
+        _require_set("SchedulerConfig", ("max_model_len",), self, user)
+        return int(self.max_model_len or 0)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GraphConfig:
+    """How steps run (see :mod:`paged_core.engine.executors`) and where compiled steps are cached."""
+
+    graph_mode: str = _opt("auto", "eager, compiled (torch.compile), device (CUDA/HIP/XPU graphs); auto: device "
+                           "graphs where the backend captures, else eager", choices=GRAPH_MODES)  # fmt: skip
+    capture_sizes: tuple[int, ...] | None = _opt(None, "comma-separated batch sizes that get a device graph "
+                                                 "(default 1,2,4,8,16,... up to max_num_seqs)")  # fmt: skip
+    compile_cache_dir: str | None = _opt(None, "root of the compiled-step cache (default ~/.cache/paged/compile)")
+
+    def __post_init__(self) -> None:
+        _require_choice("graph_mode", self.graph_mode, GRAPH_MODES)
+        if self.capture_sizes is not None:
+            sizes = tuple(self.capture_sizes) if isinstance(self.capture_sizes, (list, tuple)) else ()
+            if not sizes or any(isinstance(v, bool) or not isinstance(v, int) or v < 1 for v in sizes):
+                raise ConfigError(f"capture_sizes must be a non-empty list of ints >= 1, got {self.capture_sizes!r}")
+            object.__setattr__(self, "capture_sizes", sizes)
+        _require_text("compile_cache_dir", self.compile_cache_dir)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ParallelConfig:
+    """How many devices one engine spans; only one for now, the fields are here so the shape is stable."""
+
+    tensor_parallel_size: int = _opt(1, "devices one model is split across (only 1 is supported yet)")
+    data_parallel_size: int = _opt(1, "engine replicas (only 1 is supported yet)")
+
+    def __post_init__(self) -> None:
+        for name in ("tensor_parallel_size", "data_parallel_size"):
+            value = getattr(self, name)
+            _require_int(name, value, 1)
+            if value != 1:
+                raise ConfigError(f"{name}={value} is not supported yet: an engine runs on one device; use 1")

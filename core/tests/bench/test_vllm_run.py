@@ -98,7 +98,7 @@ def test_missing_environment_names_the_setup_script(tmp_path: Path, monkeypatch:
     # Through the entry point too, before anything is run.
     monkeypatch.setenv("PAGED_VLLM_VENV", str(tmp_path / "nowhere"))
     with pytest.raises(ConfigError, match=r"vllm_env\.sh"):
-        run_vllm("vllm", requests(), EngineConfig())
+        run_vllm("vllm", requests(), EngineConfig.of())
 
 
 def test_environment_found_from_a_subfolder_or_the_variable(tmp_path: Path, venv: Path) -> None:
@@ -155,17 +155,17 @@ def test_driver_env_follows_the_cpu_guide(tmp_path: Path, venv: Path, monkeypatc
 
 
 def test_engine_settings_mirror_our_config() -> None:
-    cfg = EngineConfig(dtype="bfloat16", kv_cache_memory="2GiB", max_num_seqs=64, max_num_batched_tokens=1024,
+    cfg = EngineConfig.of(dtype="bfloat16", kv_cache_memory="2GiB", max_num_seqs=64, max_num_batched_tokens=1024,
                        seed=5, enable_prefix_caching=False)  # fmt: skip
     s = vllm_run.engine_settings(cfg, enforce_eager=True)
     assert s == {"dtype": "bfloat16", "kv_cache_bytes": 2 * 2**30, "max_num_seqs": 64, "max_num_batched_tokens": 1024,
                  "enforce_eager": True, "enable_prefix_caching": False, "max_model_len": None, "seed": 5}  # fmt: skip
-    assert vllm_run.engine_settings(EngineConfig(), enforce_eager=False)["kv_cache_bytes"] == 4 * 2**30
-    assert vllm_run.engine_settings(EngineConfig(), enforce_eager=False)["dtype"] == "bfloat16"
+    assert vllm_run.engine_settings(EngineConfig.of(), enforce_eager=False)["kv_cache_bytes"] == 4 * 2**30
+    assert vllm_run.engine_settings(EngineConfig.of(), enforce_eager=False)["dtype"] == "bfloat16"
 
 
 def _run(venv: Path, driver: Path, name: str = "vllm", **kwargs: Any) -> VLLMRunResult:
-    cfg = EngineConfig(dtype="bfloat16", kv_cache_memory="4GiB", enable_prefix_caching=True)
+    cfg = EngineConfig.of(dtype="bfloat16", kv_cache_memory="4GiB", enable_prefix_caching=True)
     return run_vllm(name, requests(), cfg, progress=False, venv=venv, python=sys.executable, driver=driver, **kwargs)
 
 

@@ -56,4 +56,4 @@ def tiny_loaded(tiny_model_dir: Path) -> Any:
 
     names = {r.name for r in load_registry().records() if r.selectable}
     backend = "cpu" if "cpu" in names else "reference"
-    return load(EngineConfig(model=str(tiny_model_dir), backend=backend, kv_cache_memory="1MiB"))
+    return load(EngineConfig.of(model=str(tiny_model_dir), backend=backend, kv_cache_memory="1MiB"))

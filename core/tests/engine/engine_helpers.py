@@ -20,7 +20,7 @@ def make_engine(loaded: Any, **overrides: Any) -> LLMEngine:
                               "graph_mode": "eager", "kv_cache_memory": "1MiB", "max_model_len": 48,
                               "max_num_seqs": 32}  # fmt: skip
     fields.update(overrides)
-    return LLMEngine(EngineConfig(**fields), loaded)
+    return LLMEngine(EngineConfig.of(**fields), loaded)
 
 
 def run_to_end(engine: LLMEngine, max_steps: int = 500) -> dict[str, RequestOutput]:

@@ -17,11 +17,11 @@ def test_unknown_graph_mode_is_refused_with_the_modes() -> None:
     with pytest.raises(ConfigError, match="graph_mode must be one of auto, eager, compiled, device; got 'fast'"):
         resolve_graph_mode("fast", ReferenceBackend())
     with pytest.raises(ConfigError, match="graph_mode must be one of"):
-        EngineConfig(graph_mode="fast")
+        EngineConfig.of(graph_mode="fast")
     with pytest.raises(ConfigError, match="model_impl must be one of auto, fused, transformers"):
-        EngineConfig(model_impl="vllm")
+        EngineConfig.of(model_impl="vllm")
     with pytest.raises(ConfigError, match="capture_sizes"):
-        EngineConfig(capture_sizes=(0, 8))
+        EngineConfig.of(capture_sizes=(0, 8))
 
 
 def test_device_mode_is_refused_where_nothing_can_capture() -> None:

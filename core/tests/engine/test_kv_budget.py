@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from paged_core.engine.kv_budget import CPU_DEFAULT_CAP, default_budget, parse_size
+from paged_core.engine.kv_budget import CPU_DEFAULT_CAP, default_budget
 from paged_core.errors import ConfigError
+from paged_core.sizes import parse_size
 
 
 @pytest.mark.parametrize(

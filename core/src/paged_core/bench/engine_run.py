@@ -132,16 +132,16 @@ def decode_rate(emitted: Sequence[tuple[float, int]], start: float) -> float | N
 
 def engine_config_summary(engine: LLMEngine) -> dict[str, Any]:
     """The engine settings a figure depends on, for the report."""
-    c, kv = engine.config, engine.scheduler.kv
+    s, kv = engine.scheduler.config, engine.scheduler.kv
     return {
         "backend": engine.loaded.backend.name,
         "dtype": str(engine.loaded.dtype).removeprefix("torch."),
         "block_size": kv.block_size,
         "num_kv_blocks": kv.pool.num_usable_blocks,
-        "max_num_seqs": c.max_num_seqs,
-        "max_num_batched_tokens": c.max_num_batched_tokens,
-        "enable_prefix_caching": c.enable_prefix_caching,
-        "enable_chunked_prefill": c.enable_chunked_prefill,
+        "max_num_seqs": s.max_num_seqs,
+        "max_num_batched_tokens": s.max_num_batched_tokens,
+        "enable_prefix_caching": kv.config.enable_prefix_caching,
+        "enable_chunked_prefill": s.enable_chunked_prefill,
         "max_model_len": engine.scheduler.max_len,
         "model_path": engine.runner.forward_impl.name,
         "graph_mode": engine.runner.graph_mode,

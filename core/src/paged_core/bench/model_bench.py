@@ -44,19 +44,19 @@ def _timed(engine: LLMEngine, requests: Sequence[BenchRequest], name: str, progr
 
 def run_model_workload(opts: BenchOptions, requests: Sequence[BenchRequest]) -> dict[str, Any]:
     """Run ours and the chosen baselines; returns ``runs``, ``roofline``, ``engine``, ``model`` and ``device``."""
-    config = EngineConfig(**opts.engine)
+    config = EngineConfig.of(**opts.engine)
     if opts.workload == "prefix":
-        config = dataclasses.replace(config, enable_prefix_caching=True)
+        config = config.replace(enable_prefix_caching=True)
     if {"vllm", "vllm-compiled"} & set(opts.baselines):  # a missing vLLM environment fails now, not after our run
         from paged_core.bench.vllm_run import check_ready
 
-        check_ready(config.model)
+        check_ready(config.model.model)
     engine = LLMEngine(config)
     summary = engine_config_summary(engine)
     runs = [_timed(engine, requests, OURS, opts.progress)]
     if opts.workload == "prefix":
         # Same weights, fresh cache and scheduler, prefix caching off: the figure caching must beat.
-        off = LLMEngine(dataclasses.replace(config, enable_prefix_caching=False), engine.loaded)
+        off = LLMEngine(config.replace(enable_prefix_caching=False), engine.loaded)
         runs.append(_timed(off, requests, NO_PREFIX_CACHE, opts.progress))
         del off
     model = engine.loaded.model
@@ -65,17 +65,18 @@ def run_model_workload(opts: BenchOptions, requests: Sequence[BenchRequest]) -> 
         if name == "hf-static":
             runs.append(run_hf_static(model, requests, opts.hf_batch, opts.progress))
         elif name == "hf-cb":
-            runs.append(run_hf_cb(model, requests, _kv_bytes(engine), config.max_num_batched_tokens, opts.progress))
+            budget = config.scheduler.max_num_batched_tokens
+            runs.append(run_hf_cb(model, requests, _kv_bytes(engine), budget, opts.progress))
         elif name == "reference":
             loaded = dataclasses.replace(engine.loaded, backend=ReferenceBackend(device=engine.loaded.backend.device))
-            ref = LLMEngine(dataclasses.replace(config, block_size=engine.scheduler.kv.block_size), loaded)
+            ref = LLMEngine(config.replace(block_size=engine.scheduler.kv.block_size), loaded)
             runs.append(_timed(ref, requests, "reference", opts.progress))
             del ref
         elif name in ("vllm", "vllm-compiled"):  # vLLM's CPU build, in its own environment (bench/vllm_run.py)
             from paged_core.bench.vllm_run import run_vllm
 
             # The same dtype ours resolved to ("auto" is machine-dependent), so both run the same arithmetic.
-            resolved = dataclasses.replace(config, dtype=str(engine.loaded.dtype).removeprefix("torch."))
+            resolved = config.replace(dtype=str(engine.loaded.dtype).removeprefix("torch."))
             runs.append(run_vllm(name, requests, resolved, opts.progress))
     shape = ModelShape.from_model(model)
     return {

@@ -153,7 +153,7 @@ def kv_bytes(kv_cache_memory: int | str | None) -> int:
     """Our run's KV budget in bytes (4 GiB when it was left to profiling)."""
     if kv_cache_memory is None:
         return DEFAULT_KV_BYTES
-    from paged_core.engine.kv_budget import parse_size
+    from paged_core.sizes import parse_size
 
     return parse_size(kv_cache_memory)
 
@@ -192,16 +192,16 @@ def request_spec(
 
 def engine_settings(config: Any, enforce_eager: bool) -> dict[str, Any]:
     """vLLM's settings from our :class:`~paged_core.engine.config.EngineConfig`: same dtype, budgets and seed."""
-    dtype = config.dtype if config.dtype != "auto" else "bfloat16"
+    m, sched = config.model, config.scheduler
     return {
-        "dtype": dtype,
-        "kv_cache_bytes": kv_bytes(config.kv_cache_memory),
-        "max_num_seqs": config.max_num_seqs,
-        "max_num_batched_tokens": config.max_num_batched_tokens,
+        "dtype": m.dtype if m.dtype != "auto" else "bfloat16",
+        "kv_cache_bytes": kv_bytes(config.cache.kv_cache_memory),
+        "max_num_seqs": sched.max_num_seqs,
+        "max_num_batched_tokens": sched.max_num_batched_tokens,
         "enforce_eager": enforce_eager,
-        "enable_prefix_caching": config.enable_prefix_caching,
-        "max_model_len": config.max_model_len,
-        "seed": config.seed,
+        "enable_prefix_caching": config.cache.enable_prefix_caching,
+        "max_model_len": sched.max_model_len,
+        "seed": m.seed,
     }
 
 
@@ -253,7 +253,7 @@ def run_vllm(
     if name not in VLLM_MODES:
         raise ValueError(f"unknown vLLM baseline {name!r}; choose from {', '.join(VLLM_MODES)}")
     venv = find_venv() if venv is None else venv
-    model = resolve_model(config.model, venv)
+    model = resolve_model(config.model.model, venv)
     settings = engine_settings(config, VLLM_MODES[name])
     spec = request_spec(requests, model, settings, progress=progress)
     with tempfile.TemporaryDirectory(prefix="paged-vllm-") as tmp:

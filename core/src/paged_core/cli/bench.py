@@ -61,14 +61,15 @@ def options_from(args: argparse.Namespace) -> Any:
     from paged_core.cli.engine_args import engine_config_from
 
     try:
-        engine = vars(engine_config_from(args))
+        config = engine_config_from(args)
+        sched = config.scheduler
         kv = KVUtilConfig(
-            kv_tokens=args.kv_tokens, block_size=args.block_size or 16, max_len=args.max_model_len or 2048,
-            max_num_batched_tokens=args.max_num_batched_tokens, max_num_seqs=args.max_num_seqs,
+            kv_tokens=args.kv_tokens, block_size=config.cache.block_size or 16, max_len=sched.max_model_len or 2048,
+            max_num_batched_tokens=sched.max_num_batched_tokens, max_num_seqs=sched.max_num_seqs,
         )  # fmt: skip
         return BenchOptions(
             workload=args.workload, baselines=parse_baselines(args.baseline), num_requests=args.num_requests,
-            output_len=args.output_len, seed=args.seed, hf_batch=args.hf_batch, engine=engine, kv_util=kv,
+            output_len=args.output_len, seed=args.seed, hf_batch=args.hf_batch, engine=config.to_flat(), kv_util=kv,
             progress=not args.no_progress,
         )  # fmt: skip
     except ValueError as exc:

@@ -32,7 +32,7 @@ def run(args: argparse.Namespace) -> int:
 
     setup_logging(args.verbose)
     params = sampling_params_from(args)
-    llm = LLM(**vars(engine_config_from(args)))
+    llm = LLM(**engine_config_from(args).to_flat())
     interactive = sys.stdin.isatty()
     history: list[dict[str, str]] = [{"role": "system", "content": args.system}] if args.system else []
     if interactive:

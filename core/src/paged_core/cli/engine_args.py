@@ -1,38 +1,91 @@
-"""Engine and sampling options shared by ``paged generate``, ``paged chat`` (and later ``serve``/``bench``)."""
+"""Engine and sampling options shared by ``paged generate``, ``chat``, ``serve`` and ``bench``."""
 
 from __future__ import annotations
 
 import argparse
-from typing import Any
+import types
+from typing import Any, Union, get_args, get_origin
 
-from paged_core.engine.config import DTYPES, GRAPH_MODES, MODEL_IMPLS, EngineConfig
+from paged_core.engine.config import EngineConfig, FlatField, flat_fields
 from paged_core.errors import ConfigError
 from paged_core.sampling.params import SamplingParams
 
 
 def add_engine_args(parser: argparse.ArgumentParser) -> None:
-    """``--model``, ``--backend``, ``--dtype``, the KV budget and the scheduler's limits."""
+    """One flag per :class:`EngineConfig` field (``--max-num-seqs``...), generated from the fields' metadata.
+
+    A field's flag is ``--`` plus its name with dashes unless its metadata
+    names another (``--no-prefix-caching``, ``--engine-seed``: ``--seed`` is
+    the per-request sampling seed); the help text is the field's. Plus
+    ``--enforce-eager``, the same as ``--graph-mode eager``.
+    """
     g = parser.add_argument_group("engine")
-    g.add_argument("--model", default=None, help="local model directory or .gguf file (default: embedded SmolLM2)")
-    g.add_argument("--backend", default=None, help="backend name (default: best available; see `paged backends`)")
-    g.add_argument("--dtype", default="auto", choices=DTYPES, help="compute dtype (auto: bf16 where fast, else fp32)")
-    g.add_argument("--kv-cache-memory", default=None, help="KV-cache budget, e.g. 4GiB (default: from free memory)")
-    g.add_argument("--max-num-seqs", type=int, default=256, help="most requests running at once")
-    g.add_argument("--max-num-batched-tokens", type=int, default=2048, help="token budget of one step")
-    g.add_argument("--max-model-len", type=int, default=None, help="longest prompt + output (default: the model's)")
-    g.add_argument("--block-size", type=int, default=None, help="tokens per KV block (default: the backend's)")
-    g.add_argument("--no-prefix-caching", action="store_true", help="turn off the prefix cache")
-    g.add_argument("--no-chunked-prefill", action="store_true", help="prefill each prompt in one step")
-    g.add_argument("--model-impl", default="auto", choices=MODEL_IMPLS,
-                   help="fused: the engine's decoder (Llama/Mistral/Qwen2/Qwen3); transformers: its modules; "
-                   "auto: fused where it applies")  # fmt: skip
-    g.add_argument("--graph-mode", default="auto", choices=GRAPH_MODES,
-                   help="eager, compiled (torch.compile), device (CUDA/HIP/XPU graphs); auto: device graphs where "
-                   "the backend captures, else eager")  # fmt: skip
+    for name, leaf in flat_fields().items():
+        flag, kwargs = engine_flag(name, leaf)
+        g.add_argument(flag, **kwargs)
     g.add_argument("--enforce-eager", action="store_true", help="same as --graph-mode eager")
-    g.add_argument("--capture-sizes", default=None,
-                   help="comma-separated batch sizes that get a device graph (default 1,2,4,8,16,...)")  # fmt: skip
-    g.add_argument("--compile-cache-dir", default=None, help="compiled-step cache (default ~/.cache/paged/compile)")
+
+
+def engine_flag(name: str, leaf: FlatField) -> tuple[str, dict[str, Any]]:
+    """The flag of one field and its ``add_argument`` keywords (``dest`` is the field's name)."""
+    f, meta = leaf.field, leaf.field.metadata
+    flag = meta.get("flag", "--" + name.replace("_", "-"))
+    kwargs: dict[str, Any] = {"dest": _dest(name, flag), "help": meta["help"]}
+    if leaf.type is bool:
+        # A switch on by default is turned off by its (negative) flag, and vice versa.
+        kwargs["action"] = "store_false" if f.default else "store_true"
+        return flag, kwargs
+    kinds = [t for t in (get_args(leaf.type) if _is_union(leaf.type) else (leaf.type,)) if t is not type(None)]
+    kwargs["default"] = f.default
+    if "choices" in meta:
+        kwargs["choices"] = meta["choices"]
+    if kinds == [int] or kinds == [float]:
+        kwargs["type"], kwargs["metavar"] = kinds[0], "N" if kinds == [int] else "X"
+    elif kinds and get_origin(kinds[0]) is tuple:
+        kwargs["type"], kwargs["metavar"] = _int_list(flag), "N,N,..."
+    if "metavar" in meta:
+        kwargs["metavar"] = meta["metavar"]
+    if f.default is not None:
+        kwargs["help"] += f" (default {_show(f.default)})"
+    return flag, kwargs
+
+
+def engine_config_from(args: argparse.Namespace, **overrides: Any) -> EngineConfig:
+    """An :class:`EngineConfig` from parsed engine options (``overrides``: flat field names)."""
+    flat: dict[str, Any] = {}
+    for name, leaf in flat_fields().items():
+        _, kwargs = engine_flag(name, leaf)
+        flat[name] = getattr(args, kwargs["dest"])
+    if getattr(args, "enforce_eager", False):
+        if flat["graph_mode"] not in ("auto", "eager"):
+            raise ConfigError(f"--enforce-eager contradicts --graph-mode {flat['graph_mode']}; pass one of them")
+        flat["graph_mode"] = "eager"
+    return EngineConfig.of(**{**flat, **overrides})
+
+
+def _dest(name: str, flag: str) -> str:
+    # A renamed flag keeps its own dest (``--engine-seed`` must not clash with the sampling ``--seed``), except a
+    # negative switch, which stores straight into its field.
+    return name if flag.startswith("--no-") else flag.removeprefix("--").replace("-", "_")
+
+
+def _is_union(tp: Any) -> bool:
+    return get_origin(tp) in (Union, types.UnionType)
+
+
+def _show(value: Any) -> str:
+    return ",".join(map(str, value)) if isinstance(value, tuple) else str(value)
+
+
+def _int_list(flag: str) -> Any:
+    def parse(text: str) -> tuple[int, ...]:
+        try:
+            return tuple(int(v) for v in text.split(",") if v.strip())
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{flag} must be comma-separated ints, got {text!r}") from None
+
+    parse.__name__ = "comma-separated ints"  # argparse names the type in its error
+    return parse
 
 
 def add_sampling_args(parser: argparse.ArgumentParser, max_tokens: int = 256) -> None:
@@ -50,36 +103,6 @@ def add_sampling_args(parser: argparse.ArgumentParser, max_tokens: int = 256) ->
     g.add_argument("--stop", action="append", default=None, help="stop string (repeatable)")
     g.add_argument("--n", type=int, default=1, help="completions per prompt")
     g.add_argument("--ignore-eos", action="store_true", help="keep going past the end-of-sequence token")
-
-
-def engine_config_from(args: argparse.Namespace, **overrides: Any) -> EngineConfig:
-    """An :class:`EngineConfig` from parsed engine options."""
-    return EngineConfig(
-        model=args.model,
-        backend=args.backend,
-        dtype=args.dtype,
-        kv_cache_memory=args.kv_cache_memory,
-        max_num_seqs=args.max_num_seqs,
-        max_num_batched_tokens=args.max_num_batched_tokens,
-        max_model_len=args.max_model_len,
-        block_size=args.block_size,
-        enable_prefix_caching=not args.no_prefix_caching,
-        enable_chunked_prefill=not args.no_chunked_prefill,
-        model_impl=args.model_impl,
-        graph_mode="eager" if args.enforce_eager else args.graph_mode,
-        capture_sizes=_sizes(args.capture_sizes),
-        compile_cache_dir=args.compile_cache_dir,
-        **overrides,
-    )
-
-
-def _sizes(text: str | None) -> tuple[int, ...] | None:
-    if not text:
-        return None
-    try:
-        return tuple(int(v) for v in text.split(",") if v.strip())
-    except ValueError:
-        raise ConfigError(f"--capture-sizes must be comma-separated ints, got {text!r}") from None
 
 
 def sampling_params_from(args: argparse.Namespace) -> SamplingParams:

@@ -34,7 +34,7 @@ def run(args: argparse.Namespace) -> int:
     setup_logging(args.verbose)
     params = sampling_params_from(args)
     prompts = args.prompts or [sys.stdin.read().strip()]
-    llm = LLM(**vars(engine_config_from(args)))
+    llm = LLM(**engine_config_from(args).to_flat())
     use_chat = not args.raw and llm.tokenizer is not None and getattr(llm.tokenizer, "chat_template", None)
     if use_chat:
         batch: list[Any] = [llm.apply_chat_template([{"role": "user", "content": p}]) for p in prompts]

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import logging
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
 
-from paged_core.config import CacheConfig, SchedulerConfig
+from paged_core.config import blocks_for_memory
 from paged_core.contract.backend import AttentionBackend
 from paged_core.contract.capabilities import AttentionSpec
 from paged_core.engine.attention import layer_specs, register_paged_attention
@@ -17,7 +17,7 @@ from paged_core.engine.compile_cache import CompileCache
 from paged_core.engine.config import EngineConfig
 from paged_core.engine.dtype import resolve_dtype
 from paged_core.engine.forward import ModelForward, make_forward
-from paged_core.engine.kv_budget import default_budget, parse_size
+from paged_core.engine.kv_budget import default_budget
 from paged_core.engine.loader import ModelSource, check_gguf, load_model, load_tokenizer, resolve_source
 from paged_core.engine.model_runner import ModelRunner
 from paged_core.engine.profile import profile_peak_bytes
@@ -36,6 +36,8 @@ class EngineParts:
     runner: ModelRunner
     scheduler: Scheduler
     max_model_len: int
+    config: EngineConfig
+    """The configuration as built: block size, number of blocks and ``max_model_len`` resolved."""
 
 
 def meta_specs(source: ModelSource) -> tuple[Any, list[AttentionSpec]]:
@@ -66,23 +68,24 @@ def choose_backend(
     An explicit backend must accept the model (else the error says why); the
     automatic choice takes the highest-priority available backend that does.
     """
+    m = config.model
     registry = load_registry()
-    if config.backend:
-        candidates = [registry.select(config.backend)]
+    if m.backend:
+        candidates = [registry.select(m.backend)]
     else:
         candidates = [r.backend_cls for r in registry.records() if r.status is BackendStatus.LOADED and r.backend_cls]
     refusals = []
     for cls in candidates:
-        device = torch.device(config.device or cls.availability().device)
-        dtype = resolve_dtype(config.dtype, device)
+        device = torch.device(m.device or cls.availability().device)
+        dtype = resolve_dtype(m.dtype, device)
         caps = cls.capabilities()
-        if config.dtype == "auto" and dtype not in caps.dtypes and torch.float32 in caps.dtypes:
+        if m.dtype == "auto" and dtype not in caps.dtypes and torch.float32 in caps.dtypes:
             dtype = torch.float32
-        block_size = config.block_size or caps.default_block_size
+        block_size = config.cache.block_size or caps.default_block_size
         try:
             _check(cls, specs, dtype, block_size)
         except UnsupportedConfigError as exc:
-            if config.backend:
+            if m.backend:
                 raise UnsupportedConfigError(f"backend {cls.name!r} cannot serve this model: {exc}") from None
             refusals.append(f"{cls.name}: {exc}")
             continue
@@ -131,7 +134,7 @@ class LoadedModel:
 
 def load(config: EngineConfig) -> LoadedModel:
     """Choose the backend for the model, then load tokenizer and weights onto its device."""
-    source = resolve_source(config.model)
+    source = resolve_source(config.model.model)
     if source.gguf_file is not None:
         check_gguf(source.directory / source.gguf_file)
     model_config, specs = meta_specs(source)
@@ -143,7 +146,7 @@ def load(config: EngineConfig) -> LoadedModel:
 
 
 def _forward(config: EngineConfig, loaded: LoadedModel, max_model_len: int) -> ModelForward:
-    return make_forward(config.model_impl, loaded.model, loaded.backend, loaded.specs, max_model_len + 1,
+    return make_forward(config.model.model_impl, loaded.model, loaded.backend, loaded.specs, max_model_len + 1,
                         loaded.decoders)  # fmt: skip
 
 
@@ -164,10 +167,10 @@ def _compile_cache(config: EngineConfig, loaded: LoadedModel) -> CompileCache:
         "model": str(weights), "model_mtime": stat.st_mtime if stat else None,
         "model_config": loaded.model.config.to_json_string(use_diff=False),
         "dtype": str(loaded.dtype), "backend": backend_cls.name, "backend_version": version,
-        "device": loaded.backend.device.type, "model_impl": config.model_impl, "torch": torch.__version__,
+        "device": loaded.backend.device.type, "model_impl": config.model.model_impl, "torch": torch.__version__,
         "paged_core": _core_version(),
     }  # fmt: skip
-    return CompileCache(fields, config.compile_cache_dir)
+    return CompileCache(fields, config.graph.compile_cache_dir)
 
 
 def _core_version() -> str:
@@ -179,52 +182,67 @@ def _core_version() -> str:
         return "unknown"
 
 
+def resolve(config: EngineConfig, loaded: LoadedModel) -> EngineConfig:
+    """``config`` with what it left to the engine filled in: block size, number of blocks and ``max_model_len``.
+
+    The block size defaults to the backend's; ``max_model_len`` to the model's
+    limit (a larger one is capped, with a warning); the number of blocks comes
+    from ``kv_cache_memory`` or, without it, from free memory after a
+    profiling step.
+    """
+    backend, specs, dtype = loaded.backend, loaded.specs, loaded.dtype
+    cache, sched = config.cache, config.scheduler
+    block_size = cache.block_size or type(backend).capabilities().default_block_size
+    limit = loaded.model_max_len
+    max_model_len = min(sched.max_model_len or limit, limit)
+    if sched.max_model_len and sched.max_model_len > limit:
+        log.warning("max_model_len %d exceeds the model's %d; using %d", sched.max_model_len, limit, limit)
+    num_blocks = cache.num_blocks
+    if num_blocks is None:
+        budget = cache.kv_cache_bytes
+        if budget is None:
+            peak = profile_peak_bytes(_forward(config, loaded, max_model_len), backend, specs, dtype, block_size,
+                                      sched.max_num_batched_tokens)  # fmt: skip
+            budget = default_budget(backend.device, cache.memory_fraction, peak)
+        num_blocks = blocks_for_memory(budget, bytes_per_block(backend, specs, block_size, dtype))
+    return replace(config, cache=replace(cache, block_size=block_size, num_blocks=num_blocks),
+                   scheduler=replace(sched, max_model_len=max_model_len))  # fmt: skip
+
+
 def build_parts(config: EngineConfig, loaded: LoadedModel | None = None) -> EngineParts:
     """Size the KV cache and the scheduler around a (possibly already) loaded model."""
     if loaded is None:
         loaded = load(config)
     else:
         _check(type(loaded.backend), loaded.specs, loaded.dtype,
-               config.block_size or type(loaded.backend).capabilities().default_block_size)  # fmt: skip
+               config.cache.block_size or type(loaded.backend).capabilities().default_block_size)  # fmt: skip
+    config = resolve(config, loaded)
     backend, specs, dtype = loaded.backend, loaded.specs, loaded.dtype
-    block_size = config.block_size or type(backend).capabilities().default_block_size
-    limit = loaded.model_max_len
-    max_model_len = min(config.max_model_len or limit, limit)
-    if config.max_model_len and config.max_model_len > limit:
-        log.warning("max_model_len %d exceeds the model's %d; using %d", config.max_model_len, limit, limit)
-    per_block = bytes_per_block(backend, specs, block_size, dtype)
-    if config.kv_cache_memory is not None:
-        budget = parse_size(config.kv_cache_memory)
-    else:
-        peak = profile_peak_bytes(_forward(config, loaded, max_model_len), backend, specs, dtype, block_size,
-                                  config.max_num_batched_tokens)  # fmt: skip
-        budget = default_budget(backend.device, config.memory_fraction, peak)
-    cache_config = CacheConfig.from_memory(budget, per_block, block_size=block_size,
-                                           enable_prefix_caching=config.enable_prefix_caching)  # fmt: skip
-    kv_caches = [backend.allocate_kv_cache(cache_config.num_blocks, block_size, s, dtype) for s in specs]
-    sched_config = SchedulerConfig(
-        max_model_len=max_model_len,
-        max_num_batched_tokens=config.max_num_batched_tokens,
-        max_num_seqs=config.max_num_seqs,
-        enable_chunked_prefill=config.enable_chunked_prefill,
-        policy=config.policy,
-    )
-    scheduler = Scheduler(sched_config, cache_config)
+    cache, sched = config.cache, config.scheduler
+    block_size, num_blocks, max_model_len = _resolved(config)
+    kv_caches = [backend.allocate_kv_cache(num_blocks, block_size, s, dtype) for s in specs]
+    scheduler = Scheduler(sched, cache)
     runner = ModelRunner(
         _forward(config, loaded, max_model_len), backend, specs, kv_caches, block_size,
-        max_num_tokens=config.max_num_batched_tokens, max_num_reqs=config.max_num_seqs,
-        max_model_len=scheduler.max_len, graph_mode=config.graph_mode, capture_sizes=config.capture_sizes,
+        max_num_tokens=sched.max_num_batched_tokens, max_num_reqs=sched.max_num_seqs,
+        max_model_len=scheduler.max_len, graph_mode=config.graph.graph_mode, capture_sizes=config.graph.capture_sizes,
         compile_cache=_compile_cache(config, loaded),
     )  # fmt: skip
+    per_block = bytes_per_block(backend, specs, block_size, dtype)
     log.info(
         "model %s (%s) on backend %s, device %s; KV cache: %d blocks of %d tokens (%.2f GiB), "
         "at most %d tokens in flight; max_model_len %d",
         loaded.source.name, str(dtype).removeprefix("torch."), backend.name, backend.device,
-        cache_config.num_blocks - 1, block_size, cache_config.num_blocks * per_block / 2**30,
-        (cache_config.num_blocks - 1) * block_size, scheduler.max_len,
+        num_blocks - 1, block_size, num_blocks * per_block / 2**30, (num_blocks - 1) * block_size, scheduler.max_len,
     )  # fmt: skip
     log.info("model path %s, graph mode %s", runner.forward_impl.name, runner.graph_mode)
     runner.warm_up()
     if runner.executor.stats.warmup_seconds:
         log.info("start-up %s took %.1f s", runner.graph_mode, runner.executor.stats.warmup_seconds)
-    return EngineParts(loaded, runner, scheduler, scheduler.max_len)
+    return EngineParts(loaded, runner, scheduler, scheduler.max_len, config)
+
+
+def _resolved(config: EngineConfig) -> tuple[int, int, int]:
+    """Block size, number of blocks and ``max_model_len`` of a resolved config."""
+    block_size, num_blocks = config.cache.require_resolved("build_parts")
+    return block_size, num_blocks, config.scheduler.require_resolved("build_parts")

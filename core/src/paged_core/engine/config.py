@@ -1,76 +1,101 @@
-"""EngineConfig: every knob of one engine, validated up front with the field named."""
+"""EngineConfig: every knob of one engine, as five validated sections.
+
+Users mostly write it flat: ``EngineConfig.of(model="m.gguf", max_num_seqs=8)``
+and ``config.replace(block_size=32)`` take the sections' field names, which are
+unique across sections (checked at import), and route each to its section.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import dataclasses
+from dataclasses import dataclass, field, fields
+from typing import Any, get_type_hints
 
-from paged_core.config import POLICIES
+from paged_core.config import CacheConfig, GraphConfig, ModelConfig, ParallelConfig, SchedulerConfig
 from paged_core.errors import ConfigError
 
-DTYPES = ("auto", "bfloat16", "float16", "float32")
-GRAPH_MODES = ("auto", "eager", "compiled", "device")
-"""How steps run; see :mod:`paged_core.engine.executors`."""
-MODEL_IMPLS = ("auto", "fused", "transformers")
-"""Which model path runs; see :mod:`paged_core.engine.forward`."""
+__all__ = ["EngineConfig", "FlatField", "flat_fields"]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class EngineConfig:
     """What to load and how to run it.
 
-    ``model`` is a local directory (safetensors + tokenizer), a ``.gguf``
-    file, or ``None`` for the embedded default (SmolLM2-135M-Instruct).
-    ``kv_cache_memory`` is a byte count or a size string such as ``"4GiB"``;
-    ``None`` derives it from free memory after a profiling step (see
-    :mod:`paged_core.engine.kv_budget`). ``max_model_len=None`` takes the
-    model's own limit, capped by what the KV cache can hold.
+    ``model.model`` is a local directory (safetensors + tokenizer), a ``.gguf``
+    file, or ``None`` for the embedded default (SmolLM2-135M-Instruct). The
+    engine resolves what is left ``None`` (block size, number of blocks,
+    ``max_model_len``) when it is built; see :mod:`paged_core.engine.build`.
     """
 
-    model: str | None = None
-    backend: str | None = None
-    dtype: str = "auto"
-    device: str | None = None
-    kv_cache_memory: int | str | None = None
-    memory_fraction: float = 0.9
-    block_size: int | None = None
-    enable_prefix_caching: bool = True
-    enable_chunked_prefill: bool = True
-    max_model_len: int | None = None
-    max_num_seqs: int = 256
-    max_num_batched_tokens: int = 2048
-    policy: str = "fcfs"
-    seed: int = 0
-    trust_remote_code: bool = False
-    model_impl: str = "auto"
-    """``fused`` (the engine's decoder for Llama/Mistral/Qwen2/Qwen3), ``transformers`` or ``auto``."""
-    graph_mode: str = "auto"
-    """``eager``, ``compiled``, ``device`` or ``auto`` (see :mod:`paged_core.engine.executors`)."""
-    capture_sizes: tuple[int, ...] | None = None
-    """Batch sizes that get a device graph (default: 1, 2, 4, 8, then multiples of 8 up to max_num_seqs)."""
-    compile_cache_dir: str | None = None
-    """Root of the compiled-step cache (default ``~/.cache/paged/compile``)."""
+    model: ModelConfig = field(default_factory=ModelConfig)
+    cache: CacheConfig = field(default_factory=CacheConfig)
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    graph: GraphConfig = field(default_factory=GraphConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
 
     def __post_init__(self) -> None:
-        if self.dtype not in DTYPES:
-            raise ConfigError(f"dtype must be one of {', '.join(DTYPES)}; got {self.dtype!r}")
-        if not 0.0 < self.memory_fraction <= 1.0:
-            raise ConfigError(f"memory_fraction must be in (0, 1], got {self.memory_fraction!r}")
-        for name in ("max_num_seqs", "max_num_batched_tokens"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ConfigError(f"{name} must be an int >= 1, got {value!r}")
-        for name in ("block_size", "max_model_len"):
-            value = getattr(self, name)
-            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
-                raise ConfigError(f"{name} must be an int >= 1 or None, got {value!r}")
-        if self.model_impl not in MODEL_IMPLS:
-            raise ConfigError(f"model_impl must be one of {', '.join(MODEL_IMPLS)}; got {self.model_impl!r}")
-        if self.graph_mode not in GRAPH_MODES:
-            raise ConfigError(f"graph_mode must be one of {', '.join(GRAPH_MODES)}; got {self.graph_mode!r}")
-        if self.capture_sizes is not None:
-            sizes = tuple(self.capture_sizes)
-            if not sizes or any(isinstance(v, bool) or not isinstance(v, int) or v < 1 for v in sizes):
-                raise ConfigError(f"capture_sizes must be a non-empty list of ints >= 1, got {self.capture_sizes!r}")
-            object.__setattr__(self, "capture_sizes", sizes)
-        if self.policy not in POLICIES:
-            raise ConfigError(f"policy must be one of {', '.join(POLICIES)}; got {self.policy!r}")
+        for name, cls in _SECTIONS.items():
+            if not isinstance(getattr(self, name), cls):
+                raise ConfigError(f"{name} must be a {cls.__name__}, got {getattr(self, name)!r}")
+
+    @classmethod
+    def of(cls, **flat: Any) -> EngineConfig:
+        """A config from flat field names (``max_num_seqs=8``, ``block_size=32``...); unknown names are refused."""
+        return cls(**{section: _SECTIONS[section](**values) for section, values in _split(flat).items()})
+
+    def replace(self, **flat: Any) -> EngineConfig:
+        """A copy with the named flat fields changed (validated again); unknown names are refused."""
+        changed = {s: dataclasses.replace(getattr(self, s), **values) for s, values in _split(flat).items()}
+        return dataclasses.replace(self, **changed)
+
+    def to_flat(self) -> dict[str, Any]:
+        """Every field by its flat name: ``EngineConfig.of(**c.to_flat()) == c``."""
+        return {name: getattr(getattr(self, section), name) for name, section in _FLAT.items()}
+
+
+@dataclass(frozen=True, slots=True)
+class FlatField:
+    """One leaf of :class:`EngineConfig`: its section, its dataclass field and its resolved type."""
+
+    section: str
+    field: dataclasses.Field[Any]
+    type: Any
+
+
+def flat_fields() -> dict[str, FlatField]:
+    """Flat name -> that leaf, in declaration order (what the CLI generates its flags from)."""
+    out = {}
+    for section, cls in _SECTIONS.items():
+        hints = get_type_hints(cls)
+        out.update({f.name: FlatField(section, f, hints[f.name]) for f in fields(cls)})
+    return out
+
+
+def _split(flat: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    unknown = sorted(set(flat) - _FLAT.keys())
+    if unknown:
+        raise ConfigError(f"unknown engine option(s) {', '.join(unknown)}; allowed: {', '.join(_FLAT)}")
+    by_section: dict[str, dict[str, Any]] = {}
+    for name, value in flat.items():
+        by_section.setdefault(_FLAT[name], {})[name] = value
+    return by_section
+
+
+def _sections() -> dict[str, type]:
+    hints = get_type_hints(EngineConfig)
+    return {f.name: hints[f.name] for f in fields(EngineConfig)}
+
+
+def _flat_names(sections: dict[str, type]) -> dict[str, str]:
+    owner: dict[str, str] = {}
+    for section, cls in sections.items():
+        for f in fields(cls):
+            if f.name in owner:  # a programming error: flat names must stay unambiguous
+                raise TypeError(f"field {f.name!r} is declared in both {owner[f.name]} and {section}")
+            owner[f.name] = section
+    return owner
+
+
+_SECTIONS = _sections()
+_FLAT = _flat_names(_SECTIONS)
+"""Flat field name -> the section that holds it."""

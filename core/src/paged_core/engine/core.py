@@ -75,19 +75,19 @@ class EngineCore:
         self.scheduler = parts.scheduler
         self.runner = parts.runner
         self.tokenizer = self.loaded.tokenizer
-        self.sampler = Sampler(seed=self.config.seed)
+        self.sampler = Sampler(seed=self.config.model.seed)
         self.vocab_size = int(self.loaded.model.config.get_text_config().vocab_size)
         self.groups: dict[str, _Group] = {}
         self.seqs: dict[str, _Seq] = {}
         self.steps = 0
-        torch.manual_seed(self.config.seed)
+        torch.manual_seed(self.config.model.seed)
 
     # ---- facts and stats ------------------------------------------------
     def facts(self) -> CoreFacts:
         """What a front end needs to know about this core (limits, vocabulary, what runs)."""
         loaded, sched = self.loaded, self.scheduler
         return CoreFacts(
-            model_name=loaded.source.name, model_source=str(self.config.model or ""), vocab_size=self.vocab_size,
+            model_name=loaded.source.name, model_source=str(self.config.model.model or ""), vocab_size=self.vocab_size,
             eos_token_ids=list(loaded.eos_token_ids), max_model_len=int(sched.max_len),
             block_size=int(sched.block_size), num_usable_blocks=int(sched.kv.pool.num_usable_blocks),
             max_num_seqs=int(sched.config.max_num_seqs), backend=loaded.backend.name,

@@ -26,12 +26,12 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
+from paged_core.config import GRAPH_MODES
 from paged_core.contract.backend import AttentionBackend
 from paged_core.contract.capabilities import GraphSupport
 from paged_core.contract.graph_strategy import GraphCaptureStrategy
 from paged_core.contract.metadata import AttentionMetadata, build_attention_metadata
 from paged_core.engine.batch import StepBatch
-from paged_core.engine.config import GRAPH_MODES
 from paged_core.engine.forward import ModelForward
 from paged_core.errors import ConfigError, UnsupportedConfigError
 from paged_core.graph import DeviceGraphStrategy, GraphRunner, StaticInput, capture_sizes

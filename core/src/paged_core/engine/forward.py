@@ -14,11 +14,11 @@ from typing import Any, Protocol
 
 import torch
 
+from paged_core.config import MODEL_IMPLS
 from paged_core.contract.backend import AttentionBackend
 from paged_core.contract.capabilities import AttentionSpec
 from paged_core.contract.metadata import AttentionMetadata
 from paged_core.engine.attention import ForwardContext, forward_context
-from paged_core.engine.config import MODEL_IMPLS
 from paged_core.engine.fused import FusedDecoder, fused_refusal
 from paged_core.errors import ConfigError, UnsupportedConfigError
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 from collections.abc import Iterator, Mapping
 from collections.abc import Sequence as Seq
@@ -34,7 +33,7 @@ class LLM:
     """
 
     def __init__(self, model: str | None = None, *, multiprocess: bool = False, **kwargs: Any) -> None:
-        self.engine = LLMEngine(EngineConfig(model=model, **kwargs), multiprocess=multiprocess)
+        self.engine = LLMEngine(EngineConfig.of(model=model, **kwargs), multiprocess=multiprocess)
 
     def close(self) -> None:
         """Stop the engine core (a child process exits); idempotent."""
@@ -55,7 +54,7 @@ class LLM:
         fixed = {"model", "backend", "dtype", "device", "trust_remote_code"} & changes.keys()
         if fixed:
             raise ValueError(f"reconfigured() cannot change {sorted(fixed)}: build a new LLM for that")
-        config = dataclasses.replace(self.engine.config, **changes)
+        config = self.engine.config.replace(**changes)
         clone = LLM.__new__(LLM)
         clone.engine = LLMEngine(config, self.engine.loaded)
         return clone

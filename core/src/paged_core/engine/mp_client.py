@@ -24,7 +24,7 @@ def load_frontend_tokenizer(config: EngineConfig) -> Any | None:
     """The model's tokenizer alone (a front end never loads the weights)."""
     from paged_core.engine.loader import load_tokenizer, resolve_source
 
-    return load_tokenizer(resolve_source(config.model))
+    return load_tokenizer(resolve_source(config.model.model))
 
 
 def start_with_tokenizer(config: EngineConfig, **process_options: Any) -> tuple[CoreProcess, Any | None]:

@@ -27,9 +27,9 @@ class KVCacheManager:
 
     def __init__(self, config: CacheConfig, extra_key_providers: Sequence[ExtraKeyProvider] = ()) -> None:
         self.config = config
-        self.block_size = config.block_size
+        self.block_size, num_blocks = config.require_resolved("KVCacheManager")
         self.enable_caching = config.enable_prefix_caching
-        self.pool = BlockPool(config.num_blocks, config.enable_prefix_caching)
+        self.pool = BlockPool(num_blocks, config.enable_prefix_caching)
         self.hash_fn = make_block_hash_fn(config.hash_algorithm)
         self.extra_key_providers = list(extra_key_providers)
         self.req_to_blocks: dict[str, list[KVBlock]] = {}

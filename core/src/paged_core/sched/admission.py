@@ -19,9 +19,10 @@ def check_admissible(req: Request, config: SchedulerConfig, kv: KVCacheManager, 
     n = req.num_prompt_tokens
     if req.request_id in live_ids:
         raise RequestRejectedError(f"request id {req.request_id!r} is already in use")
-    if n > config.max_model_len:
+    max_model_len = config.require_resolved("check_admissible")
+    if n > max_model_len:
         raise RequestRejectedError(
-            f"request {req.request_id!r}: prompt has {n} tokens, more than max_model_len={config.max_model_len}"
+            f"request {req.request_id!r}: prompt has {n} tokens, more than max_model_len={max_model_len}"
         )
     usable = kv.pool.num_usable_blocks
     if kv.blocks_needed(n) > usable:

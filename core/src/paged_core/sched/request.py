@@ -49,6 +49,7 @@ class Request:
         "lora_id",
         "max_tokens",
         "min_tokens",
+        "num_announced_tokens",
         "num_cached_tokens",
         "num_computed_tokens",
         "num_preemptions",
@@ -59,7 +60,6 @@ class Request:
         "status",
         "stop_reason",
         "stop_token_ids",
-        "num_announced_tokens",
     )
 
     def __init__(

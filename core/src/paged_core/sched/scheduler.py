@@ -36,9 +36,10 @@ class Scheduler:
     ) -> None:
         self.config = scheduler_config
         self.kv = KVCacheManager(cache_config, extra_key_providers)
-        self.block_size = cache_config.block_size
+        self.block_size = self.kv.block_size
         # A request can never outgrow the whole cache, so that is a length cap too.
-        self.max_len = min(scheduler_config.max_model_len, self.kv.pool.num_usable_blocks * self.block_size)
+        max_model_len = scheduler_config.require_resolved("Scheduler")
+        self.max_len = min(max_model_len, self.kv.pool.num_usable_blocks * self.block_size)
         self.waiting: FcfsQueue | PriorityQueue = (
             PriorityQueue() if scheduler_config.policy == "priority" else FcfsQueue()
         )
