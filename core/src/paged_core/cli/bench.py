@@ -5,6 +5,7 @@ Examples::
     paged bench throughput --baseline hf-static,hf-cb --json out.json --plot out.png
     paged bench kv-util --plot kv.png
     paged bench prefix --num-requests 16 --json prefix.json
+    paged bench serve --servers mp,inproc --concurrency 32 --json serve.json
 """
 
 from __future__ import annotations
@@ -14,11 +15,13 @@ import json
 import sys
 from typing import Any
 
+from paged_core.cli.bench_serve import add_serve_bench_args
 from paged_core.cli.engine_args import add_engine_args
 from paged_core.cli.logs import setup_logging
 from paged_core.errors import ConfigError
 
-WORKLOAD_NAMES = ("throughput", "prefix", "kv-util", "decode-1", "long")
+WORKLOAD_NAMES = ("throughput", "prefix", "kv-util", "decode-1", "long", "serve")
+"""The workloads, and ``serve``: the ``throughput`` requests streamed to ``paged serve`` (see ``bench_serve``)."""
 DEFAULT_KV_CACHE = "4GiB"
 """Enough for every workload on the default model (``long`` holds 8 x 4k tokens), and fixed so runs compare."""
 
@@ -35,12 +38,15 @@ def register(subparsers: Any) -> None:
             f"--kv-cache-memory, fixed at {DEFAULT_KV_CACHE}."
         ),
     )
-    parser.add_argument("workload", choices=WORKLOAD_NAMES, help="which workload (see the bench README)")
+    parser.add_argument("workload", choices=WORKLOAD_NAMES,
+                        help="which workload (see the bench README); serve: the throughput requests streamed by "
+                        "concurrent clients to `paged serve` variants it starts (or to --url)")  # fmt: skip
     parser.add_argument("--baseline", default="", metavar="LIST",
                         help="comma-separated: hf-static, hf-cb, reference (same process), vllm, vllm-compiled "
                         "(vLLM's CPU build in its own environment: bash benchmarks/vllm_env.sh)")
     parser.add_argument("--num-requests", type=int, default=None, help="run only the first N requests")
-    parser.add_argument("--output-len", type=int, default=None, help="cap every request's output tokens (quick runs)")
+    parser.add_argument("--output-len", "--max-tokens", type=int, default=None,
+                        help="cap every request's output tokens (quick runs)")
     parser.add_argument("--seed", type=int, default=0, help="workload seed (0: the published figures)")
     parser.add_argument("--hf-batch", type=int, default=32, help="static batch size of the hf-static baseline")
     parser.add_argument("--kv-tokens", type=int, default=32768, help="kv-util: KV budget in token slots")
@@ -49,6 +55,7 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--no-progress", action="store_true", help="hide progress bars")
     parser.add_argument("-v", "--verbose", action="store_true", help="log engine set-up")
     add_engine_args(parser)
+    add_serve_bench_args(parser)
     # Ours runs as a user starts it (dtype auto: bf16 where the CPU has bf16 dot products, else fp32; the
     # report records which); the KV budget is fixed so figures compare across runs and machines.
     parser.set_defaults(func=run, kv_cache_memory=DEFAULT_KV_CACHE)
@@ -84,6 +91,13 @@ def run(args: argparse.Namespace) -> int:
     from paged_core.bench.table import print_summary
 
     setup_logging(args.verbose)
+    if args.workload == "serve":
+        from paged_core.cli import bench_serve
+
+        for flag, given in (("--baseline", args.baseline), ("--plot", args.plot)):
+            if given:
+                print(f"paged bench serve: {flag} does not apply here, ignored", file=sys.stderr)
+        return bench_serve.run(args)
     opts = options_from(args)
     report = run_bench(opts, argv=["paged", *sys.argv[1:]] if sys.argv[0].endswith("paged") else None)
     problems = validate_report(report)
