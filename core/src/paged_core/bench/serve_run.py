@@ -82,8 +82,10 @@ def engine_argv(args: argparse.Namespace) -> list[str]:
         if value == action.default or value is None:
             continue
         flag = max(action.option_strings, key=len)
-        if isinstance(action, argparse._StoreTrueAction):
-            out.append(flag)
+        if isinstance(action, (argparse._StoreTrueAction, argparse._StoreFalseAction)):
+            out.append(flag)  # a switch differs from its default only when given
+        elif isinstance(value, (tuple, list)):
+            out += [flag, ",".join(map(str, value))]
         else:
             out += [flag, str(value)]
     return out

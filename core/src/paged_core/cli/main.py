@@ -74,6 +74,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except PagedError as exc:  # expected user-facing failures: one line, no traceback
         print(f"paged {args.command}: error: {exc}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:  # Ctrl-C after a clean shutdown (uvicorn re-raises the signal it caught)
+        return 130
 
 
 if __name__ == "__main__":

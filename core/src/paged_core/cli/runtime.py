@@ -262,6 +262,20 @@ def adopt() -> bool:
     return True
 
 
+def child_environ() -> dict[str, str]:
+    """The environment for a helper process that must run like this one (the engine core of ``paged serve``).
+
+    It gets this process's own additions preloaded again and :data:`ENV_MARKER`, so it calls
+    :func:`adopt` and its own children are again free of our libraries.
+    """
+    env = dict(os.environ)
+    added = list(_state.preloaded)
+    if added:
+        env["LD_PRELOAD"] = ":".join(added + _preload_entries(env.get("LD_PRELOAD", "")))
+        env[ENV_MARKER] = json.dumps(added)
+    return env
+
+
 def runtime_status() -> dict[str, object]:
     """What is in effect in this process, for reports and ``-v`` logs.
 

@@ -149,6 +149,9 @@ def main(argv: list[str] | None = None) -> int:
     _die_with_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     from paged_core.cli.logs import setup_logging
+    from paged_core.cli.runtime import adopt
+
+    adopt()  # started with the front end's tcmalloc and Intel OpenMP preloaded; keep them from our children
 
     setup_logging(bool(options.get("verbose")))
     ctx = zmq.Context()

@@ -23,6 +23,7 @@ from typing import Any
 import msgspec
 import zmq
 
+from paged_core.cli.runtime import child_environ
 from paged_core.engine.config import EngineConfig
 from paged_core.engine.messages import CoreFacts, CoreFailed, CoreReady, CoreShutdown, FromCore, SchedulerStats
 from paged_core.errors import EngineDeadError, PagedError
@@ -70,6 +71,7 @@ class CoreProcess:
         try:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "paged_core.engine.core_proc", str(self.dir)], stdin=subprocess.DEVNULL,
+                env=child_environ(),
             )  # fmt: skip
         except BaseException:
             self.close(timeout=2.0)

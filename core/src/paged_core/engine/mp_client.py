@@ -28,7 +28,13 @@ def load_frontend_tokenizer(config: EngineConfig) -> Any | None:
 
 
 def start_with_tokenizer(config: EngineConfig, **process_options: Any) -> tuple[CoreProcess, Any | None]:
-    """Start a core process and load the tokenizer while it loads the model; both ready on return."""
+    """Start a core process and load the tokenizer while it loads the model; both ready on return.
+
+    A model path that does not resolve is refused before any process starts.
+    """
+    from paged_core.engine.loader import resolve_source
+
+    resolve_source(config.model.model)
     process = CoreProcess(config, **process_options)
     try:
         tokenizer = load_frontend_tokenizer(config)

@@ -1,7 +1,8 @@
 """run_server: start the engine core (a child process by default), then serve it with uvicorn until stopped.
 
-Exit status: 0 after SIGTERM or Ctrl-C (in-flight requests get ``drain_timeout`` seconds, then the core is
-stopped and no process is left behind); 1 when the engine core died (every open stream ended with an error
+After SIGTERM or Ctrl-C in-flight requests get :data:`DRAIN_TIMEOUT` seconds, then the core is stopped and
+no process is left behind; uvicorn then re-raises the signal (SIGTERM ends the process by it, Ctrl-C exits
+130). The status is 1 when the engine core died (every open stream ended with an error
 naming the cause, ``/health`` answered 503 meanwhile), so a supervisor restarts the server.
 """
 
