@@ -50,7 +50,7 @@ def smol_base() -> LLM:
 def smol(request: pytest.FixtureRequest, smol_base: LLM) -> LLM:
     """:func:`smol_base` on one model path and graph mode (the parity battery runs once per variant)."""
     llm = smol_base.reconfigured(**VARIANTS[request.param])
-    runner = llm.engine.runner
+    runner = llm.engine.core.runner
     assert (runner.forward_impl.name, runner.graph_mode) == tuple(VARIANTS[request.param].values())
     return llm
 

@@ -33,7 +33,7 @@ def test_prompt_longer_than_max_model_len(smol_base: LLM) -> None:
 
 
 def test_token_ids_outside_the_vocabulary(smol_base: LLM) -> None:
-    with pytest.raises(RequestRejectedError, match=r"token ids must be ints in \[0, 49152\)"):
+    with pytest.raises(RequestRejectedError, match=r"token ids must be in \[0, 49152\)"):
         smol_base.generate([[1, 2, 10**6]], use_tqdm=False)
 
 

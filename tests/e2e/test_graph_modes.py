@@ -58,10 +58,10 @@ def test_device_mode_replays_decodes_and_matches_transformers(
     config = base.engine.config.replace(graph_mode="device", model_impl=model_impl, capture_sizes=(1, 2, 4, 8))
     llm = LLM.__new__(LLM)
     llm.engine = LLMEngine(config, loaded)
-    assert llm.engine.runner.graph_mode == "device"
+    assert llm.engine.core.runner.graph_mode == "device"
     outs = llm.generate(prompts, params, use_tqdm=False)
     assert_same_tokens(outs, want)
-    stats = llm.engine.runner.executor.stats
+    stats = llm.engine.core.runner.executor.stats
     assert stats.replays > 0, stats  # decode batches of 1..6 rows are padded to 1, 2, 4 or 8 and replayed
     assert stats.eager_steps > 0 and set(stats.fallback_reasons) <= {
         "not a uniform decode batch", "a row does not sample (chunked prefill)"}, stats  # fmt: skip

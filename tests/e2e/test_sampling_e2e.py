@@ -38,8 +38,8 @@ def test_n_samples_share_the_prompt_copy_on_write(smol_base: LLM) -> None:
     assert all(len(c.token_ids) == 8 for c in out.outputs)
     assert len({tuple(c.token_ids) for c in out.outputs}) > 1
     # Each child's first write lands in the shared partial block: one copy per child.
-    assert llm.engine.runner.num_block_copies >= 3
-    assert llm.engine.scheduler.kv.pool.num_free_blocks == llm.engine.scheduler.kv.pool.num_usable_blocks
+    assert llm.engine.core.runner.num_block_copies >= 3
+    assert llm.engine.core.scheduler.kv.pool.num_free_blocks == llm.engine.core.scheduler.kv.pool.num_usable_blocks
     # The same seeded request again gives the same n texts.
     again = llm.generate([prompt], params, use_tqdm=False)[0]
     assert [c.token_ids for c in again.outputs] == [c.token_ids for c in out.outputs]

@@ -44,7 +44,7 @@ def tiny(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactor
     arch, variant = request.param.split("-", 1)
     base, prompts, want = _base(arch, tmp_path_factory)
     llm = base.reconfigured(**VARIANTS[variant])
-    assert llm.engine.runner.forward_impl.name == VARIANTS[variant]["model_impl"]
+    assert llm.engine.core.runner.forward_impl.name == VARIANTS[variant]["model_impl"]
     return llm, prompts, want
 
 
@@ -87,8 +87,8 @@ def test_prefix_cache_hits(tiny: tuple[LLM, list, list]) -> None:
 
 def test_preemption(tiny: tuple[LLM, list, list]) -> None:
     llm, prompts, want = tiny
-    per_block = 2 * 2 * 2 * 64 * 4 * llm.engine.runner.block_size
+    per_block = 2 * 2 * 2 * 64 * 4 * llm.engine.core.runner.block_size
     tight = llm.reconfigured(kv_cache_memory=per_block * 24, max_num_batched_tokens=256)
     outs = tight.generate(prompts, PARAMS, use_tqdm=False)
-    assert tight.engine.scheduler.num_preemptions > 0
+    assert tight.engine.core.scheduler.num_preemptions > 0
     assert_same_tokens(outs, want)

@@ -64,17 +64,17 @@ def warm_up(engine: LLMEngine) -> None:
         engine.add_request(r.prompt_token_ids, _params(r))
     while engine.has_unfinished_requests():
         engine.step()
-    engine.scheduler.reset_prefix_cache()
+    engine.core.scheduler.reset_prefix_cache()
 
 
 def run_engine(engine: LLMEngine, requests: Sequence[BenchRequest], name: str, progress: bool = True) -> RunResult:
     """Submit every request at once, step until all finish, and measure (greedy, EOS ignored)."""
     if engine.has_unfinished_requests():
         raise RuntimeError(f"{name}: the engine still has requests in flight; benchmarks need it idle")
-    kv = engine.scheduler.kv
+    kv = engine.core.scheduler.kv
     queries0, hits0 = kv.stats.queries, kv.stats.hits
-    preempt0 = engine.scheduler.num_preemptions
-    probe = StepProbe(engine.scheduler)
+    preempt0 = engine.core.scheduler.num_preemptions
+    probe = StepProbe(engine.core.scheduler)
     n = len(requests)
     first: list[float | None] = [None] * n
     emitted: list[tuple[float, int]] = []  # (time, tokens produced) per step
@@ -117,7 +117,7 @@ def run_engine(engine: LLMEngine, requests: Sequence[BenchRequest], name: str, p
         decode_tok_s=decode_rate(emitted, max(ttft, default=0.0)),
         steps=probe.steps,
         peak_running=probe.peak_running,
-        preemptions=engine.scheduler.num_preemptions - preempt0,
+        preemptions=engine.core.scheduler.num_preemptions - preempt0,
     )
 
 
@@ -132,7 +132,7 @@ def decode_rate(emitted: Sequence[tuple[float, int]], start: float) -> float | N
 
 def engine_config_summary(engine: LLMEngine) -> dict[str, Any]:
     """The engine settings a figure depends on, for the report."""
-    s, kv = engine.scheduler.config, engine.scheduler.kv
+    s, kv = engine.core.scheduler.config, engine.core.scheduler.kv
     return {
         "backend": engine.loaded.backend.name,
         "dtype": str(engine.loaded.dtype).removeprefix("torch."),
@@ -142,9 +142,9 @@ def engine_config_summary(engine: LLMEngine) -> dict[str, Any]:
         "max_num_batched_tokens": s.max_num_batched_tokens,
         "enable_prefix_caching": kv.config.enable_prefix_caching,
         "enable_chunked_prefill": s.enable_chunked_prefill,
-        "max_model_len": engine.scheduler.max_len,
-        "model_path": engine.runner.forward_impl.name,
-        "graph_mode": engine.runner.graph_mode,
+        "max_model_len": engine.core.scheduler.max_len,
+        "model_path": engine.core.runner.forward_impl.name,
+        "graph_mode": engine.core.runner.graph_mode,
         "runtime": _runtime(),
     }
 

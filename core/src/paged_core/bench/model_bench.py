@@ -33,7 +33,7 @@ NO_PREFIX_CACHE = "paged-no-prefix-cache"
 
 def _kv_bytes(engine: LLMEngine) -> int:
     """Bytes of the engine's KV cache (the budget the transformers cache gets too)."""
-    loaded, kv = engine.loaded, engine.scheduler.kv
+    loaded, kv = engine.loaded, engine.core.scheduler.kv
     return kv.pool.num_blocks * bytes_per_block(loaded.backend, loaded.specs, kv.block_size, loaded.dtype)
 
 
@@ -69,7 +69,7 @@ def run_model_workload(opts: BenchOptions, requests: Sequence[BenchRequest]) -> 
             runs.append(run_hf_cb(model, requests, _kv_bytes(engine), budget, opts.progress))
         elif name == "reference":
             loaded = dataclasses.replace(engine.loaded, backend=ReferenceBackend(device=engine.loaded.backend.device))
-            ref = LLMEngine(config.replace(block_size=engine.scheduler.kv.block_size), loaded)
+            ref = LLMEngine(config.replace(block_size=engine.core.scheduler.kv.block_size), loaded)
             runs.append(_timed(ref, requests, "reference", opts.progress))
             del ref
         elif name in ("vllm", "vllm-compiled"):  # vLLM's CPU build, in its own environment (bench/vllm_run.py)
