@@ -171,11 +171,11 @@ class EngineCore:
                     self.scheduler.abort([seq.seq_id], status=status)
                     self.seqs.pop(seq.seq_id, None)
         for rid, index in abort.sequences:
-            group = self.groups.get(rid)
-            seq = group.seqs.get(index) if group is not None else None
-            if seq is not None and self.seqs.pop(seq.seq_id, None) is not None:
-                self.scheduler.abort([seq.seq_id], status=status)
-                self._seq_done(seq)
+            owner = self.groups.get(rid)
+            one = owner.seqs.get(index) if owner is not None else None
+            if one is not None and self.seqs.pop(one.seq_id, None) is not None:
+                self.scheduler.abort([one.seq_id], status=status)
+                self._seq_done(one)
 
     def abort_requests(self, request_ids: Iterable[str]) -> None:
         """Shorthand for aborting whole requests."""
@@ -239,8 +239,8 @@ class EngineCore:
         # Failed requests leave the scheduler first, so the update below skips them.
         deltas = self._fail(failures) if failures else []
         deltas += self._apply(out, sampled, logprobs)
-        for parent, toks, lps in forks:
-            deltas += self._fork(parent, toks, lps)
+        for parent, rest, rest_lps in forks:
+            deltas += self._fork(parent, rest, rest_lps)
         return deltas, failures
 
     def _fail(self, failures: dict[str, str]) -> list[SeqDelta]:

@@ -59,7 +59,7 @@ def _die_with_parent() -> None:
 class CoreLoop:
     """The message loop around one :class:`EngineCore` (separate from :func:`main` so tests can drive it)."""
 
-    def __init__(self, core: Any, inbox: zmq.Socket, outbox: zmq.Socket, parent_pid: int | None) -> None:
+    def __init__(self, core: Any, inbox: zmq.Socket[Any], outbox: zmq.Socket[Any], parent_pid: int | None) -> None:
         self.core = core
         self.inbox = inbox
         self.outbox = outbox
