@@ -17,7 +17,7 @@ import time
 
 import torch
 
-from paged_core.api import LLM, SamplingParams
+from paged_core import LLM, SamplingParams
 from paged_core.bench.hf_runs import attention, run_hf_static
 from paged_core.bench.workloads import throughput
 

@@ -59,7 +59,7 @@ def hf_greedy(path: Path, prompts: list[list[int]], new: int, dtype: torch.dtype
 
 
 def engine(path: Path, dtype: str, mode: str, impl: str) -> Any:
-    from paged_core.api import LLM
+    from paged_core import LLM
 
     return LLM(str(path), backend="rocm", device="cuda", dtype=dtype, kv_cache_memory="2GiB",
                graph_mode=mode, model_impl=impl)  # fmt: skip
@@ -74,7 +74,7 @@ def stats(llm: Any) -> dict[str, Any]:
 
 
 def parity(root: Path) -> list[dict[str, Any]]:
-    from paged_core.api import SamplingParams
+    from paged_core import SamplingParams
 
     path = tiny_llama(root, "parity", torch.float32)
     rng = random.Random(1)
@@ -96,7 +96,7 @@ def parity(root: Path) -> list[dict[str, Any]]:
 
 
 def decode_speed(root: Path) -> list[dict[str, Any]]:
-    from paged_core.api import SamplingParams
+    from paged_core import SamplingParams
 
     path = tiny_llama(root, "speed", torch.bfloat16, vocab_size=32000, hidden_size=1024, intermediate_size=2816,
                       num_hidden_layers=16, num_attention_heads=16, num_key_value_heads=4)  # fmt: skip

@@ -16,9 +16,9 @@ import pytest
 
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
-from paged_core.api import load_registry
 from paged_core.bench.schema import validate_report
 from paged_core.cli.main import main
+from paged_core.registry import load_registry
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

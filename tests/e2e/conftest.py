@@ -9,7 +9,8 @@ import pytest
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-from paged_core.api import LLM, load_registry
+from paged_core import LLM
+from paged_core.registry import load_registry
 
 from .e2e_helpers import GREEDY, hf_greedy, mixed_prompts
 

@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from paged_core.api import LLM, RequestOutput, SamplingParams
+from paged_core import LLM, RequestOutput, SamplingParams
 from paged_core.bench.hf_runs import attention
 
 

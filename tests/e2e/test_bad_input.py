@@ -6,14 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from paged_core.api import (
-    LLM,
-    BackendNotFoundError,
-    ConfigError,
-    RequestRejectedError,
-    SamplingParams,
-    UnsupportedConfigError,
-)
+from paged_core import LLM, RequestRejectedError, SamplingParams
+from paged_core.api import BackendNotFoundError, ConfigError, UnsupportedConfigError
 from paged_core.engine.loader import embedded_model_path
 
 from .tiny_models import save_tiny_model

@@ -15,16 +15,11 @@ from pathlib import Path
 
 import pytest
 
-from paged_core.api import (
-    BackendCapabilities,
-    EagerStrategy,
-    GraphSupport,
-    LLMEngine,
-    ReferenceBackend,
-    UnsupportedConfigError,
-)
+from paged_core import LLMEngine
+from paged_core.api import BackendCapabilities, EagerStrategy, GraphSupport, UnsupportedConfigError
 from paged_core.engine import executors
 from paged_core.engine.llm import LLM
+from paged_core.reference.backend import ReferenceBackend
 
 from .e2e_helpers import GREEDY, assert_same_tokens, hf_greedy
 from .tiny_models import VOCAB, save_tiny_model

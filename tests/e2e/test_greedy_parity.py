@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from paged_core.api import LLM
+from paged_core import LLM
 
 from .e2e_helpers import GREEDY, assert_same_tokens, hf_greedy
 

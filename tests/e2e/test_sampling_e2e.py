@@ -6,7 +6,7 @@ from dataclasses import replace
 
 import torch
 
-from paged_core.api import LLM, SamplingParams
+from paged_core import LLM, SamplingParams
 from paged_core.bench.hf_runs import attention
 
 SEEDED = SamplingParams(temperature=0.9, top_p=0.95, top_k=50, seed=1234, max_tokens=24, ignore_eos=True)

@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from paged_core.api import LLM, UnsupportedConfigError
+from paged_core import LLM
+from paged_core.api import UnsupportedConfigError
 
 from .conftest import VARIANTS
 from .e2e_helpers import GREEDY, assert_same_tokens, hf_greedy

@@ -24,7 +24,7 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def backend_name() -> str:
-    from paged_core.api import load_registry
+    from paged_core.registry import load_registry
 
     names = {r.name for r in load_registry().records() if r.selectable}
     return next(b for b in BACKENDS if b in names)

@@ -11,8 +11,8 @@ import torch
 
 import paged_core.cli.backends as backends_cli
 import paged_core.registry.registry as registry_module
-from paged_core.api import AttentionBackend, Availability, BackendCapabilities, BackendRegistry, hookimpl
-from paged_core.registry import PluginSource
+from paged_core.api import AttentionBackend, Availability, BackendCapabilities, hookimpl
+from paged_core.registry import BackendRegistry, PluginSource
 
 
 @pytest.fixture(autouse=True)

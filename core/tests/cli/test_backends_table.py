@@ -5,9 +5,10 @@ from __future__ import annotations
 import torch
 
 import paged_core.cli.backends as backends_cli
-from paged_core.api import BackendCapabilities, BackendRegistry, GraphSupport
+from paged_core.api import BackendCapabilities, GraphSupport
 from paged_core.cli.backends import capabilities_summary
 from paged_core.cli.main import main
+from paged_core.registry import BackendRegistry
 
 
 def test_table_shows_every_entry_and_reason(fake_registry, capsys) -> None:

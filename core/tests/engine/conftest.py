@@ -50,9 +50,9 @@ def tiny_loaded(tiny_model_dir: Path) -> Any:
 
     On the C++ CPU backend when it is installed (many times faster per step), else the pure-torch reference.
     """
-    from paged_core.api import load_registry
     from paged_core.engine.build import load
     from paged_core.engine.config import EngineConfig
+    from paged_core.registry import load_registry
 
     names = {r.name for r in load_registry().records() if r.selectable}
     backend = "cpu" if "cpu" in names else "reference"

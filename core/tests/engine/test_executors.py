@@ -7,10 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from paged_core.api import ConfigError, ReferenceBackend, UnsupportedConfigError
+from paged_core.api import ConfigError, UnsupportedConfigError
 from paged_core.engine.compile_cache import MANIFEST, CompileCache
 from paged_core.engine.config import EngineConfig
 from paged_core.engine.executors import device_graph_refusal, resolve_graph_mode
+from paged_core.reference.backend import ReferenceBackend
 
 
 def test_unknown_graph_mode_is_refused_with_the_modes() -> None:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 import paged_core.registry.registry as registry_module
-from paged_core.api import hookimpl, load_registry
-from paged_core.registry import BackendStatus
+from paged_core.api import hookimpl
+from paged_core.registry import BackendStatus, load_registry
 
 
 @pytest.fixture(autouse=True)

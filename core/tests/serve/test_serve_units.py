@@ -9,7 +9,7 @@ import pytest
 from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
-from paged_core.api import RequestMetrics, RequestOutput, SamplingParams
+from paged_core import RequestMetrics, RequestOutput, SamplingParams
 from paged_core.engine.messages import CoreRequest
 from paged_core.engine.messages import SchedulerStats as EngineStats
 from paged_core.errors import ConfigError, RequestRejectedError
@@ -69,7 +69,7 @@ def test_auth_compares_the_whole_bearer_header(engine: FakeEngine) -> None:
 
 
 def _output(rid: str, new: int, finished: bool, arrival: float) -> RequestOutput:
-    from paged_core.api import CompletionOutput
+    from paged_core import CompletionOutput
 
     c = CompletionOutput(index=0, token_ids=[1] * new, new_token_ids=[1] * new,
                          finish_reason="stop" if finished else None)  # fmt: skip

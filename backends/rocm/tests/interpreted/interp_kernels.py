@@ -10,13 +10,8 @@ import pytest
 import torch
 
 from paged_backend_rocm import RocmBackend, kernels
-from paged_core.api import (
-    AttentionMetadata,
-    AttentionSpec,
-    ReferenceBackend,
-    UnsupportedConfigError,
-    build_attention_metadata,
-)
+from paged_core.api import AttentionMetadata, AttentionSpec, UnsupportedConfigError, build_attention_metadata
+from paged_core.reference.backend import ReferenceBackend
 
 TOL = {torch.float32: 2e-4, torch.bfloat16: 3e-2, torch.float16: 1e-2}
 
