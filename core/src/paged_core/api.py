@@ -1,7 +1,9 @@
 """The vendor contract: what a backend package (and the conformance suite) imports.
 
-Backend packages import from here and nowhere else in ``paged_core``; the
-names below follow the plugin API compatibility promise in
+Backend packages (their tests and benchmarks included) import from here and
+nowhere else in ``paged_core``: hence the reference backend, the oracle a
+backend's tests compare against, and ``load_registry``, which a backend's tests
+use to check that its entry point loads. The names below follow the plugin API compatibility promise in
 :mod:`paged_core.contract.version`. Users' names (``LLM``, ``SamplingParams``,
 ...) live on the package itself, :mod:`paged_core`; everything else is imported
 from its own module.
@@ -23,7 +25,8 @@ from paged_core.errors import (
     UnsupportedConfigError,
 )
 from paged_core.graph import CompiledStrategy, DeviceGraphStrategy, GraphRunner, StaticInput
-from paged_core.registry import hookimpl
+from paged_core.reference.backend import ReferenceBackend
+from paged_core.registry import hookimpl, load_registry
 
 __all__ = [
     "PLUGIN_API_VERSION",
@@ -45,9 +48,11 @@ __all__ = [
     "GraphSupport",
     "PackedLinear",
     "PagedError",
+    "ReferenceBackend",
     "StaticInput",
     "StepFn",
     "UnsupportedConfigError",
     "build_attention_metadata",
     "hookimpl",
+    "load_registry",
 ]

@@ -11,8 +11,7 @@ import torch
 
 from paged_backend_example import ExampleBackend
 from paged_backend_example.kernels import paged_attention
-from paged_core.api import AttentionSpec, build_attention_metadata
-from paged_core.registry import load_registry
+from paged_core.api import AttentionSpec, build_attention_metadata, load_registry
 
 BIN = Path(sys.executable).parent
 

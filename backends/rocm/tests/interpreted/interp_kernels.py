@@ -10,8 +10,13 @@ import pytest
 import torch
 
 from paged_backend_rocm import RocmBackend, kernels
-from paged_core.api import AttentionMetadata, AttentionSpec, UnsupportedConfigError, build_attention_metadata
-from paged_core.reference.backend import ReferenceBackend
+from paged_core.api import (
+    AttentionMetadata,
+    AttentionSpec,
+    ReferenceBackend,
+    UnsupportedConfigError,
+    build_attention_metadata,
+)
 
 TOL = {torch.float32: 2e-4, torch.bfloat16: 3e-2, torch.float16: 1e-2}
 
