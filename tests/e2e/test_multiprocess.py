@@ -10,7 +10,7 @@ import psutil
 import pytest
 import zmq
 
-from paged_core.api import LLM, SamplingParams
+from paged_core import LLM, SamplingParams
 
 from .conftest import fast_backend
 from .e2e_helpers import GREEDY, assert_same_tokens
