@@ -10,6 +10,7 @@ from typing import Any, Protocol
 
 from paged_core.engine.core import EngineCore
 from paged_core.engine.messages import CoreAbort, CoreFacts, CoreOutputs, CoreRequest
+from paged_core.errors import RequestRejectedError
 
 
 class CoreClient(Protocol):
@@ -19,6 +20,9 @@ class CoreClient(Protocol):
 
     def add(self, request: CoreRequest) -> None:
         """Queue a request; raises :class:`~paged_core.errors.RequestRejectedError` if the core refuses it."""
+
+    def add_many(self, requests: list[CoreRequest]) -> dict[str, str]:
+        """Queue requests at once (all admitted before the next step); the refused ones' ids and reasons."""
 
     def abort(self, abort: CoreAbort) -> None:
         """End requests or single sequences."""
@@ -42,6 +46,15 @@ class InProcClient:
 
     def add(self, request: CoreRequest) -> None:
         self.core.add_request(request)
+
+    def add_many(self, requests: list[CoreRequest]) -> dict[str, str]:
+        refused = {}
+        for request in requests:
+            try:
+                self.core.add_request(request)
+            except RequestRejectedError as exc:
+                refused[request.request_id] = str(exc)
+        return refused
 
     def abort(self, abort: CoreAbort) -> None:
         self.core.abort(abort)

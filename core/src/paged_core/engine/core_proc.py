@@ -29,6 +29,7 @@ from paged_core.engine.messages import (
     CoreOutputs,
     CoreReady,
     CoreRequest,
+    CoreRequests,
     CoreShutdown,
     CoreUtility,
     CoreUtilityResult,
@@ -106,6 +107,15 @@ class CoreLoop:
             self.send(admission)
         return changed
 
+    def add(self, request: CoreRequest, admission: CoreAdmission) -> bool:
+        try:
+            self.core.add_request(request)
+        except Exception as exc:  # refused (or worse): this request alone, with the reason
+            admission.rejected[request.request_id] = str(exc) or type(exc).__name__
+            return False
+        admission.accepted.append(request.request_id)
+        return True
+
     def handle(self, frame: Any, admission: CoreAdmission) -> bool:
         """One message; a malformed or oversized one is dropped and logged, and everyone else is served."""
         size = len(frame.buffer)
@@ -119,13 +129,9 @@ class CoreLoop:
             return False
         core = self.core
         if isinstance(msg, CoreRequest):
-            try:
-                core.add_request(msg)
-            except Exception as exc:  # refused (or worse): this request alone, with the reason
-                admission.rejected[msg.request_id] = str(exc) or type(exc).__name__
-                return False
-            admission.accepted.append(msg.request_id)
-            return True
+            return self.add(msg, admission)
+        if isinstance(msg, CoreRequests):
+            return any([self.add(r, admission) for r in msg.requests])
         if isinstance(msg, CoreAbort):
             core.abort(msg)
             return True

@@ -10,7 +10,7 @@ from paged_core.engine.client import CoreClient, InProcClient
 from paged_core.engine.config import EngineConfig
 from paged_core.engine.core import EngineCore
 from paged_core.engine.input import InputProcessor
-from paged_core.engine.messages import CoreAbort, SchedulerStats
+from paged_core.engine.messages import CoreAbort, CoreRequest, SchedulerStats
 from paged_core.engine.output import OutputProcessor
 from paged_core.engine.outputs import RequestOutput
 from paged_core.errors import PagedError, RequestRejectedError
@@ -96,6 +96,33 @@ class LLMEngine:
         self.client.add(request)
         self.output.add(request, prompt if isinstance(prompt, str) else None)
         return rid
+
+    def add_requests(
+        self, prompts: Seq[str | Seq[int]], params: Seq[SamplingParams | None], *, cache_salt: str | None = None
+    ) -> list[str | PagedError]:
+        """Queue several requests at once (admitted together before the next step, in or out of process).
+
+        Returns, per prompt, its request id or the error that refused it; the others are queued regardless.
+        """
+        results: list[str | PagedError] = []
+        queued: list[tuple[int, CoreRequest, str | None]] = []
+        for i, (prompt, p) in enumerate(zip(prompts, params, strict=True)):
+            rid = f"req-{next(self._ids)}"
+            try:
+                request = self.input.process(rid, prompt, p, cache_salt=cache_salt)
+            except PagedError as exc:
+                results.append(exc)
+                continue
+            results.append(rid)
+            queued.append((i, request, prompt if isinstance(prompt, str) else None))
+        refused = self.client.add_many([r for _, r, _ in queued]) if queued else {}
+        for i, request, text in queued:
+            why = refused.get(request.request_id)
+            if why is not None:
+                results[i] = RequestRejectedError(why)
+            else:
+                self.output.add(request, text)
+        return results
 
     def abort_request(self, request_ids: Seq[str]) -> None:
         """Abort requests (unknown ids are ignored); their blocks are freed at once."""

@@ -123,10 +123,13 @@ class LLM:
         results: dict[str, RequestOutput] = {}
         order: list[str] = []
         errors: list[PagedError] = []
-        for i, (prompt, p) in enumerate(zip(prompts, params, strict=True)):
-            try:
-                order.append(engine.add_request(prompt, p, cache_salt=cache_salt))
-            except PagedError as exc:
+        # Added at once, so the core admits them all before its first step, in process or out.
+        added = engine.add_requests(prompts, params, cache_salt=cache_salt)
+        for i, (prompt, rid_or_error) in enumerate(zip(prompts, added, strict=True)):
+            if isinstance(rid_or_error, str):
+                order.append(rid_or_error)
+            else:
+                exc = rid_or_error
                 errors.append(exc)
                 rid = f"refused-{i}"
                 order.append(rid)

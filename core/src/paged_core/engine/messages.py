@@ -25,6 +25,13 @@ class CoreRequest(msgspec.Struct, tag="add", frozen=True):
     arrival_time: float = 0.0
 
 
+class CoreRequests(msgspec.Struct, tag="add_many", frozen=True):
+    """Several requests added at once: the core admits them all before its next step (same batches in and out
+    of process)."""
+
+    requests: list[CoreRequest]
+
+
 class CoreAbort(msgspec.Struct, tag="abort", frozen=True):
     """End requests (whole requests by id, or one sequence as ``(request_id, index)``); unknown ids are ignored."""
 
@@ -143,5 +150,5 @@ class CoreUtilityResult(msgspec.Struct, tag="utility_result", frozen=True):
     error: str | None = None
 
 
-ToCore = CoreRequest | CoreAbort | CoreUtility | CoreShutdown
+ToCore = CoreRequest | CoreRequests | CoreAbort | CoreUtility | CoreShutdown
 FromCore = CoreOutputs | CoreAdmission | CoreUtilityResult | CoreReady | CoreFailed

@@ -13,6 +13,7 @@ from paged_core.engine.messages import (
     CoreAdmission,
     CoreOutputs,
     CoreRequest,
+    CoreRequests,
     CoreUtility,
     CoreUtilityResult,
     FromCore,
@@ -80,6 +81,14 @@ class SyncMPClient:
         error = self._admitted.pop(rid)
         if error is not None:
             raise RequestRejectedError(error)
+
+    def add_many(self, requests: list[CoreRequest]) -> dict[str, str]:
+        self.process.send(CoreRequests(requests))
+        ids = [r.request_id for r in requests]
+        while not all(rid in self._admitted for rid in ids):
+            self._pump()
+        answers = {rid: self._admitted.pop(rid) for rid in ids}
+        return {rid: why for rid, why in answers.items() if why is not None}
 
     def abort(self, abort: CoreAbort) -> None:
         self.process.send(abort)
