@@ -140,7 +140,7 @@ class CoreLoop:
                 self.send(CoreUtilityResult(msg.call_id, core.call(msg.method)))
             except Exception as exc:
                 self.send(CoreUtilityResult(msg.call_id, None, f"{type(exc).__name__}: {exc}"))
-            return True
+            return msg.method == "reset_prefix_cache"
         if isinstance(msg, CoreShutdown):
             self.running = False
         return False
