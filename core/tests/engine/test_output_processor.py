@@ -21,7 +21,7 @@ class Chars:
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         return [ord(c) for c in text]
 
-    all_special_ids: list[int] = []
+    all_special_ids: tuple[int, ...] = ()
 
 
 def _outputs(*deltas: SeqDelta, **kwargs: Any) -> CoreOutputs:
