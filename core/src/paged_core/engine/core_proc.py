@@ -45,7 +45,11 @@ IDLE_POLL_MS = 1000
 
 
 def _die_with_parent() -> None:
-    """Ask Linux to SIGKILL this process when its parent dies (no-op elsewhere)."""
+    """Ask Linux to SIGKILL this process when its parent dies (no-op elsewhere).
+
+    Linux ties this to the parent *thread* that started the process: start cores from a thread that
+    lives as long as they should (``paged serve`` and ``LLM`` start them from the caller's thread).
+    """
     if not sys.platform.startswith("linux"):
         return
     import ctypes
