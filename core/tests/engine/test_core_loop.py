@@ -128,6 +128,9 @@ def test_junk_and_oversized_messages_are_dropped_and_the_loop_serves_on(
     messages = [r.getMessage() for r in caplog.records]
     assert sum("dropped a malformed" in m for m in messages) == 3
     assert any(f"dropped a {MAX_MESSAGE_BYTES + 1}-byte message" in m for m in messages)
+    to_core.send(msgspec.msgpack.encode(CoreUtility(1, "dropped_messages")))
+    answer = _recv(from_core)
+    assert isinstance(answer, CoreUtilityResult) and answer.result == 4
 
 
 def test_utility_calls_answer_by_id_even_when_they_fail(loop: Any) -> None:

@@ -70,6 +70,8 @@ class CoreLoop:
         self.outbox = outbox
         self.parent_pid = parent_pid
         self.running = True
+        self.dropped = 0
+        """Messages dropped as malformed or oversized (answered to the utility call ``dropped_messages``)."""
         self.decoder = msgspec.msgpack.Decoder(ToCore)
         self.encoder = msgspec.msgpack.Encoder()
         self.poller = zmq.Poller()
@@ -125,11 +127,13 @@ class CoreLoop:
         size = len(frame.buffer)
         if size > MAX_MESSAGE_BYTES:
             log.error("dropped a %d-byte message on the engine socket (limit %d bytes)", size, MAX_MESSAGE_BYTES)
+            self.dropped += 1
             return False
         try:
             msg = self.decoder.decode(frame.buffer)
         except (msgspec.DecodeError, msgspec.ValidationError, ValueError, TypeError) as exc:
             log.error("dropped a malformed %d-byte message on the engine socket: %s", size, exc)
+            self.dropped += 1
             return False
         core = self.core
         if isinstance(msg, CoreRequest):
@@ -141,7 +145,8 @@ class CoreLoop:
             return True
         if isinstance(msg, CoreUtility):
             try:
-                self.send(CoreUtilityResult(msg.call_id, core.call(msg.method)))
+                result = self.dropped if msg.method == "dropped_messages" else core.call(msg.method)
+                self.send(CoreUtilityResult(msg.call_id, result))
             except Exception as exc:
                 self.send(CoreUtilityResult(msg.call_id, None, f"{type(exc).__name__}: {exc}"))
             return msg.method == "reset_prefix_cache"
