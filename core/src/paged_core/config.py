@@ -26,6 +26,8 @@ MODEL_IMPLS = ("auto", "fused", "transformers")
 GRAPH_MODES = ("auto", "eager", "compiled", "device")
 """How steps run; see :mod:`paged_core.engine.executors`."""
 POLICIES = ("fcfs", "priority")
+DISTRIBUTED_INITS = ("local", "env")
+"""How tensor-parallel ranks find each other; see :class:`ParallelConfig`."""
 HASH_ALGORITHMS = tuple(sorted(a for a in hashlib.algorithms_guaranteed if not a.startswith("shake")))
 """Digests the prefix cache can chain (shake_* need a length, so they are left out)."""
 MAX_BLOCK_SIZE = 4096
@@ -205,14 +207,29 @@ class GraphConfig:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ParallelConfig:
-    """How many devices one engine spans; only one for now, the fields are here so the shape is stable."""
+    """How many devices one engine spans (tensor parallel) and how many engines serve (data parallel).
 
-    tensor_parallel_size: int = _opt(1, "devices one model is split across (only 1 is supported yet)")
-    data_parallel_size: int = _opt(1, "engine replicas (only 1 is supported yet)")
+    ``tensor_parallel_size`` N splits one model across N ranks on ``torch.distributed`` (gloo on CPUs,
+    NCCL on CUDA): rank 0 lives with the engine core, ranks 1..N-1 are workers. ``distributed_init``
+    says how the ranks meet: ``local`` starts the workers here on a free loopback port; ``env`` reads
+    ``MASTER_ADDR``, ``MASTER_PORT``, ``WORLD_SIZE`` and ``RANK`` (torchrun's variables), so ranks can
+    be launched on several machines (rank 0 by ``paged serve``/``generate``, the others by ``paged
+    worker``). ``data_parallel_size`` M runs M engine cores behind one server.
+    """
+
+    tensor_parallel_size: int = _opt(1, "ranks one model is split across (tensor parallel)")
+    data_parallel_size: int = _opt(1, "engine cores behind one server (data parallel; paged serve only)")
+    distributed_init: str = _opt("local", "how tensor-parallel ranks meet: local (workers started here) or env "
+                                 "(MASTER_ADDR/MASTER_PORT/WORLD_SIZE/RANK, ranks launched separately)",
+                                 choices=DISTRIBUTED_INITS)  # fmt: skip
+    distributed_timeout: float = _opt(60.0, "seconds a collective or a rank's start-up may take before the engine "
+                                      "fails with the cause")  # fmt: skip
 
     def __post_init__(self) -> None:
-        for name in ("tensor_parallel_size", "data_parallel_size"):
-            value = getattr(self, name)
-            _require_int(name, value, 1)
-            if value != 1:
-                raise ConfigError(f"{name}={value} is not supported yet: an engine runs on one device; use 1")
+        _require_int("tensor_parallel_size", self.tensor_parallel_size, 1, 1024)
+        _require_int("data_parallel_size", self.data_parallel_size, 1, 1024)
+        _require_choice("distributed_init", self.distributed_init, DISTRIBUTED_INITS)
+        timeout = self.distributed_timeout
+        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout <= 86400:
+            raise ConfigError(f"distributed_timeout must be seconds in (0, 86400], got {timeout!r}")
+        object.__setattr__(self, "distributed_timeout", float(timeout))
