@@ -29,3 +29,7 @@ class BackendUnavailableError(PagedError, RuntimeError):
 
 class EngineDeadError(PagedError, RuntimeError):
     """The engine core stopped (its process died, or its thread broke); no request can be served."""
+
+
+class DistributedError(PagedError, RuntimeError):
+    """A tensor-parallel rank died or a collective timed out: the ranks are out of step, so the engine ends."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -22,6 +23,11 @@ from paged_core.engine.loader import ModelSource, check_gguf, load_model, load_t
 from paged_core.engine.model_runner import ModelRunner
 from paged_core.engine.profile import profile_peak_bytes
 from paged_core.errors import BackendUnavailableError, ConfigError, UnsupportedConfigError
+from paged_core.parallel.group import TPGroup, join_group
+from paged_core.parallel.leader import Leader, start_leader
+from paged_core.parallel.rendezvous import Rendezvous
+from paged_core.parallel.shard import shard_model
+from paged_core.parallel.sizes import check_tp_size, local_specs
 from paged_core.registry import BackendStatus, load_registry
 from paged_core.sched.scheduler import Scheduler
 
@@ -130,24 +136,58 @@ class LoadedModel:
     model_max_len: int
     decoders: dict[tuple[str, int], Any] = field(default_factory=dict)
     """Fused decoders built for this model, by (backend name, positions); shared by engines on these weights."""
+    tp: TPGroup | None = None
+    """This process's tensor-parallel rank when the model is split (its specs are then the rank's share)."""
+    leader: Leader | None = None
+    """Rank 0's workers and plan channel (``None`` on workers and without tensor parallelism)."""
+    in_use: bool = False
+    """A split model serves one engine: its workers mirror that engine's runner."""
 
 
-def load(config: EngineConfig) -> LoadedModel:
-    """Choose the backend for the model, then load tokenizer and weights onto its device."""
+def load(config: EngineConfig, rendezvous: Rendezvous | None = None) -> LoadedModel:
+    """Choose the backend for the model, then load tokenizer and weights onto its device.
+
+    With ``tensor_parallel_size`` N > 1 the size is checked against the model's heads on the
+    weightless config first; then rank 0 (``rendezvous`` None) forms the group, starting the
+    workers for ``local``, and a worker (given its ``rendezvous``) joins it; every rank keeps its
+    share of the weights (:mod:`paged_core.parallel.shard`).
+    """
     source = resolve_source(config.model.model)
     if source.gguf_file is not None:
         check_gguf(source.directory / source.gguf_file)
     model_config, specs = meta_specs(source)
+    tp = config.parallel.tensor_parallel_size
+    check_tp_size(tp, specs, model_config)
+    specs = local_specs(specs, tp)
     cls, device, dtype, _ = choose_backend(config, specs)
-    tokenizer = load_tokenizer(source)
-    model = load_model(source, model_config, dtype, device, register_paged_attention())
+    group: TPGroup | None = None
+    leader: Leader | None = None
+    if tp > 1:
+        if rendezvous is None:
+            leader = start_leader(config, device)
+            group = leader.group
+        else:
+            group = join_group(rendezvous, device, config.parallel.distributed_timeout)
+        if device.type != "cpu":
+            device = torch.device(device.type, int(os.environ.get("LOCAL_RANK", group.rank)))
+    try:
+        tokenizer = load_tokenizer(source) if group is None or group.rank == 0 else None
+        model = load_model(source, model_config, dtype, device, register_paged_attention())
+        if group is not None:
+            shard_model(model, group)
+    except BaseException:
+        if leader is not None:
+            leader.close(timeout=1.0)
+        raise
     limit = int(getattr(model_config.get_text_config(), "max_position_embeddings", 0) or 0) or 2**20
-    return LoadedModel(source, tokenizer, model, specs, cls(device=device), dtype, _eos_ids(model, tokenizer), limit)
+    return LoadedModel(source, tokenizer, model, specs, cls(device=device), dtype, _eos_ids(model, tokenizer), limit,
+                       tp=group, leader=leader)  # fmt: skip
 
 
 def _forward(config: EngineConfig, loaded: LoadedModel, max_model_len: int) -> ModelForward:
+    reduce = loaded.tp.all_reduce if loaded.tp is not None else None
     return make_forward(config.model.model_impl, loaded.model, loaded.backend, loaded.specs, max_model_len + 1,
-                        loaded.decoders)  # fmt: skip
+                        loaded.decoders, reduce=reduce)  # fmt: skip
 
 
 def _compile_cache(config: EngineConfig, loaded: LoadedModel) -> CompileCache:
@@ -205,6 +245,8 @@ def resolve(config: EngineConfig, loaded: LoadedModel) -> EngineConfig:
                                       sched.max_num_batched_tokens)  # fmt: skip
             budget = default_budget(backend.device, cache.memory_fraction, peak)
         num_blocks = blocks_for_memory(budget, bytes_per_block(backend, specs, block_size, dtype))
+        if loaded.tp is not None:  # every rank sized its own budget; all run the count the tightest affords
+            num_blocks = loaded.tp.min_int(num_blocks)
     return replace(config, cache=replace(cache, block_size=block_size, num_blocks=num_blocks),
                    scheduler=replace(sched, max_model_len=max_model_len))  # fmt: skip
 
@@ -213,9 +255,22 @@ def build_parts(config: EngineConfig, loaded: LoadedModel | None = None) -> Engi
     """Size the KV cache and the scheduler around a (possibly already) loaded model."""
     if loaded is None:
         loaded = load(config)
-    else:
-        _check(type(loaded.backend), loaded.specs, loaded.dtype,
-               config.cache.block_size or type(loaded.backend).capabilities().default_block_size)  # fmt: skip
+        try:
+            return _build(config, loaded)
+        except BaseException:
+            if loaded.leader is not None:  # our own workers: never leave them behind
+                loaded.leader.close(timeout=1.0)
+            raise
+    if loaded.tp is not None and loaded.in_use:
+        raise UnsupportedConfigError("a tensor-parallel model serves one engine (its workers mirror that engine's "
+                                     "runner); load it again for another")  # fmt: skip
+    _check(type(loaded.backend), loaded.specs, loaded.dtype,
+           config.cache.block_size or type(loaded.backend).capabilities().default_block_size)  # fmt: skip
+    return _build(config, loaded)
+
+
+def _build(config: EngineConfig, loaded: LoadedModel) -> EngineParts:
+    loaded.in_use = True
     config = resolve(config, loaded)
     backend, specs, dtype = loaded.backend, loaded.specs, loaded.dtype
     cache, sched = config.cache, config.scheduler

@@ -66,4 +66,4 @@ class InProcClient:
         return self.core.call(method)
 
     def shutdown(self) -> None:
-        pass
+        self.core.close()

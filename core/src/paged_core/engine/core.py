@@ -18,7 +18,7 @@ import torch
 from paged_core.engine.build import LoadedModel, build_parts
 from paged_core.engine.config import EngineConfig
 from paged_core.engine.messages import CoreAbort, CoreFacts, CoreOutputs, CoreRequest, SchedulerStats, SeqDelta
-from paged_core.errors import RequestRejectedError
+from paged_core.errors import DistributedError, RequestRejectedError
 from paged_core.sampling.isolate import sample_isolated
 from paged_core.sampling.logprobs import TokenLogprobs
 from paged_core.sampling.params import INT64_MAX, INT64_MIN
@@ -77,10 +77,21 @@ class EngineCore:
         self.tokenizer = self.loaded.tokenizer
         self.sampler = Sampler(seed=self.config.model.seed)
         self.vocab_size = int(self.loaded.model.config.get_text_config().vocab_size)
+        self.leader = self.loaded.leader
+        """Tensor parallel: the workers this core sends each step's plan to (``None`` on one rank)."""
         self.groups: dict[str, _Group] = {}
         self.seqs: dict[str, _Seq] = {}
         self.steps = 0
         torch.manual_seed(self.config.model.seed)
+
+    def failure(self) -> str | None:
+        """Why this core cannot go on (a tensor-parallel worker died), or ``None``; checked between steps."""
+        return self.leader.failure() if self.leader is not None else None
+
+    def close(self) -> None:
+        """Release what outlives the object: tensor-parallel workers and the process group (idempotent)."""
+        if self.leader is not None:
+            self.leader.close()
 
     # ---- facts and stats ------------------------------------------------
     def facts(self) -> CoreFacts:
@@ -190,8 +201,12 @@ class EngineCore:
 
         If the step fails as a whole (the model forward, say), the requests it was running are ended
         and freed, named in ``failed`` with a delta carrying ``error``, and ``step_error`` holds the
-        exception's repr; waiting requests and the core are untouched.
+        exception's repr; waiting requests and the core are untouched. With tensor parallelism a
+        failed step (or a worker found dead before it) raises :class:`DistributedError` with the
+        cause instead: the ranks are out of step, so the core must end.
         """
+        if self.leader is not None and (dead := self.leader.failure()) is not None:
+            raise DistributedError(dead)
         out = self.scheduler.schedule()
         # Taken before the step runs: a request that finishes mid-step must still be reported if the step fails.
         seqs = self.seqs
@@ -201,6 +216,10 @@ class EngineCore:
         try:
             deltas, failed = self._run(out)
         except Exception as exc:
+            if self.leader is not None:  # the ranks are out of step: no later step can be trusted
+                cause = self.leader.explain(exc)
+                log.error("engine step failed: %s", cause)
+                raise DistributedError(cause) from exc
             log.exception("engine step failed")
             why = f"the engine step running this request failed ({type(exc).__name__})"
             failed = dict.fromkeys(scheduled, why)
@@ -210,6 +229,8 @@ class EngineCore:
         return CoreOutputs(deltas, self.stats(), failed)
 
     def _run(self, out: SchedulerOutput) -> tuple[list[SeqDelta], dict[str, str]]:
+        if self.leader is not None:
+            self.leader.send(out)
         req_ids, logits = self.runner.execute(out)
         sampled: dict[str, list[int]] = {}
         logprobs: dict[str, list[dict[int, float]]] = {}

@@ -35,6 +35,7 @@ from paged_core.engine.messages import (
     CoreUtilityResult,
     ToCore,
 )
+from paged_core.errors import DistributedError
 
 log = logging.getLogger("paged.core")
 
@@ -81,14 +82,28 @@ class CoreLoop:
         self.outbox.send(self.encoder.encode(message), copy=False)
 
     def run(self) -> None:
-        """Serve until shutdown, SIGTERM or the parent's death."""
+        """Serve until shutdown, SIGTERM or the parent's death.
+
+        A :class:`DistributedError` (a tensor-parallel worker died, a collective timed out) ends the
+        loop: the cause goes to the front end as :class:`CoreFailed` first, then it is re-raised.
+        """
+        try:
+            self._run()
+        except DistributedError as exc:
+            self.send(CoreFailed(str(exc), type(exc).__name__))
+            raise
+
+    def _run(self) -> None:
         core = self.core
+        failure = getattr(core, "failure", None)
         while self.running:
             if not core.has_unfinished_requests():
                 self.poller.poll(IDLE_POLL_MS)
             if self.parent_pid is not None and os.getppid() != self.parent_pid:
                 log.warning("the front end (pid %d) is gone; engine core exiting", self.parent_pid)
                 return
+            if failure is not None and (dead := failure()) is not None:
+                raise DistributedError(dead)
             changed = self.drain()
             if not self.running:
                 return
@@ -198,7 +213,13 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         loop = CoreLoop(core, inbox, outbox, parent)
         loop.send(CoreReady(core.facts(), core.stats()))
-        loop.run()
+        try:
+            loop.run()
+        finally:
+            core.close()
+    except DistributedError as exc:
+        log.error("engine core ends: %s", exc)
+        code = 1
     except Exception:
         log.exception("engine core died")
         code = 1

@@ -79,6 +79,8 @@ class CoreProcess:
         self.startup_timeout = startup_timeout
         self.facts: CoreFacts | None = None
         self.stats = SchedulerStats()
+        self.dead_cause: str | None = None
+        """What the core said before it ended (its :class:`CoreFailed` after start-up)."""
 
     def wait_ready(self) -> CoreFacts:
         """Block until the core has started (its facts) or failed (:class:`EngineStartError`, the process reaped)."""
@@ -115,11 +117,20 @@ class CoreProcess:
         self.to_core.send(self.encoder.encode(message), copy=False)
 
     def recv(self, timeout_ms: int) -> FromCore | None:
-        """The next message, or None after ``timeout_ms``; :class:`EngineDeadError` once the core has died."""
+        """The next message, or None after ``timeout_ms``; :class:`EngineDeadError` once the core has died.
+
+        A :class:`CoreFailed` after start-up is the core's last word (a tensor-parallel worker died, a
+        collective timed out): its cause is kept and named when the core's exit is reported.
+        """
         if self.from_core.poll(timeout_ms):
-            return self.decoder.decode(self.from_core.recv(copy=False).buffer)
+            msg = self.decoder.decode(self.from_core.recv(copy=False).buffer)
+            if isinstance(msg, CoreFailed) and self.facts is not None:
+                self.dead_cause = msg.message
+                return None
+            return msg
         if not self.alive:
-            raise EngineDeadError(f"the engine core process died ({describe_exit(self.returncode)})")
+            cause = f": {self.dead_cause}" if self.dead_cause else ""
+            raise EngineDeadError(f"the engine core process died ({describe_exit(self.returncode)}){cause}")
         return None
 
     @property
@@ -141,7 +152,7 @@ class CoreProcess:
                 self.to_core.send(self.encoder.encode(CoreShutdown()), zmq.NOBLOCK)
             except zmq.ZMQError:
                 pass
-            _wait_or_kill(proc, timeout)
+            wait_or_kill(proc, timeout)
         self._closed = True
         # Sockets before the context: terminating a context with open sockets blocks.
         self.to_core.close(linger=0)
@@ -150,12 +161,13 @@ class CoreProcess:
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
-def _wait_or_kill(proc: subprocess.Popen[bytes], timeout: float) -> None:
+def wait_or_kill(proc: subprocess.Popen[bytes], timeout: float, what: str = "engine core") -> None:
+    """Wait up to ``timeout`` for ``proc`` to exit, then SIGTERM it, then (after 2 s) SIGKILL it."""
     try:
         proc.wait(timeout)
         return
     except subprocess.TimeoutExpired:
-        log.warning("engine core (pid %d) did not exit within %.0f s; terminating it", proc.pid, timeout)
+        log.warning("%s (pid %d) did not exit within %.1f s; terminating it", what, proc.pid, timeout)
     proc.terminate()
     try:
         proc.wait(2.0)

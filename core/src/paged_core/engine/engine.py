@@ -13,7 +13,7 @@ from paged_core.engine.input import InputProcessor
 from paged_core.engine.messages import CoreAbort, CoreRequest, SchedulerStats
 from paged_core.engine.output import OutputProcessor
 from paged_core.engine.outputs import RequestOutput
-from paged_core.errors import PagedError, RequestRejectedError
+from paged_core.errors import ConfigError, PagedError, RequestRejectedError
 from paged_core.sampling.params import SamplingParams
 
 
@@ -39,6 +39,10 @@ class LLMEngine:
         self, config: EngineConfig | None = None, loaded: LoadedModel | None = None, *, multiprocess: bool = False
     ) -> None:
         self.config = config or EngineConfig()
+        if self.config.parallel.data_parallel_size > 1:
+            dp = self.config.parallel.data_parallel_size
+            raise ConfigError(f"data_parallel_size={dp} runs in `paged serve`, which routes requests across engine "
+                              "cores; an LLMEngine drives one core (use 1)")  # fmt: skip
         client: CoreClient
         if multiprocess:
             if loaded is not None:

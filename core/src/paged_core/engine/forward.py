@@ -10,6 +10,7 @@ Both (:class:`TransformersForward` and :class:`~paged_core.engine.fused.FusedDec
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any, Protocol
 
 import torch
@@ -78,8 +79,13 @@ def make_forward(
     specs: list[AttentionSpec],
     max_positions: int,
     decoders: dict[tuple[str, int], FusedDecoder] | None = None,
+    reduce: Callable[[torch.Tensor], torch.Tensor] | None = None,
 ) -> ModelForward:
-    """The model path ``model_impl`` asks for; ``decoders`` caches fused decoders across engines of one model."""
+    """The model path ``model_impl`` asks for; ``decoders`` caches fused decoders across engines of one model.
+
+    ``reduce`` is the tensor-parallel all-reduce the fused decoder applies after its row-parallel
+    projections (the transformers path has it as hooks on those modules already).
+    """
     if model_impl not in MODEL_IMPLS:
         raise ConfigError(f"model_impl must be one of {', '.join(MODEL_IMPLS)}; got {model_impl!r}")
     if model_impl == "transformers":
@@ -94,7 +100,7 @@ def make_forward(
     cache = decoders if decoders is not None else {}
     decoder = cache.get(key)
     if decoder is None or decoder.backend is not backend:
-        decoder = FusedDecoder(model, backend, specs, max_positions)
+        decoder = FusedDecoder(model, backend, specs, max_positions, reduce=reduce)
         cache[key] = decoder
     log.info("model path: fused decoder (ops: %s)", decoder.ops.name)
     return decoder

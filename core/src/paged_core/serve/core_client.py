@@ -131,6 +131,8 @@ class ThreadCoreClient:
             return
         self._cmds.put(("stop",))
         self._thread.join(timeout)
+        if not self._thread.is_alive():
+            self.core.close()
 
     # ---- engine thread --------------------------------------------------
     def _run(self) -> None:

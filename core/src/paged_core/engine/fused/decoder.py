@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -76,8 +77,9 @@ class FusedDecoder:
     name = "fused"
 
     def __init__(
-        self, model: Any, backend: AttentionBackend, specs: list[AttentionSpec], max_positions: int
-    ) -> None:
+        self, model: Any, backend: AttentionBackend, specs: list[AttentionSpec], max_positions: int,
+        reduce: Callable[[torch.Tensor], torch.Tensor] | None = None,
+    ) -> None:  # fmt: skip
         reason = fused_refusal(model)
         if reason is not None:
             raise UnsupportedConfigError(f"the fused decoder cannot run this model: {reason}")
@@ -90,6 +92,8 @@ class FusedDecoder:
             backend.forward if capturable else torch.compiler.disable(backend.forward)  # type: ignore[no-untyped-call]
         )
         self.specs = specs
+        self.reduce = reduce
+        """Tensor parallel: the all-reduce of the o and down projections' partial sums (``None``: one rank)."""
         inner = model.model
         self.embed = inner.embed_tokens.weight.detach()
         self.norm = inner.norm.weight.detach()
@@ -127,7 +131,7 @@ class FusedDecoder:
         logits_indices: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Logits ``[K, V]`` of the tokens at ``logits_indices`` (every token when ``None``)."""
-        ops = self.ops
+        ops, reduce = self.ops, self.reduce
         hidden = torch.nn.functional.embedding(input_ids, self.embed)
         residual: torch.Tensor | None = None
         tokens = hidden.shape[0]
@@ -149,8 +153,12 @@ class FusedDecoder:
             attend = self._traced_attend if torch.compiler.is_compiling() else self.backend.forward
             attn = attend(q, k, v, kv_caches[i], metadata, spec)
             hidden = ops.linear(attn.reshape(tokens, q_size), layer.o)
+            if reduce is not None:
+                hidden = reduce(hidden)
             x, residual = ops.add_rms_norm(hidden, residual, layer.post_norm, layer.post_eps)
             hidden = ops.linear(ops.silu_and_mul(ops.linear(x, layer.gate_up)), layer.down)
+            if reduce is not None:
+                hidden = reduce(hidden)
         assert residual is not None
         if logits_indices is not None:
             hidden, residual = hidden.index_select(0, logits_indices), residual.index_select(0, logits_indices)

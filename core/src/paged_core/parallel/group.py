@@ -1,0 +1,110 @@
+"""The tensor-parallel process group: set up with a short timeout, and the collectives the model path calls."""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from paged_core.errors import ConfigError, UnsupportedConfigError
+from paged_core.parallel.rendezvous import Rendezvous
+
+log = logging.getLogger("paged.parallel")
+
+COLLECTIVES = {"cpu": "gloo", "cuda": "nccl", "xpu": "xccl"}
+"""The ``torch.distributed`` backend each device type runs its collectives on."""
+
+
+def collective_backend(device: torch.device) -> str:
+    """The collectives for ``device``; refuses a device type without one, or one this torch build lacks."""
+    import torch.distributed as dist
+
+    name = COLLECTIVES.get(device.type)
+    if name is None:
+        raise UnsupportedConfigError(
+            f"tensor parallelism on {device.type} devices: no collectives known (supported: "
+            + ", ".join(f"{d} ({b})" for d, b in COLLECTIVES.items()) + ")"
+        )
+    if not dist.is_available() or not dist.is_backend_available(name):
+        raise UnsupportedConfigError(f"tensor parallelism on {device.type} needs torch.distributed's {name!r} "
+                                     "backend, which this torch build does not have")  # fmt: skip
+    return name
+
+
+def check_devices(tp: int, device: torch.device) -> None:
+    """Refuse more ranks than devices (accelerators); a CPU host runs any number of ranks, sharing its cores."""
+    if device.type == "cpu":
+        return
+    module = getattr(torch, device.type, None)
+    count = int(module.device_count()) if module is not None and hasattr(module, "device_count") else 0
+    if tp > count:
+        raise ConfigError(f"tensor_parallel_size={tp} needs {tp} {device.type} devices; {count} available")
+
+
+def threads_per_rank(ranks_here: int) -> int:
+    """Intra-op threads for one of ``ranks_here`` ranks on this machine, so ranks do not fight for cores."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, cores // max(1, ranks_here))
+
+
+@dataclass
+class TPGroup:
+    """This process's rank in a tensor-parallel group (the default ``torch.distributed`` group)."""
+
+    rank: int
+    world_size: int
+    backend: str
+    timeout: float
+    device: torch.device
+    """Where collective buffers live (NCCL reduces device tensors, gloo host ones)."""
+
+    def all_reduce(self, tensor: torch.Tensor) -> torch.Tensor:
+        """Sum ``tensor`` over the ranks, in place (the row-parallel projections' partial sums)."""
+        import torch.distributed as dist
+
+        dist.all_reduce(tensor)
+        return tensor
+
+    def min_int(self, value: int) -> int:
+        """The smallest ``value`` any rank holds (the KV block count every rank can afford)."""
+        import torch.distributed as dist
+
+        t = torch.tensor([value], dtype=torch.int64, device=self.device if self.backend != "gloo" else "cpu")
+        dist.all_reduce(t, op=dist.ReduceOp.MIN)
+        return int(t.item())
+
+    @property
+    def store(self) -> Any:
+        """The rendezvous key-value store (rank 0 publishes where workers receive their step plans)."""
+        from torch.distributed import distributed_c10d
+
+        return distributed_c10d._get_default_store()
+
+    def destroy(self) -> None:
+        """Leave the group (idempotent), so a later engine in this process can form a new one."""
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def join_group(rdv: Rendezvous, device: torch.device, timeout: float) -> TPGroup:
+    """Join the group described by ``rdv``; blocks until every rank has joined or ``timeout`` seconds pass."""
+    import torch.distributed as dist
+
+    backend = collective_backend(device)
+    if dist.is_initialized():
+        raise ConfigError("this process already belongs to a torch.distributed group (another tensor-parallel "
+                          "engine is running here); close it first")  # fmt: skip
+    log.info("rank %d/%d joining the %s group at %s", rdv.rank, rdv.world_size, backend, rdv.init_method)
+    try:
+        dist.init_process_group(backend, init_method=rdv.init_method, rank=rdv.rank, world_size=rdv.world_size,
+                                timeout=datetime.timedelta(seconds=timeout))  # fmt: skip
+    except (RuntimeError, ValueError, OSError) as exc:
+        raise ConfigError(f"rank {rdv.rank}: could not join the tensor-parallel group at {rdv.init_method} "
+                          f"within {timeout:.0f} s ({exc})") from None  # fmt: skip
+    return TPGroup(rdv.rank, rdv.world_size, backend, timeout, device)

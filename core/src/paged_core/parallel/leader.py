@@ -1,0 +1,154 @@
+"""Rank 0's side of tensor parallelism: form the group, start local workers, send plans, watch the ranks.
+
+With ``distributed_init='local'`` rank 0 starts ranks 1..N-1 as child processes here (each one
+``python -m paged_core.parallel.worker DIR``, dying with its parent); with ``env`` they are
+launched elsewhere by ``paged worker`` and rank 0 only meets them. A worker that fails writes its
+cause into the rendezvous store before exiting, so rank 0 reports it by name.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import torch
+
+from paged_core.errors import ConfigError, DistributedError
+from paged_core.parallel.group import TPGroup, check_devices, collective_backend, join_group, threads_per_rank
+from paged_core.parallel.plans import PlanSender
+from paged_core.parallel.rendezvous import Rendezvous, env_rendezvous, local_rendezvous
+from paged_core.sched.output import SchedulerOutput
+
+log = logging.getLogger("paged.parallel")
+
+
+def error_key(rank: int) -> str:
+    """Where a failing worker leaves its cause in the rendezvous store."""
+    return f"paged/error/{rank}"
+
+
+class Leader:
+    """Rank 0: the group, the plan channel and (``local``) the worker processes."""
+
+    def __init__(self, group: TPGroup, procs: dict[int, subprocess.Popen[bytes]], directory: Path | None,
+                 sender: PlanSender) -> None:  # fmt: skip
+        self.group = group
+        self.procs = procs
+        self.dir = directory
+        self.sender = sender
+        self._closed = False
+
+    def send(self, out: SchedulerOutput) -> None:
+        """Hand this step's plan to every worker (before rank 0 runs it: the forward's collectives need them)."""
+        self.sender.send(out)
+
+    def failure(self) -> str | None:
+        """Why a local worker is gone, or ``None`` while every one runs (remote ranks: their collectives fail)."""
+        from paged_core.engine.core_process import describe_exit
+
+        for rank, proc in self.procs.items():
+            code = proc.poll()
+            if code is not None:
+                cause = self.cause(rank)
+                return f"tensor-parallel worker rank {rank} (pid {proc.pid}) died ({describe_exit(code)})" + (
+                    f": {cause}" if cause else "")  # fmt: skip
+        return None
+
+    def cause(self, rank: int) -> str | None:
+        """The cause worker ``rank`` wrote before failing, if it got that far."""
+        try:
+            store = self.group.store
+            if store.check([error_key(rank)]):
+                return str(store.get(error_key(rank)).decode())
+        except Exception:  # the store is best effort here: we are already reporting a failure
+            return None
+        return None
+
+    def explain(self, exc: BaseException) -> str:
+        """A step's exception as the cause the front end shows: a dead rank by name, a timed-out collective."""
+        dead = self.failure()
+        if dead is not None:
+            return dead
+        text = str(exc)
+        first = text.splitlines()[0] if text else type(exc).__name__
+        if "timed out" in text.lower() or "timeout" in text.lower():
+            return (f"a tensor-parallel collective timed out after {self.group.timeout:.0f} s (distributed_timeout; "
+                    f"a rank is stalled or unreachable): {first}")  # fmt: skip
+        return f"tensor-parallel step failed: {type(exc).__name__}: {first}"
+
+    def close(self, timeout: float = 5.0) -> None:
+        """Tell workers to quit, wait, then terminate and kill; leave the group (idempotent)."""
+        from paged_core.engine.core_process import wait_or_kill
+
+        if self._closed:
+            return
+        self._closed = True
+        self.sender.close()
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                wait_or_kill(proc, timeout, "tensor-parallel worker")
+        self.group.destroy()
+        if self.dir is not None:
+            shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def _start_local(config: Any, rdv: Rendezvous, directory: Path) -> dict[int, subprocess.Popen[bytes]]:
+    from paged_core.cli.runtime import child_environ
+
+    (directory / "config.json").write_bytes(msgspec.json.encode(config))
+    threads = threads_per_rank(rdv.world_size)
+    procs: dict[int, subprocess.Popen[bytes]] = {}
+    for rank in range(1, rdv.world_size):
+        env = child_environ()
+        env.update(MASTER_ADDR=rdv.addr, MASTER_PORT=str(rdv.port), WORLD_SIZE=str(rdv.world_size), RANK=str(rank),
+                   LOCAL_RANK=str(rank), PAGED_WORKER_PARENT=str(os.getpid()), PAGED_WORKER_THREADS=str(threads),
+                   OMP_NUM_THREADS=str(threads))  # fmt: skip
+        procs[rank] = subprocess.Popen([sys.executable, "-m", "paged_core.parallel.worker", str(directory)],
+                                       stdin=subprocess.DEVNULL, env=env)  # fmt: skip
+    return procs
+
+
+def start_leader(config: Any, device: torch.device) -> Leader:
+    """Rank 0 joins (and for ``local`` first starts) the tensor-parallel group; refuses what cannot run.
+
+    Checks, before any process starts: collectives for ``device``, enough devices, the rendezvous
+    variables for ``env`` (and that this launch is rank 0).
+    """
+    parallel = config.parallel
+    tp = parallel.tensor_parallel_size
+    collective_backend(device)
+    check_devices(tp, device)
+    directory: Path | None = None
+    procs: dict[int, subprocess.Popen[bytes]] = {}
+    if parallel.distributed_init == "env":
+        rdv = env_rendezvous(tp)
+        if rdv.rank != 0:
+            raise ConfigError(f"RANK={rdv.rank}: the engine core is rank 0; start ranks 1..{tp - 1} with "
+                              "`paged worker`")  # fmt: skip
+    else:
+        rdv = local_rendezvous(tp)
+        directory = Path(tempfile.mkdtemp(prefix="paged-tp-"))
+        procs = _start_local(config, rdv, directory)
+    torch.set_num_threads(threads_per_rank(tp if parallel.distributed_init == "local" else 1))
+    try:
+        group = join_group(rdv, device, parallel.distributed_timeout)
+        sender = PlanSender(group, rdv.addr, local=parallel.distributed_init == "local")
+    except BaseException as exc:
+        from paged_core.engine.core_process import wait_or_kill
+
+        for proc in procs.values():
+            wait_or_kill(proc, 0.1, "tensor-parallel worker")
+        if directory is not None:
+            shutil.rmtree(directory, ignore_errors=True)
+        if isinstance(exc, ConfigError):
+            raise
+        raise DistributedError(f"could not form the tensor-parallel group: {exc}") from None
+    log.info("tensor parallel: %d ranks on %s (%s), rank 0 here", tp, device.type, group.backend)
+    return Leader(group, procs, directory, sender)

@@ -1,0 +1,113 @@
+"""A tensor-parallel worker (ranks 1..N-1): ``python -m paged_core.parallel.worker DIR`` or ``paged worker``.
+
+It joins the group, loads and shards the model, builds its model runner exactly as rank 0 does (the
+KV block count agreed, warm-up in lockstep), then runs every step plan rank 0 sends and drops the
+logits: a pure function of the plan stream; only rank 0 samples. It exits on rank 0's quit, when
+rank 0 is gone (its parent died, or the rendezvous store stopped answering), and on its own failure,
+after writing the cause into the store for rank 0 to report.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger("paged.parallel")
+
+
+def _rank0_gone(group: Any, parent: int | None) -> bool:
+    if parent is not None:
+        return os.getppid() != parent
+    try:
+        group.store.check(["paged/plans/1"])  # any call: it fails once rank 0 (the store's host) is gone
+        return False
+    except Exception:
+        return True
+
+
+def run_worker(config: Any, rendezvous: Any, parent: int | None = None) -> int:
+    """Serve as rank ``rendezvous.rank`` until rank 0 quits or goes away; the exit status."""
+    import torch
+
+    from paged_core.engine.build import build_parts, load
+    from paged_core.parallel.plans import PlanReceiver
+
+    threads = os.environ.get("PAGED_WORKER_THREADS")
+    if threads:
+        torch.set_num_threads(int(threads))
+    try:
+        loaded = load(config, rendezvous=rendezvous)
+        group = loaded.tp
+        assert group is not None
+        parts = build_parts(config, loaded)
+        plans = PlanReceiver(group)
+    except BaseException as exc:
+        _report(rendezvous.rank, f"start-up failed: {type(exc).__name__}: {exc}")
+        log.exception("tensor-parallel worker rank %d: start-up failed", rendezvous.rank)
+        return 1
+    log.info("tensor-parallel worker rank %d ready", group.rank)
+    runner = parts.runner
+    try:
+        while True:
+            plan = plans.recv()
+            if plan is None:
+                return 0
+            if plan is False:
+                if _rank0_gone(group, parent):
+                    log.warning("rank %d: rank 0 is gone; exiting", group.rank)
+                    return 0
+                continue
+            assert not isinstance(plan, bool)
+            runner.execute(plan)
+    except BaseException as exc:
+        _report(group.rank, f"{type(exc).__name__}: {exc}")
+        log.exception("tensor-parallel worker rank %d failed", group.rank)
+        return 1
+    finally:
+        plans.close()
+        group.destroy()
+
+
+def _report(rank: int, cause: str) -> None:
+    """Leave ``cause`` in the rendezvous store for rank 0 (if this rank got as far as joining the group)."""
+    import torch.distributed as dist
+
+    from paged_core.parallel.leader import error_key
+
+    if not dist.is_initialized():
+        return
+    try:
+        from torch.distributed import distributed_c10d
+
+        distributed_c10d._get_default_store().set(error_key(rank), (cause.splitlines() or [""])[0][:500])
+    except Exception:  # best effort: rank 0 still sees this process exit
+        pass
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of a worker started by rank 0 (``local``): config in ``DIR``, rank from the environment."""
+    import msgspec
+
+    from paged_core.cli.logs import setup_logging
+    from paged_core.cli.runtime import adopt
+    from paged_core.engine.config import EngineConfig
+    from paged_core.engine.core_proc import _die_with_parent
+    from paged_core.parallel.rendezvous import env_rendezvous
+
+    argv = sys.argv[1:] if argv is None else argv
+    _die_with_parent()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the group; rank 0 drives the shutdown
+    adopt()
+    setup_logging(False)
+    config = msgspec.json.decode((Path(argv[0]) / "config.json").read_bytes(), type=EngineConfig)
+    rdv = env_rendezvous(config.parallel.tensor_parallel_size)
+    parent = int(os.environ.get("PAGED_WORKER_PARENT", "0")) or None
+    return run_worker(config, rdv, parent)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
