@@ -3,9 +3,15 @@
 ``graph_mode`` (engine option; ``--graph-mode``, ``--enforce-eager`` = ``eager``):
 
 * ``eager``: the model path is called as is.
-* ``compiled``: ``torch.compile`` (inductor) of the whole step with a dynamic
-  token dimension, compiled once at start (a second compile only for one-token
-  steps, which torch specialises), cached on disk by :mod:`paged_core.engine.compile_cache`.
+* ``compiled``: ``torch.compile`` (inductor) of the whole step with dynamic
+  token and row dimensions, compiled at start for three warm-up batches (one
+  token, one row, several rows: torch specialises dimensions of size 1; see
+  :mod:`paged_core.engine.warmup_batch`), then no more unless a backend's
+  ops branch on a size (the CPU linear at its row limit); cached on disk by
+  :mod:`paged_core.engine.compile_cache`. The attention of a backend
+  declaring no graph capture is never traced (see
+  :class:`~paged_core.engine.fused.FusedDecoder`): the layer ops around it
+  are compiled as pieces.
 * ``device``: :class:`~paged_core.graph.GraphRunner` with device graphs
   (CUDA/HIP/XPU) for uniform decode batches, captured largest-first into one
   pool at start; every other batch runs eagerly, and each fallback is counted
@@ -30,9 +36,10 @@ from paged_core.config import GRAPH_MODES
 from paged_core.contract.backend import AttentionBackend
 from paged_core.contract.capabilities import GraphSupport
 from paged_core.contract.graph_strategy import GraphCaptureStrategy
-from paged_core.contract.metadata import AttentionMetadata, build_attention_metadata
+from paged_core.contract.metadata import AttentionMetadata
 from paged_core.engine.batch import StepBatch
 from paged_core.engine.forward import ModelForward
+from paged_core.engine.warmup_batch import WARM_UP_SHAPES, warm_up_batch
 from paged_core.errors import ConfigError, UnsupportedConfigError
 from paged_core.graph import DeviceGraphStrategy, GraphRunner, StaticInput, capture_sizes
 from paged_core.graph.device_strategy import graph_module
@@ -101,19 +108,29 @@ class StepExecutor:
                                     batch.logits_indices)  # fmt: skip
 
 
-def _padding_batch(query_lens: list[int], block_size: int, device: torch.device) -> StepBatch:
-    """A warm-up batch over the null block whose slots are all -1 (writes nothing to the KV cache)."""
-    md = build_attention_metadata(query_lens, query_lens, [[0] * -(-q // block_size) for q in query_lens],
-                                  block_size, device)  # fmt: skip
-    md.slot_mapping.fill_(-1)
-    tokens = sum(query_lens)
-    ends = torch.tensor(query_lens, device=device).cumsum(0) - 1
-    return StepBatch(torch.zeros(tokens, dtype=torch.int64, device=device),
-                     torch.zeros(tokens, dtype=torch.int64, device=device), md, ends)  # fmt: skip
-
-
 _INTS = ("block_size", "num_decodes", "num_decode_tokens", "num_prefills", "num_actual_tokens", "max_query_len",
          "max_seq_len", "uniform_query_len")  # fmt: skip
+
+
+def _without_duck_sizing(fn: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
+    """``fn`` with dynamo's duck sizing off while it runs (and so while it traces).
+
+    Duck sizing gives dimensions that are equal while tracing one symbol and
+    guards on that equality: a KV cache of 256 blocks next to a 256-row batch
+    buffer made every engine with another block count recompile the shared
+    step. Without it only the equalities the step itself needs are guarded.
+    """
+    from torch.fx.experimental import _config as fx_config
+
+    def call(*args: Any) -> torch.Tensor:
+        before = fx_config.use_duck_shape
+        fx_config.use_duck_shape = False  # a plain attribute swap: a few microseconds a step
+        try:
+            return fn(*args)
+        finally:
+            fx_config.use_duck_shape = before
+
+    return call
 
 
 class CompiledExecutor(StepExecutor):
@@ -122,9 +139,14 @@ class CompiledExecutor(StepExecutor):
     mode = "compiled"
 
     def __init__(self, forward: ModelForward, backend: AttentionBackend, kv_caches: list[torch.Tensor],
-                 block_size: int, compile_cache: Any = None) -> None:  # fmt: skip
+                 block_size: int, compile_cache: Any = None, *, max_num_reqs: int = 2,
+                 max_blocks_per_seq: int = 1) -> None:  # fmt: skip
         super().__init__(forward, backend, kv_caches)
         self.block_size = block_size
+        self.max_num_reqs = max_num_reqs
+        self.max_blocks_per_seq = max_blocks_per_seq
+        with torch.inference_mode(False):  # like the runner's buffers (dynamo guards on dispatch keys)
+            self._sampled = torch.zeros(max(max_num_reqs, 2), dtype=torch.int64, device=backend.device)
         self.compile_cache = compile_cache
         shared = getattr(forward, "shared", None)
         compiled = shared.get("compiled") if shared is not None else None
@@ -139,7 +161,7 @@ class CompiledExecutor(StepExecutor):
                 return fwd(md, input_ids, positions, caches, logits_indices)
 
             # The caches are an argument (not captured), so engines on the same weights share one compile.
-            compiled = torch.compile(step, dynamic=True, fullgraph=False)
+            compiled = _without_duck_sizing(torch.compile(step, dynamic=True, fullgraph=False))
             if shared is not None:
                 shared["compiled"] = compiled
         self._compiled: Callable[..., torch.Tensor] = compiled
@@ -148,10 +170,11 @@ class CompiledExecutor(StepExecutor):
         start = time.perf_counter()
         if self.compile_cache is not None:
             self.compile_cache.activate()
-        # A decode-only and a mixed batch: with a dynamic token dimension these two compiles serve every size.
-        shapes = ([1], [1, 3])
-        for lens in tqdm(shapes, desc="compiling the step (torch.compile)", unit="shape", disable=None, leave=False):
-            self._call(_padding_batch(lens, self.block_size, self.backend.device))
+        # With dynamic dimensions these few compiles serve every step (see warmup_batch.WARM_UP_SHAPES).
+        for lens in tqdm(WARM_UP_SHAPES, desc="compiling the step (torch.compile)", unit="shape", disable=None,
+                         leave=False):  # fmt: skip
+            self._call(warm_up_batch(lens, self.block_size, self.backend.device, self.max_num_reqs,
+                                     self.max_blocks_per_seq))  # fmt: skip
         if self.compile_cache is not None:
             self.compile_cache.seal()
         self.stats.warmup_seconds = time.perf_counter() - start
@@ -164,9 +187,20 @@ class CompiledExecutor(StepExecutor):
     def _call(self, batch: StepBatch) -> torch.Tensor:
         md = batch.metadata
         self.backend.prepare(md)
-        return self._compiled(self.kv_caches, md.query_start_loc, md.seq_lens, md.block_table, md.slot_mapping,
-                              batch.input_ids,
-                              batch.positions, batch.logits_indices, *(getattr(md, n) for n in _INTS))  # fmt: skip
+        # Dynamo specialises a dimension of size 0 or 1, and a multi-token step can sample no row (a prompt
+        # chunk) or one (a prefill alone, or beside chunks): such steps pad the sampled rows to two (token 0's
+        # logits, dropped below) so they reuse the warmed-up graphs. A one-token step always pads to one.
+        k = batch.logits_indices.shape[0]
+        n = 1 if batch.input_ids.shape[0] == 1 else max(k, 2)
+        sampled = batch.logits_indices
+        if n != k:
+            sampled = self._sampled[:n]
+            sampled[:k].copy_(batch.logits_indices)
+            sampled[k:].zero_()
+        logits = self._compiled(self.kv_caches, md.query_start_loc, md.seq_lens, md.block_table, md.slot_mapping,
+                                batch.input_ids, batch.positions, sampled,
+                                *(getattr(md, name) for name in _INTS))  # fmt: skip
+        return logits[:k]
 
 
 class DeviceGraphExecutor(StepExecutor):
@@ -235,7 +269,8 @@ def make_executor(mode: str, forward: ModelForward, backend: AttentionBackend, k
             "modes that work here: eager" + (", device" if device_graph_refusal(backend) is None else "")
         )
     if resolved == "compiled":
-        return CompiledExecutor(forward, backend, kv_caches, block_size, compile_cache)
+        return CompiledExecutor(forward, backend, kv_caches, block_size, compile_cache, max_num_reqs=max_num_reqs,
+                                max_blocks_per_seq=max_blocks_per_seq)  # fmt: skip
     if resolved == "device":
         return DeviceGraphExecutor(forward, backend, kv_caches, block_size=block_size,
                                    max_blocks_per_seq=max_blocks_per_seq, max_num_reqs=max_num_reqs,

@@ -85,15 +85,18 @@ class FusedDecoder:
             raise UnsupportedConfigError(f"the fused decoder cannot run this model: {reason}")
         self.backend = backend
         self.ops = backend.fused_ops()
-        # A backend that declares no graph capture may read metadata on the host (the reference does):
-        # under torch.compile its attention runs between compiled pieces instead of being traced.
-        capturable = type(backend).capabilities().graph_support != GraphSupport.NEVER
-        self._traced_attend = (
-            backend.forward if capturable else torch.compiler.disable(backend.forward)  # type: ignore[no-untyped-call]
-        )
         self.specs = specs
         self.reduce = reduce
         """Tensor parallel: the all-reduce of the o and down projections' partial sums (``None``: one rank)."""
+        # A backend that declares no graph capture may read metadata on the host (the reference loops over
+        # rows with tolist()), so torch.compile must never trace its attention: it is always called through
+        # torch.compiler.disable (about 2 us a layer when eager). Under compile that is a graph break inside
+        # the layer loop, so dynamo runs this forward eagerly and compiles the layer ops it calls as pieces
+        # of their own, each shared by every layer. Choosing the wrapper by torch.compiler.is_compiling() was
+        # a bug: in that eagerly run frame it is False, so dynamo compiled the backend's row loop frame by
+        # frame, once per token count and row value (the tiny Mistral's compiled battery took 17 minutes).
+        capturable = type(backend).capabilities().graph_support != GraphSupport.NEVER
+        self._attend = backend.forward if capturable else torch.compiler.disable(backend.forward)  # type: ignore[no-untyped-call]
         inner = model.model
         self.embed = inner.embed_tokens.weight.detach()
         self.norm = inner.norm.weight.detach()
@@ -150,8 +153,7 @@ class FusedDecoder:
                 q = ops.rms_norm(q.reshape(-1, spec.head_size), layer.q_norm, layer.qk_eps).view_as(q)
                 k = ops.rms_norm(k.reshape(-1, spec.head_size), layer.k_norm, layer.qk_eps).view_as(k)
             q, k = ops.rotary(positions, q, k, self.cos_sin)
-            attend = self._traced_attend if torch.compiler.is_compiling() else self.backend.forward
-            attn = attend(q, k, v, kv_caches[i], metadata, spec)
+            attn = self._attend(q, k, v, kv_caches[i], metadata, spec)
             hidden = ops.linear(attn.reshape(tokens, q_size), layer.o)
             if reduce is not None:
                 hidden = reduce(hidden)
