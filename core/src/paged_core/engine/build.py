@@ -244,6 +244,8 @@ def resolve(config: EngineConfig, loaded: LoadedModel) -> EngineConfig:
             peak = profile_peak_bytes(_forward(config, loaded, max_model_len), backend, specs, dtype, block_size,
                                       sched.max_num_batched_tokens)  # fmt: skip
             budget = default_budget(backend.device, cache.memory_fraction, peak)
+            if loaded.tp is not None and backend.device.type == "cpu" and config.parallel.distributed_init == "local":
+                budget //= loaded.tp.world_size  # the ranks share this host's RAM (an explicit budget is per rank)
         num_blocks = blocks_for_memory(budget, bytes_per_block(backend, specs, block_size, dtype))
         if loaded.tp is not None:  # every rank sized its own budget; all run the count the tightest affords
             num_blocks = loaded.tp.min_int(num_blocks)

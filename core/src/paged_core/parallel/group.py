@@ -61,6 +61,8 @@ class TPGroup:
     timeout: float
     device: torch.device
     """Where collective buffers live (NCCL reduces device tensors, gloo host ones)."""
+    store: Any
+    """The rendezvous key-value store (rank 0 publishes where workers receive plans; workers leave failures)."""
 
     def all_reduce(self, tensor: torch.Tensor) -> torch.Tensor:
         """Sum ``tensor`` over the ranks, in place (the row-parallel projections' partial sums)."""
@@ -76,13 +78,6 @@ class TPGroup:
         t = torch.tensor([value], dtype=torch.int64, device=self.device if self.backend != "gloo" else "cpu")
         dist.all_reduce(t, op=dist.ReduceOp.MIN)
         return int(t.item())
-
-    @property
-    def store(self) -> Any:
-        """The rendezvous key-value store (rank 0 publishes where workers receive their step plans)."""
-        from torch.distributed import distributed_c10d
-
-        return distributed_c10d._get_default_store()
 
     def destroy(self) -> None:
         """Leave the group (idempotent), so a later engine in this process can form a new one."""
@@ -102,9 +97,9 @@ def join_group(rdv: Rendezvous, device: torch.device, timeout: float) -> TPGroup
                           "engine is running here); close it first")  # fmt: skip
     log.info("rank %d/%d joining the %s group at %s", rdv.rank, rdv.world_size, backend, rdv.init_method)
     try:
-        dist.init_process_group(backend, init_method=rdv.init_method, rank=rdv.rank, world_size=rdv.world_size,
+        dist.init_process_group(backend, store=rdv.store(timeout), rank=rdv.rank, world_size=rdv.world_size,
                                 timeout=datetime.timedelta(seconds=timeout))  # fmt: skip
     except (RuntimeError, ValueError, OSError) as exc:
         raise ConfigError(f"rank {rdv.rank}: could not join the tensor-parallel group at {rdv.init_method} "
                           f"within {timeout:.0f} s ({exc})") from None  # fmt: skip
-    return TPGroup(rdv.rank, rdv.world_size, backend, timeout, device)
+    return TPGroup(rdv.rank, rdv.world_size, backend, timeout, device, rdv.store(timeout))

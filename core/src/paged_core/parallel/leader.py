@@ -1,20 +1,18 @@
 """Rank 0's side of tensor parallelism: form the group, start local workers, send plans, watch the ranks.
 
 With ``distributed_init='local'`` rank 0 starts ranks 1..N-1 as child processes here (each one
-``python -m paged_core.parallel.worker DIR``, dying with its parent); with ``env`` they are
-launched elsewhere by ``paged worker`` and rank 0 only meets them. A worker that fails writes its
-cause into the rendezvous store before exiting, so rank 0 reports it by name.
+``python -m paged_core.parallel.worker``, dying with its parent); with ``env`` they are launched
+elsewhere by ``paged worker`` and rank 0 only meets them. Either way rank 0 hosts the rendezvous
+store and puts its engine configuration there first, and every worker runs that configuration. A
+worker that fails writes its cause into the store before exiting, so rank 0 reports it by name.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
-from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -23,7 +21,7 @@ import torch
 from paged_core.errors import ConfigError, DistributedError
 from paged_core.parallel.group import TPGroup, check_devices, collective_backend, join_group, threads_per_rank
 from paged_core.parallel.plans import PlanSender
-from paged_core.parallel.rendezvous import Rendezvous, env_rendezvous, local_rendezvous
+from paged_core.parallel.rendezvous import CONFIG_KEY, Rendezvous, env_rendezvous, local_rendezvous
 from paged_core.sched.output import SchedulerOutput
 
 log = logging.getLogger("paged.parallel")
@@ -37,11 +35,9 @@ def error_key(rank: int) -> str:
 class Leader:
     """Rank 0: the group, the plan channel and (``local``) the worker processes."""
 
-    def __init__(self, group: TPGroup, procs: dict[int, subprocess.Popen[bytes]], directory: Path | None,
-                 sender: PlanSender) -> None:  # fmt: skip
+    def __init__(self, group: TPGroup, procs: dict[int, subprocess.Popen[bytes]], sender: PlanSender) -> None:
         self.group = group
         self.procs = procs
-        self.dir = directory
         self.sender = sender
         self._closed = False
 
@@ -95,23 +91,21 @@ class Leader:
             if proc.poll() is None:
                 wait_or_kill(proc, timeout, "tensor-parallel worker")
         self.group.destroy()
-        if self.dir is not None:
-            shutil.rmtree(self.dir, ignore_errors=True)
 
 
-def _start_local(config: Any, rdv: Rendezvous, directory: Path) -> dict[int, subprocess.Popen[bytes]]:
+def _start_local(rdv: Rendezvous, timeout: float) -> dict[int, subprocess.Popen[bytes]]:
     from paged_core.cli.runtime import child_environ
 
-    (directory / "config.json").write_bytes(msgspec.json.encode(config))
     threads = threads_per_rank(rdv.world_size)
     procs: dict[int, subprocess.Popen[bytes]] = {}
     for rank in range(1, rdv.world_size):
         env = child_environ()
         env.update(MASTER_ADDR=rdv.addr, MASTER_PORT=str(rdv.port), WORLD_SIZE=str(rdv.world_size), RANK=str(rank),
                    LOCAL_RANK=str(rank), PAGED_WORKER_PARENT=str(os.getpid()), PAGED_WORKER_THREADS=str(threads),
-                   OMP_NUM_THREADS=str(threads))  # fmt: skip
-        procs[rank] = subprocess.Popen([sys.executable, "-m", "paged_core.parallel.worker", str(directory)],
-                                       stdin=subprocess.DEVNULL, env=env)  # fmt: skip
+                   OMP_NUM_THREADS=str(threads), PAGED_WORKER_TIMEOUT=str(timeout),
+                   PAGED_WORKER_VERBOSE="1" if log.isEnabledFor(logging.INFO) else "0")  # fmt: skip
+        procs[rank] = subprocess.Popen([sys.executable, "-m", "paged_core.parallel.worker"], stdin=subprocess.DEVNULL,
+                                       env=env)  # fmt: skip
     return procs
 
 
@@ -125,30 +119,24 @@ def start_leader(config: Any, device: torch.device) -> Leader:
     tp = parallel.tensor_parallel_size
     collective_backend(device)
     check_devices(tp, device)
-    directory: Path | None = None
-    procs: dict[int, subprocess.Popen[bytes]] = {}
-    if parallel.distributed_init == "env":
-        rdv = env_rendezvous(tp)
-        if rdv.rank != 0:
-            raise ConfigError(f"RANK={rdv.rank}: the engine core is rank 0; start ranks 1..{tp - 1} with "
-                              "`paged worker`")  # fmt: skip
-    else:
-        rdv = local_rendezvous(tp)
-        directory = Path(tempfile.mkdtemp(prefix="paged-tp-"))
-        procs = _start_local(config, rdv, directory)
+    local = parallel.distributed_init == "local"
+    rdv = local_rendezvous(tp) if local else env_rendezvous(tp)
+    if rdv.rank != 0:
+        raise ConfigError(f"RANK={rdv.rank}: the engine core is rank 0; start ranks 1..{tp - 1} with "
+                          "`paged worker`")  # fmt: skip
+    rdv.store(parallel.distributed_timeout).set(CONFIG_KEY, msgspec.json.encode(config))
+    procs = _start_local(rdv, parallel.distributed_timeout) if local else {}
     torch.set_num_threads(threads_per_rank(tp if parallel.distributed_init == "local" else 1))
     try:
         group = join_group(rdv, device, parallel.distributed_timeout)
-        sender = PlanSender(group, rdv.addr, local=parallel.distributed_init == "local")
+        sender = PlanSender(group, rdv.addr, local=local)
     except BaseException as exc:
         from paged_core.engine.core_process import wait_or_kill
 
         for proc in procs.values():
             wait_or_kill(proc, 0.1, "tensor-parallel worker")
-        if directory is not None:
-            shutil.rmtree(directory, ignore_errors=True)
         if isinstance(exc, ConfigError):
             raise
         raise DistributedError(f"could not form the tensor-parallel group: {exc}") from None
     log.info("tensor parallel: %d ranks on %s (%s), rank 0 here", tp, device.type, group.backend)
-    return Leader(group, procs, directory, sender)
+    return Leader(group, procs, sender)

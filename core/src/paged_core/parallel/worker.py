@@ -1,10 +1,11 @@
-"""A tensor-parallel worker (ranks 1..N-1): ``python -m paged_core.parallel.worker DIR`` or ``paged worker``.
+"""A tensor-parallel worker (ranks 1..N-1): ``python -m paged_core.parallel.worker`` or ``paged worker``.
 
-It joins the group, loads and shards the model, builds its model runner exactly as rank 0 does (the
-KV block count agreed, warm-up in lockstep), then runs every step plan rank 0 sends and drops the
-logits: a pure function of the plan stream; only rank 0 samples. It exits on rank 0's quit, when
-rank 0 is gone (its parent died, or the rendezvous store stopped answering), and on its own failure,
-after writing the cause into the store for rank 0 to report.
+It reads rank 0's engine configuration from the rendezvous store, joins the group, loads and shards
+the model, builds its model runner exactly as rank 0 does (the KV block count agreed, warm-up in
+lockstep), then runs every step plan rank 0 sends and drops the logits: a pure function of the plan
+stream; only rank 0 samples. It exits on rank 0's quit, when rank 0 is gone (its parent died, or
+the rendezvous store stopped answering), and on its own failure, after writing the cause into the
+store for rank 0 to report.
 """
 
 from __future__ import annotations
@@ -13,7 +14,6 @@ import logging
 import os
 import signal
 import sys
-from pathlib import Path
 from typing import Any
 
 log = logging.getLogger("paged.parallel")
@@ -46,7 +46,7 @@ def run_worker(config: Any, rendezvous: Any, parent: int | None = None) -> int:
         parts = build_parts(config, loaded)
         plans = PlanReceiver(group)
     except BaseException as exc:
-        _report(rendezvous.rank, f"start-up failed: {type(exc).__name__}: {exc}")
+        _report(rendezvous, f"start-up failed: {type(exc).__name__}: {exc}")
         log.exception("tensor-parallel worker rank %d: start-up failed", rendezvous.rank)
         return 1
     log.info("tensor-parallel worker rank %d ready", group.rank)
@@ -64,7 +64,7 @@ def run_worker(config: Any, rendezvous: Any, parent: int | None = None) -> int:
             assert not isinstance(plan, bool)
             runner.execute(plan)
     except BaseException as exc:
-        _report(group.rank, f"{type(exc).__name__}: {exc}")
+        _report(rendezvous, f"{type(exc).__name__}: {exc}")
         log.exception("tensor-parallel worker rank %d failed", group.rank)
         return 1
     finally:
@@ -72,39 +72,50 @@ def run_worker(config: Any, rendezvous: Any, parent: int | None = None) -> int:
         group.destroy()
 
 
-def _report(rank: int, cause: str) -> None:
-    """Leave ``cause`` in the rendezvous store for rank 0 (if this rank got as far as joining the group)."""
-    import torch.distributed as dist
-
+def _report(rendezvous: Any, cause: str) -> None:
+    """Leave ``cause`` in the rendezvous store for rank 0 to name (best effort: it also sees this process exit)."""
     from paged_core.parallel.leader import error_key
 
-    if not dist.is_initialized():
-        return
     try:
-        from torch.distributed import distributed_c10d
-
-        distributed_c10d._get_default_store().set(error_key(rank), (cause.splitlines() or [""])[0][:500])
-    except Exception:  # best effort: rank 0 still sees this process exit
+        rendezvous.store(5.0).set(error_key(rendezvous.rank), (cause.splitlines() or [""])[0][:500])
+    except Exception:
         pass
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Entry point of a worker started by rank 0 (``local``): config in ``DIR``, rank from the environment."""
+def fetch_config(rendezvous: Any, timeout: float) -> Any:
+    """Rank 0's :class:`EngineConfig`, from the rendezvous store (waits up to ``timeout`` for rank 0)."""
     import msgspec
 
+    from paged_core.engine.config import EngineConfig
+    from paged_core.errors import ConfigError
+    from paged_core.parallel.rendezvous import CONFIG_KEY
+
+    store = rendezvous.store(timeout)
+    try:
+        raw = store.get(CONFIG_KEY)
+    except Exception as exc:
+        raise ConfigError(f"rank {rendezvous.rank}: rank 0 published no engine configuration at "
+                          f"{rendezvous.addr}:{rendezvous.port} within {timeout:.0f} s ({exc})") from None  # fmt: skip
+    config = msgspec.json.decode(raw, type=EngineConfig)
+    if config.parallel.tensor_parallel_size != rendezvous.world_size:
+        raise ConfigError(f"WORLD_SIZE={rendezvous.world_size} but rank 0 runs tensor_parallel_size="
+                          f"{config.parallel.tensor_parallel_size}")  # fmt: skip
+    return config
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of a worker rank 0 started on this machine (``local``): the rank comes from the environment."""
     from paged_core.cli.logs import setup_logging
     from paged_core.cli.runtime import adopt
-    from paged_core.engine.config import EngineConfig
     from paged_core.engine.core_proc import _die_with_parent
     from paged_core.parallel.rendezvous import env_rendezvous
 
-    argv = sys.argv[1:] if argv is None else argv
     _die_with_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the group; rank 0 drives the shutdown
     adopt()
-    setup_logging(False)
-    config = msgspec.json.decode((Path(argv[0]) / "config.json").read_bytes(), type=EngineConfig)
-    rdv = env_rendezvous(config.parallel.tensor_parallel_size)
+    setup_logging(os.environ.get("PAGED_WORKER_VERBOSE") == "1")
+    rdv = env_rendezvous(None)
+    config = fetch_config(rdv, float(os.environ.get("PAGED_WORKER_TIMEOUT", "60")))
     parent = int(os.environ.get("PAGED_WORKER_PARENT", "0")) or None
     return run_worker(config, rdv, parent)
 
