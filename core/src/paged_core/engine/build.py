@@ -23,9 +23,8 @@ from paged_core.engine.loader import ModelSource, check_gguf, load_model, load_t
 from paged_core.engine.model_runner import ModelRunner
 from paged_core.engine.profile import profile_peak_bytes
 from paged_core.errors import BackendUnavailableError, ConfigError, UnsupportedConfigError
-from paged_core.parallel.group import TPGroup, join_group
+from paged_core.parallel.group import STARTUP_TIMEOUT, TPGroup
 from paged_core.parallel.leader import Leader, start_leader
-from paged_core.parallel.rendezvous import Rendezvous
 from paged_core.parallel.shard import shard_model
 from paged_core.parallel.sizes import check_tp_size, local_specs
 from paged_core.registry import BackendStatus, load_registry
@@ -144,13 +143,13 @@ class LoadedModel:
     """A split model serves one engine: its workers mirror that engine's runner."""
 
 
-def load(config: EngineConfig, rendezvous: Rendezvous | None = None) -> LoadedModel:
+def load(config: EngineConfig, group: TPGroup | None = None) -> LoadedModel:
     """Choose the backend for the model, then load tokenizer and weights onto its device.
 
     With ``tensor_parallel_size`` N > 1 the size is checked against the model's heads on the
-    weightless config first; then rank 0 (``rendezvous`` None) forms the group, starting the
-    workers for ``local``, and a worker (given its ``rendezvous``) joins it; every rank keeps its
-    share of the weights (:mod:`paged_core.parallel.shard`).
+    weightless config first; then rank 0 (``group`` None) forms the group, starting the workers
+    for ``local``; a worker passes the group it joined. Every rank keeps its share of the weights
+    (:mod:`paged_core.parallel.shard`).
     """
     source = resolve_source(config.model.model)
     if source.gguf_file is not None:
@@ -160,14 +159,14 @@ def load(config: EngineConfig, rendezvous: Rendezvous | None = None) -> LoadedMo
     check_tp_size(tp, specs, model_config)
     specs = local_specs(specs, tp)
     cls, device, dtype, _ = choose_backend(config, specs)
-    group: TPGroup | None = None
     leader: Leader | None = None
     if tp > 1:
-        if rendezvous is None:
+        if group is None:
             leader = start_leader(config, device)
             group = leader.group
-        else:
-            group = join_group(rendezvous, device, config.parallel.distributed_timeout)
+        elif group.device.type != device.type:
+            raise ConfigError(f"rank {group.rank} joined the group for {group.device.type}, but the backend chose "
+                              f"{device.type} here")  # fmt: skip
         if device.type != "cpu":
             device = torch.device(device.type, int(os.environ.get("LOCAL_RANK", group.rank)))
     try:
@@ -175,6 +174,11 @@ def load(config: EngineConfig, rendezvous: Rendezvous | None = None) -> LoadedMo
         model = load_model(source, model_config, dtype, device, register_paged_attention())
         if group is not None:
             shard_model(model, group)
+            # Loading takes each rank its own time; the collectives that follow must not count it.
+            if leader is not None:
+                leader.barrier("loaded")
+            else:
+                group.barrier("loaded", STARTUP_TIMEOUT)
     except BaseException:
         if leader is not None:
             leader.close(timeout=1.0)

@@ -5,12 +5,13 @@ from __future__ import annotations
 import datetime
 import logging
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from paged_core.errors import ConfigError, UnsupportedConfigError
+from paged_core.errors import ConfigError, DistributedError, UnsupportedConfigError
 from paged_core.parallel.rendezvous import Rendezvous
 
 log = logging.getLogger("paged.parallel")
@@ -79,12 +80,47 @@ class TPGroup:
         dist.all_reduce(t, op=dist.ReduceOp.MIN)
         return int(t.item())
 
+    def barrier(self, name: str, timeout: float, watch: Callable[[], str | None] | None = None) -> None:
+        """Wait until every rank reached ``name``, up to ``timeout`` (start-up phases; collectives keep theirs).
+
+        Runs on the rendezvous store, not a collective, so a slow phase (loading weights) gets its own
+        allowance; ``watch`` is asked every second why to give up early (a worker that died).
+        """
+        wait_for_ranks(self.store, f"paged/{name}", self.rank, self.world_size, timeout, watch)
+
     def destroy(self) -> None:
         """Leave the group (idempotent), so a later engine in this process can form a new one."""
         import torch.distributed as dist
 
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+STARTUP_TIMEOUT = 600.0
+"""Seconds a rank may take to start and to load its weights before the others give up on it."""
+
+
+def wait_for_ranks(store: Any, prefix: str, rank: int, world: int, timeout: float,
+                   watch: Callable[[], str | None] | None = None) -> None:  # fmt: skip
+    """Mark ``rank`` as arrived at ``prefix`` and wait for all ``world`` ranks, checking ``watch`` every second."""
+    import time
+
+    store.set(f"{prefix}/{rank}", b"1")
+    keys = [f"{prefix}/{r}" for r in range(world)]
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            store.wait(keys, datetime.timedelta(seconds=1))
+            return
+        except Exception:  # the store's wait raises on its own timeout: look around, then wait again
+            pass
+        why = watch() if watch is not None else None
+        if why is not None:
+            raise DistributedError(why)
+        if time.monotonic() > deadline:
+            missing = [r for r in range(world) if not store.check([f"{prefix}/{r}"])]
+            raise DistributedError(f"ranks {missing} did not reach {prefix.removeprefix('paged/')!r} within "
+                                   f"{timeout:.0f} s")  # fmt: skip
 
 
 def join_group(rdv: Rendezvous, device: torch.device, timeout: float) -> TPGroup:

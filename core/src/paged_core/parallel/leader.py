@@ -13,15 +13,24 @@ import logging
 import os
 import subprocess
 import sys
+import time
 from typing import Any
 
 import msgspec
 import torch
 
 from paged_core.errors import ConfigError, DistributedError
-from paged_core.parallel.group import TPGroup, check_devices, collective_backend, join_group, threads_per_rank
+from paged_core.parallel.group import (
+    STARTUP_TIMEOUT,
+    TPGroup,
+    check_devices,
+    collective_backend,
+    join_group,
+    threads_per_rank,
+    wait_for_ranks,
+)
 from paged_core.parallel.plans import PlanSender
-from paged_core.parallel.rendezvous import CONFIG_KEY, Rendezvous, env_rendezvous, local_rendezvous
+from paged_core.parallel.rendezvous import CONFIG_KEY, DEVICE_KEY, Rendezvous, env_rendezvous, local_rendezvous
 from paged_core.sched.output import SchedulerOutput
 
 log = logging.getLogger("paged.parallel")
@@ -47,29 +56,18 @@ class Leader:
 
     def failure(self) -> str | None:
         """Why a local worker is gone, or ``None`` while every one runs (remote ranks: their collectives fail)."""
-        from paged_core.engine.core_process import describe_exit
+        return _first_death(self.procs, self.group.store)
 
-        for rank, proc in self.procs.items():
-            code = proc.poll()
-            if code is not None:
-                cause = self.cause(rank)
-                return f"tensor-parallel worker rank {rank} (pid {proc.pid}) died ({describe_exit(code)})" + (
-                    f": {cause}" if cause else "")  # fmt: skip
-        return None
-
-    def cause(self, rank: int) -> str | None:
-        """The cause worker ``rank`` wrote before failing, if it got that far."""
-        try:
-            store = self.group.store
-            if store.check([error_key(rank)]):
-                return str(store.get(error_key(rank)).decode())
-        except Exception:  # the store is best effort here: we are already reporting a failure
-            return None
-        return None
+    def barrier(self, name: str) -> None:
+        """Wait for every rank to reach start-up phase ``name``, giving up at once if a local worker died."""
+        self.group.barrier(name, STARTUP_TIMEOUT, self.failure)
 
     def explain(self, exc: BaseException) -> str:
         """A step's exception as the cause the front end shows: a dead rank by name, a timed-out collective."""
-        dead = self.failure()
+        # A killed peer resets its connections as it dies: give its exit a moment to become visible.
+        deadline = time.monotonic() + (1.0 if self.procs else 0.0)
+        while (dead := self.failure()) is None and time.monotonic() < deadline:
+            time.sleep(0.05)
         if dead is not None:
             return dead
         text = str(exc)
@@ -91,6 +89,29 @@ class Leader:
             if proc.poll() is None:
                 wait_or_kill(proc, timeout, "tensor-parallel worker")
         self.group.destroy()
+
+
+def _first_death(procs: dict[int, subprocess.Popen[bytes]], store: Any = None) -> str | None:
+    """Why the first dead worker of ``procs`` is gone (its own cause from the store when it left one)."""
+    from paged_core.engine.core_process import describe_exit
+
+    for rank, proc in procs.items():
+        code = proc.poll()
+        if code is not None:
+            cause = _cause(store, rank) if store is not None else None
+            return f"tensor-parallel worker rank {rank} (pid {proc.pid}) died ({describe_exit(code)})" + (
+                f": {cause}" if cause else "")  # fmt: skip
+    return None
+
+
+def _cause(store: Any, rank: int) -> str | None:
+    """The cause worker ``rank`` wrote before failing, if it got that far."""
+    try:
+        if store.check([error_key(rank)]):
+            return str(store.get(error_key(rank)).decode())
+    except Exception:  # best effort: we are already reporting a failure
+        return None
+    return None
 
 
 def _start_local(rdv: Rendezvous, timeout: float) -> dict[int, subprocess.Popen[bytes]]:
@@ -124,10 +145,16 @@ def start_leader(config: Any, device: torch.device) -> Leader:
     if rdv.rank != 0:
         raise ConfigError(f"RANK={rdv.rank}: the engine core is rank 0; start ranks 1..{tp - 1} with "
                           "`paged worker`")  # fmt: skip
-    rdv.store(parallel.distributed_timeout).set(CONFIG_KEY, msgspec.json.encode(config))
+    store = rdv.store(parallel.distributed_timeout)
+    store.set(DEVICE_KEY, device.type)
+    store.set(CONFIG_KEY, msgspec.json.encode(config))
     procs = _start_local(rdv, parallel.distributed_timeout) if local else {}
     torch.set_num_threads(threads_per_rank(tp if parallel.distributed_init == "local" else 1))
     try:
+        # Every rank first checks in on the store (a worker's interpreter start is slow); only then does the
+        # group form, under the collectives' own (short) timeout.
+        wait_for_ranks(rdv.store(STARTUP_TIMEOUT), "paged/arrived", 0, tp, STARTUP_TIMEOUT,
+                       lambda: _first_death(procs))  # fmt: skip
         group = join_group(rdv, device, parallel.distributed_timeout)
         sender = PlanSender(group, rdv.addr, local=local)
     except BaseException as exc:

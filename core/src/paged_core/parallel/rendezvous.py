@@ -17,6 +17,8 @@ ENV_VARS = ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK")
 
 CONFIG_KEY = "paged/config"
 """Where rank 0 leaves its engine configuration, so every worker runs exactly the same one."""
+DEVICE_KEY = "paged/device"
+"""Where rank 0 leaves the device type it runs on (the collectives every rank joins with)."""
 
 
 @dataclass

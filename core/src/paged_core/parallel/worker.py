@@ -34,15 +34,19 @@ def run_worker(config: Any, rendezvous: Any, parent: int | None = None) -> int:
     import torch
 
     from paged_core.engine.build import build_parts, load
+    from paged_core.parallel.group import STARTUP_TIMEOUT, join_group, wait_for_ranks
     from paged_core.parallel.plans import PlanReceiver
+    from paged_core.parallel.rendezvous import DEVICE_KEY
 
     threads = os.environ.get("PAGED_WORKER_THREADS")
     if threads:
         torch.set_num_threads(int(threads))
     try:
-        loaded = load(config, rendezvous=rendezvous)
-        group = loaded.tp
-        assert group is not None
+        store = rendezvous.store(STARTUP_TIMEOUT)
+        device = torch.device(store.get(DEVICE_KEY).decode())
+        wait_for_ranks(store, "paged/arrived", rendezvous.rank, rendezvous.world_size, STARTUP_TIMEOUT)
+        group = join_group(rendezvous, device, config.parallel.distributed_timeout)
+        loaded = load(config, group)
         parts = build_parts(config, loaded)
         plans = PlanReceiver(group)
     except BaseException as exc:
