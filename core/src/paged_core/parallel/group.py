@@ -46,6 +46,14 @@ def check_devices(tp: int, device: torch.device) -> None:
         raise ConfigError(f"tensor_parallel_size={tp} needs {tp} {device.type} devices; {count} available")
 
 
+def local_ranks(default: int = 1) -> int:
+    """How many ranks share this machine: torchrun's ``LOCAL_WORLD_SIZE`` when set, else ``default``."""
+    try:
+        return max(1, int(os.environ.get("LOCAL_WORLD_SIZE", default)))
+    except ValueError:
+        return default
+
+
 def threads_per_rank(ranks_here: int) -> int:
     """Intra-op threads for one of ``ranks_here`` ranks on this machine, so ranks do not fight for cores."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)

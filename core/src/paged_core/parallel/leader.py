@@ -26,6 +26,7 @@ from paged_core.parallel.group import (
     check_devices,
     collective_backend,
     join_group,
+    local_ranks,
     threads_per_rank,
     wait_for_ranks,
 )
@@ -149,7 +150,7 @@ def start_leader(config: Any, device: torch.device) -> Leader:
     store.set(DEVICE_KEY, device.type)
     store.set(CONFIG_KEY, msgspec.json.encode(config))
     procs = _start_local(rdv, parallel.distributed_timeout) if local else {}
-    torch.set_num_threads(threads_per_rank(tp if parallel.distributed_init == "local" else 1))
+    torch.set_num_threads(threads_per_rank(tp if local else local_ranks()))
     try:
         # Every rank first checks in on the store (a worker's interpreter start is slow); only then does the
         # group form, under the collectives' own (short) timeout.

@@ -34,13 +34,12 @@ def run_worker(config: Any, rendezvous: Any, parent: int | None = None) -> int:
     import torch
 
     from paged_core.engine.build import build_parts, load
-    from paged_core.parallel.group import STARTUP_TIMEOUT, join_group, wait_for_ranks
+    from paged_core.parallel.group import STARTUP_TIMEOUT, join_group, local_ranks, threads_per_rank, wait_for_ranks
     from paged_core.parallel.plans import PlanReceiver
     from paged_core.parallel.rendezvous import DEVICE_KEY
 
-    threads = os.environ.get("PAGED_WORKER_THREADS")
-    if threads:
-        torch.set_num_threads(int(threads))
+    threads = os.environ.get("PAGED_WORKER_THREADS")  # set by a local rank 0; else torchrun's LOCAL_WORLD_SIZE
+    torch.set_num_threads(int(threads) if threads else threads_per_rank(local_ranks()))
     try:
         store = rendezvous.store(STARTUP_TIMEOUT)
         device = torch.device(store.get(DEVICE_KEY).decode())
