@@ -9,8 +9,10 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
+import torch
 
 from paged_core import LLM, RequestOutput
 
@@ -20,6 +22,26 @@ from .tp_helpers import ENGINE, worker_pids, workload
 def _run(llm: LLM) -> list[RequestOutput]:
     prompts, params = workload()
     return llm.generate(prompts, params, use_tqdm=False)
+
+
+def _logits_per_step(llm: LLM) -> list[torch.Tensor]:
+    """Run the workload, keeping every step's logits ``[K, V]`` as rank 0's runner returned them."""
+    runner = llm.engine.core.runner
+    seen: list[torch.Tensor] = []
+    execute = runner.execute
+
+    def spy(out: Any) -> Any:
+        ids, logits = execute(out)
+        if logits is not None:
+            seen.append(logits.detach().clone())
+        return ids, logits
+
+    runner.execute = spy  # type: ignore[method-assign]
+    try:
+        _run(llm)
+    finally:
+        del runner.execute
+    return seen
 
 
 @pytest.fixture(scope="module", params=["fused", "transformers"])
@@ -69,3 +91,13 @@ def test_a_second_run_on_the_same_ranks_matches_too(tp1: LLM, tp2: LLM) -> None:
     assert [[c.token_ids for c in o.outputs] for o in one] == [[c.token_ids for c in o.outputs] for o in two]
     assert sum(o.metrics.num_cached_tokens for o in two) > 0
     assert len(worker_pids()) == 1
+
+
+def test_every_step_s_logits_match_within_1e_5(tp1: LLM, tp2: LLM) -> None:
+    assert tp1.engine.reset_prefix_cache() and tp2.engine.reset_prefix_cache()
+    one, two = _logits_per_step(tp1), _logits_per_step(tp2)
+    assert len(one) == len(two) > 30  # the same schedule, step for step
+    worst = max(float((a - b).abs().max()) for a, b in zip(one, two, strict=True))
+    scale = max(float(a.abs().max()) for a in one)
+    print(f"max |logit difference| {worst:.2e} over {len(one)} steps (largest |logit| {scale:.1f})")
+    assert worst < 1e-5 * max(1.0, scale), f"logits differ by {worst:.2e} (largest logit {scale:.1f})"

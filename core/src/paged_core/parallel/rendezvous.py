@@ -39,7 +39,7 @@ class Rendezvous:
     def store(self, timeout: float) -> Any:
         """The rendezvous store (hosted by rank 0; a worker waits up to ``timeout`` for it to come up)."""
         if self._store is None:
-            from torch.distributed import TCPStore
+            from torch.distributed import TCPStore  # type: ignore[attr-defined]  # public, not re-exported in stubs
 
             try:
                 self._store = TCPStore(self.addr, self.port, self.world_size, self.rank == 0,

@@ -91,7 +91,7 @@ def shard_model(model: Any, group: TPGroup) -> dict[str, str]:
             else:
                 module.weight = torch.nn.Parameter(_slice(module.weight, 1, rank, world, name), requires_grad=False)
                 if module.bias is not None and rank != 0:  # the bias is added once, by rank 0, before the sum
-                    module.bias = None
+                    module.bias = None  # type: ignore[assignment]
                 module.in_features = module.weight.shape[1]
                 module.register_forward_hook(_all_reduce_hook(group))
         applied[name] = kind
