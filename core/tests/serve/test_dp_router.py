@@ -40,8 +40,8 @@ def test_least_loaded_by_queue_then_free_blocks_then_index() -> None:
     r.note_stats(1, stats(running=1, waiting=1))
     r.note_stats(2, stats(running=3, free=10))
     assert r.route("a", [1]).core == 1  # queue 2 (running + waiting) against 3 and 3
-    # Core 1 now has one routed, unreported sequence: all three at 3; 0 and 1 have the most free blocks.
-    assert r.route("b", [2]).core == 0
+    r.note_stats(1, stats(running=3))
+    assert r.route("b", [2]).core == 0  # all three at 3: 0 and 1 have the most free blocks
     r.note_stats(0, stats(running=2, free=40))
     r.note_stats(1, stats(running=2, free=50))
     r.note_stats(2, stats(running=2, free=100))
@@ -51,11 +51,18 @@ def test_least_loaded_by_queue_then_free_blocks_then_index() -> None:
     assert r.route("d", [4]).core == 0  # a full tie: the lowest index
 
 
-def test_pending_sequences_count_until_the_next_stats() -> None:
+def test_the_queue_counts_placed_sequences_until_they_end() -> None:
     r = router()
     assert [r.route(f"r{i}", [i], n=2).core for i in range(4)] == [0, 1, 0, 1]
-    r.note_stats(0, stats())  # core 0 reports, and what it was sent is now in its (empty) queue
-    assert r.route("x", [9]).core == 0
+    r.note_stats(0, stats())  # stale stats (a step that began before the adds) do not hide them
+    assert r.route("x", [9]).core == 0 and r.cores[0].load == 5
+    for i in (0, 2):
+        r.sequence_done(f"r{i}", 0)
+        r.sequence_done(f"r{i}", 1)
+    r.sequence_done("r0", 1)  # a second report of the same end counts once
+    assert r.cores[0].load == 1 and r.cores[1].load == 4
+    r.note_stats(0, stats(running=6))  # a queue the router did not fill (another client) counts too
+    assert r.cores[0].load == 6
 
 
 def test_requests_sharing_a_prefix_follow_the_first_one() -> None:
@@ -154,11 +161,11 @@ def test_stopped_sequences_and_finished_samples_are_tracked_per_index() -> None:
     assert r.core_of("a") is None and r.num_placed == 0
 
 
-def test_withdraw_undoes_a_refused_placement() -> None:
+def test_forget_undoes_a_refused_placement() -> None:
     r = router()
     r.route("a", [1], n=4)
-    r.withdraw("a")
-    assert r.core_of("a") is None and all(c.pending == 0 for c in r.cores)
+    r.forget("a")
+    assert r.core_of("a") is None and all(c.load == 0 for c in r.cores)
     r.route("a", [1])  # the id may be placed again
 
 

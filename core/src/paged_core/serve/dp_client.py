@@ -170,11 +170,11 @@ class DataParallelClient:
             try:
                 await self.clients[route.core].add(request)
             except RequestRejectedError:
-                self.router.withdraw(rid)
+                self.router.forget(rid)
                 raise
             except EngineDeadError:
                 # Not admitted: the core died first. The request has produced nothing yet, so place it again.
-                self.router.withdraw(rid)
+                self.router.forget(rid)
                 tried.add(route.core)
                 log.warning("request %s: engine core %d is dead; placing it on another core", rid, route.core)
                 continue

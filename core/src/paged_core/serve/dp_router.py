@@ -11,9 +11,11 @@ Placement has two rules, applied in order:
    :data:`MIN_AFFINITY_FRACTION` of the prompt's keyed blocks, so a short common opening (a chat
    template's first block, the same for every user) does not pull all traffic onto one core. The
    ``cache_salt`` is in key 1, so tenants who salt their caches never share a placement either.
-2. **Balance** otherwise: the live core with the shortest queue (running + waiting sequences in its last
-   stats, plus sequences this router sent it since those stats), then the most free KV blocks, then the
-   lowest index.
+2. **Balance** otherwise: the live core with the shortest queue, then the most free KV blocks (from its
+   last stats), then the lowest index. A core's queue is the larger of running + waiting in its last stats
+   and the sequences this router placed on it that have not ended: the front end is the cores' only
+   client, so its own count is exact and current, while stats lag (a step that began before an add
+   reports without it, so a burst of adds would all see the same stale queue).
 
 Affinity yields to balance when its core is dead, or is "much more loaded" than the best one: its queue
 exceeds the best queue by more than ``max(AFFINITY_SLACK, AFFINITY_RATIO * best queue)`` sequences, or
@@ -74,14 +76,14 @@ class _Core:
     queue: int = 0
     """Running + waiting sequences in the core's last stats."""
     free_blocks: int = 0
-    pending: int = 0
-    """Sequences routed here since those stats."""
+    placed: int = 0
+    """Sequences this router placed here that have not ended."""
     alive: bool = True
     routed: dict[str, int] = field(default_factory=lambda: {"affinity": 0, "balance": 0})
 
     @property
     def load(self) -> int:
-        return self.queue + self.pending
+        return max(self.queue, self.placed)
 
 
 @dataclass(frozen=True)
@@ -123,7 +125,7 @@ class Router:
         if match is not None and self._keeps_affinity(match[0], best):
             route = Route(match[0], "affinity", match[1])
         core = self.cores[route.core]
-        core.pending += n
+        core.placed += n
         core.routed[route.reason] += 1
         self._remember(keys, route.core)
         self._placed[request_id] = (route.core, set(range(n)))
@@ -157,34 +159,33 @@ class Router:
         c = self.cores[core]
         c.queue = stats.num_running + stats.num_waiting
         c.free_blocks = stats.num_free_blocks
-        c.pending = 0
 
     def mark_dead(self, core: int) -> list[str]:
         """Take a core out of routing; the ids of the requests it was running (now forgotten)."""
         self.cores[core].alive = False
         lost = [rid for rid, (c, _) in self._placed.items() if c == core]
         for rid in lost:
-            del self._placed[rid]
+            self._drop(rid)
         return lost
 
     def sequence_done(self, request_id: str, index: int) -> None:
         """One sample of a request ended (finished, failed or stopped); the request is forgotten after its last."""
         placed = self._placed.get(request_id)
-        if placed is not None:
+        if placed is not None and index in placed[1]:
             placed[1].discard(index)
+            self.cores[placed[0]].placed -= 1
             if not placed[1]:
                 del self._placed[request_id]
 
-    def withdraw(self, request_id: str) -> None:
-        """The core refused the request (or died before admitting it): forget it and its place in the queue."""
-        placed = self._placed.pop(request_id, None)
-        if placed is not None:
-            core = self.cores[placed[0]]
-            core.pending = max(0, core.pending - len(placed[1]))
-
     def forget(self, request_id: str) -> None:
         """The request is over (refused, failed, aborted): nothing more goes to its core."""
-        self._placed.pop(request_id, None)
+        self._drop(request_id)
+
+    def _drop(self, request_id: str) -> tuple[int, set[int]] | None:
+        placed = self._placed.pop(request_id, None)
+        if placed is not None:
+            self.cores[placed[0]].placed -= len(placed[1])
+        return placed
 
     # ---- lookups --------------------------------------------------------
     def core_of(self, request_id: str) -> int | None:
@@ -201,7 +202,7 @@ class Router:
         ids: dict[int, list[str]] = {}
         seqs: dict[int, list[tuple[str, int]]] = {}
         for rid in abort.request_ids:
-            placed = self._placed.pop(rid, None)
+            placed = self._drop(rid)
             if placed is not None:
                 ids.setdefault(placed[0], []).append(rid)
         for rid, index in abort.sequences:
