@@ -24,7 +24,7 @@ def router(cores: int = 2) -> Router:
 
 
 def test_prefix_keys_chain_over_full_blocks_and_the_salt() -> None:
-    keys = prefix_keys(SHARED + [1, 2], BS, None)
+    keys = prefix_keys([*SHARED, 1, 2], BS, None)
     assert len(keys) == 6  # the partial last block is not keyed: the prefix cache holds full blocks only
     assert prefix_keys(SHARED[:8], BS, None) == keys[:2]
     assert prefix_keys(SHARED, BS, "tenant-a")[0] != keys[0]
@@ -67,9 +67,9 @@ def test_the_queue_counts_placed_sequences_until_they_end() -> None:
 
 def test_requests_sharing_a_prefix_follow_the_first_one() -> None:
     r = router()
-    first = r.route("p0", SHARED + [1])
+    first = r.route("p0", [*SHARED, 1])
     r.note_stats(first.core, stats(running=1))  # the first core is busier, but affinity holds
-    routes = [r.route(f"p{i}", SHARED + [i, i]) for i in range(1, 6)]
+    routes = [r.route(f"p{i}", [*SHARED, i, i]) for i in range(1, 6)]
     assert {x.core for x in routes} == {first.core}
     assert all(x.reason == "affinity" and x.matched_blocks == 6 for x in routes)
     assert r.route("other", [7] * 24).core != first.core  # an unrelated prompt is balanced
