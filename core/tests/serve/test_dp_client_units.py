@@ -137,3 +137,17 @@ def test_metrics_and_health_report_each_core() -> None:
     assert ("paged_kv_cache_blocks", ()) not in samples  # per-core series replace the unlabelled ones
     routed = sum(v for (name, _), v in samples.items() if name == "paged_dp_routed_requests_total")
     assert routed == 1
+
+
+def test_data_parallel_is_refused_in_process_and_offline() -> None:
+    from paged_core.data_parallel import require_one_engine_core
+    from paged_core.engine.config import EngineConfig
+    from paged_core.errors import ConfigError
+    from paged_core.serve.server import start_engine
+
+    config = EngineConfig.of(model="/nonexistent/model", data_parallel_size=2)
+    with pytest.raises(ConfigError, match=r"--data-parallel-size 2 .* --engine-in-process"):
+        start_engine(config, in_process=True)  # refused before anything loads
+    with pytest.raises(ConfigError, match="data_parallel_size=2 runs in `paged serve`; LLM runs one engine core"):
+        require_one_engine_core(config)
+    require_one_engine_core(config.replace(data_parallel_size=1))
