@@ -23,6 +23,9 @@ class MortalEngine(FakeEngine):
 
     die = False
 
+    def close(self) -> None:
+        """Nothing to release (ThreadCoreClient closes its core after the thread ends)."""
+
     def step(self) -> CoreOutputs:
         if self.die:
             raise RuntimeError("simulated crash")
