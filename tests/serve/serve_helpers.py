@@ -96,14 +96,25 @@ def wait_healthy(url: str, headers: dict[str, str], timeout: float = 60.0, proc:
 
 
 def metric_values(text: str) -> dict[str, float]:
-    """Every sample of a Prometheus exposition, keyed by name plus sorted labels (parsed by prometheus_client)."""
+    """Every sample of a Prometheus exposition, keyed by name plus sorted labels (parsed by prometheus_client).
+
+    Per-core series of a data-parallel server (label ``engine``) are also summed under the key without that
+    label, so a test reads ``paged_requests_running`` whatever the number of cores.
+    """
     from prometheus_client.parser import text_string_to_metric_families
 
-    values = {}
+    values: dict[str, float] = {}
+    summed: dict[str, float] = {}
     for family in text_string_to_metric_families(text):
         for s in family.samples:
             labels = ",".join(f"{k}={v}" for k, v in sorted(s.labels.items()))
             values[f"{s.name}{{{labels}}}" if labels else s.name] = s.value
+            if "engine" in s.labels:
+                rest = ",".join(f"{k}={v}" for k, v in sorted(s.labels.items()) if k != "engine")
+                key = f"{s.name}{{{rest}}}" if rest else s.name
+                summed[key] = summed.get(key, 0.0) + s.value
+    for key, value in summed.items():
+        values.setdefault(key, value)
     return values
 
 
@@ -118,7 +129,10 @@ def make_engine(loaded: Any, **overrides: Any) -> Any:
 
 
 MODES = ("inproc", "mp")
-"""How a server runs its engine core: a thread of the server process, or a child process (``paged serve``'s default)."""
+"""How a server runs its engine core: a thread of the server process, or a child process (``paged serve``'s default).
+
+``dp2`` (not in MODES, opted into by the tests that cover data parallelism) is two core processes behind a router.
+"""
 
 
 def make_mp_engine(loaded: Any, **overrides: Any) -> Any:
@@ -135,13 +149,29 @@ def make_mp_engine(loaded: Any, **overrides: Any) -> Any:
     return AsyncEngine(AsyncMPClient(process), tokenizer)
 
 
+def make_dp_engine(loaded: Any, cores: int = 2, **overrides: Any) -> Any:
+    """An :class:`AsyncEngine` over ``cores`` data-parallel core processes (``paged serve --data-parallel-size``)."""
+    from paged_core.engine.config import EngineConfig
+    from paged_core.serve.server import start_engine
+
+    fields = {"model": str(loaded.source.directory), "backend": loaded.backend.name, "kv_cache_memory": "2MiB",
+              "max_num_seqs": 128, "data_parallel_size": cores}  # fmt: skip
+    fields.update(overrides)
+    return start_engine(EngineConfig.of(**fields))
+
+
 @contextlib.contextmanager
 def serve(loaded: Any, config: Any = None, mode: str = "inproc", **engine_overrides: Any) -> Iterator[ServerThread]:
     """Serve a fresh engine for the duration of a fixture (``mode``: one of :data:`MODES`)."""
     from paged_core.serve import ServeConfig, build_app
 
     config = config or ServeConfig(served_model_name=MODEL_NAME)
-    engine = make_engine(loaded, **engine_overrides) if mode == "inproc" else make_mp_engine(loaded, **engine_overrides)
+    if mode == "inproc":
+        engine = make_engine(loaded, **engine_overrides)
+    elif mode == "dp2":
+        engine = make_dp_engine(loaded, 2, **engine_overrides)
+    else:
+        engine = make_mp_engine(loaded, **engine_overrides)
     try:
         with ServerThread(build_app(engine, config)) as server:
             yield server

@@ -21,9 +21,10 @@ CLIENTS = 64
 ROUNDS = 3
 
 
-@pytest.fixture(scope="module", params=MODES)
+@pytest.fixture(scope="module", params=(*MODES, "dp2"))
 def server(request: pytest.FixtureRequest, loaded: Any) -> Iterator[ServerThread]:
     # 2 MiB of KV is 128 blocks: less than 64 clients at full length need, so preemption is exercised too.
+    # dp2: the same load over two data-parallel cores (128 blocks each), the metrics summed over them.
     with serve(loaded, max_num_seqs=64, mode=request.param) as s:
         yield s
 

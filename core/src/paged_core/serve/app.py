@@ -33,7 +33,7 @@ def build_app(engine: AsyncEngine | Any, config: ServeConfig | None = None) -> F
     """
     config = config or ServeConfig()
     aengine = engine if isinstance(engine, AsyncEngine) else AsyncEngine(ThreadCoreClient(engine), engine.tokenizer)
-    metrics = ServerMetrics(lambda: aengine.stats)
+    metrics = ServerMetrics(lambda: aengine.stats, read_cores=lambda: aengine.per_core)
     aengine.observer = metrics.observe
     facts = aengine.facts
     state = ServerState(
@@ -60,7 +60,7 @@ def build_app(engine: AsyncEngine | Any, config: ServeConfig | None = None) -> F
     # Added last, so outermost: /health is answered before auth or routing, and errors of everything inside
     # (auth included) are caught before Starlette's last-resort handler.
     app.add_middleware(CatchUnexpected)
-    app.add_middleware(HealthProbe, healthy=lambda: aengine.healthy)
+    app.add_middleware(HealthProbe, healthy=lambda: aengine.healthy, engines=aengine.core_health)
     app.include_router(completions.router)
     app.include_router(chat.router)
     _add_info_routes(app)
@@ -71,7 +71,8 @@ def _add_info_routes(app: FastAPI) -> None:
     @app.get("/health", openapi_extra=openapi.HEALTH)
     async def health(request: Request) -> Response:
         """200 ``{"status": "ok"}`` while the engine thread runs, 503 once it has died (see :class:`HealthProbe`)."""
-        return health_response(get_state(request).engine.healthy)
+        engine = get_state(request).engine
+        return health_response(engine.healthy, engine.core_health())
 
     @app.get("/metrics", openapi_extra=openapi.METRICS)
     async def metrics(request: Request) -> Response:

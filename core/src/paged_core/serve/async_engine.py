@@ -86,7 +86,7 @@ class AsyncEngine:
         if self._started:
             raise RuntimeError("AsyncEngine already started")
         self._started = True
-        self.client.start(asyncio.get_running_loop(), self._on_outputs, self._on_dead)
+        self.client.start(asyncio.get_running_loop(), self._on_outputs, self._on_dead, self.fail_requests)
 
     def stop(self, timeout: float = 5.0) -> None:
         """Stop the core; pending requests end with :class:`EngineDeadError`."""
@@ -109,6 +109,17 @@ class AsyncEngine:
     @property
     def dead_reason(self) -> str | None:
         return self._dead
+
+    @property
+    def per_core(self) -> list[Any] | None:
+        """Each core's :class:`~paged_core.serve.dp_client.CoreStatus` when several serve (data parallel), else None."""
+        per_core: list[Any] | None = getattr(self.client, "per_core", None)
+        return per_core
+
+    def core_health(self) -> list[dict[str, Any]] | None:
+        """What ``/health`` lists per core when several serve (data parallel), else None."""
+        report = getattr(self.client, "core_health", None)
+        return None if report is None else list(report())
 
     @property
     def num_streams(self) -> int:
@@ -179,6 +190,14 @@ class AsyncEngine:
                 del self._streams[out.request_id]
         if self.observer is not None and delivered:
             self.observer(delivered, now)
+
+    def fail_requests(self, request_ids: list[str], exc: BaseException) -> None:
+        """End these requests' streams with ``exc`` (their core died while others serve on); unknown ids are skipped."""
+        for rid in request_ids:
+            stream = self._streams.pop(rid, None)
+            if stream is not None:
+                stream.queue.put_nowait(exc)
+        self.output.remove(request_ids)
 
     def _on_dead(self, why: str) -> None:
         if self._dead is not None:

@@ -33,6 +33,8 @@ log = logging.getLogger("paged.serve")
 
 OnOutputs = Callable[[CoreOutputs], None]
 OnDead = Callable[[str], None]
+OnFailed = Callable[[list[str], BaseException], None]
+"""``on_failed(request_ids, error)``: end these requests' streams with ``error`` (one of several cores died)."""
 
 
 class AsyncCoreClient(Protocol):
@@ -41,8 +43,13 @@ class AsyncCoreClient(Protocol):
     facts: CoreFacts
     stats: SchedulerStats
 
-    def start(self, loop: asyncio.AbstractEventLoop, on_outputs: OnOutputs, on_dead: OnDead) -> None:
-        """Begin delivering outputs (call on the event loop)."""
+    def start(self, loop: asyncio.AbstractEventLoop, on_outputs: OnOutputs, on_dead: OnDead,
+              on_failed: OnFailed | None = None) -> None:  # fmt: skip
+        """Begin delivering outputs (call on the event loop).
+
+        ``on_failed`` is for clients over several cores (data parallel), where one core's death ends only its
+        own requests; a single-core client never calls it (its death is ``on_dead``).
+        """
 
     async def add(self, request: CoreRequest) -> None:
         """Queue a request; raises :class:`RequestRejectedError` (refused) or :class:`EngineDeadError`."""
@@ -99,7 +106,8 @@ class ThreadCoreClient:
         self._on_dead: OnDead | None = None
         self._dead: str | None = None
 
-    def start(self, loop: asyncio.AbstractEventLoop, on_outputs: OnOutputs, on_dead: OnDead) -> None:
+    def start(self, loop: asyncio.AbstractEventLoop, on_outputs: OnOutputs, on_dead: OnDead,
+              on_failed: OnFailed | None = None) -> None:  # fmt: skip
         if self._thread is not None:
             raise RuntimeError("core client already started")
         self._deliver.loop = loop
@@ -230,7 +238,8 @@ class AsyncMPClient:
     def alive(self) -> bool:
         return self._dead is None and self.process.alive
 
-    def start(self, loop: asyncio.AbstractEventLoop, on_outputs: OnOutputs, on_dead: OnDead) -> None:
+    def start(self, loop: asyncio.AbstractEventLoop, on_outputs: OnOutputs, on_dead: OnDead,
+              on_failed: OnFailed | None = None) -> None:  # fmt: skip
         if self._reader is not None:
             raise RuntimeError("core client already started")
         self._deliver.loop = loop

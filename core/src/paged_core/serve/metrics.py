@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -22,36 +23,82 @@ _ITL = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 _E2E = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
 
 
-class _EngineCollector(Collector):
-    """Reports the engine snapshot at scrape time (the scrape never touches the engine itself)."""
+_GAUGES = (
+    ("paged_kv_cache_usage_ratio", "Fraction of usable KV blocks in use (0-1).", "kv_usage"),
+    ("paged_kv_cache_free_blocks", "KV blocks with no reference.", "num_free_blocks"),
+    ("paged_kv_cache_blocks", "KV blocks that can hold tokens.", "num_usable_blocks"),
+    ("paged_requests_running", "Requests being scheduled.", "num_running"),
+    ("paged_requests_waiting", "Requests waiting for KV blocks or budget.", "num_waiting"),
+)
+_COUNTERS = (
+    ("paged_preemptions", "Requests preempted to free KV blocks.", "num_preemptions"),
+    ("paged_prefix_cache_queries_tokens", "Prompt tokens looked up in the prefix cache.", "prefix_queries"),
+    ("paged_prefix_cache_hits_tokens", "Prompt tokens found in the prefix cache.", "prefix_hits"),
+    ("paged_engine_steps", "Engine steps run.", "steps"),
+    ("paged_eager_steps", "Steps run eagerly (in a graph mode: fallbacks).", "eager_steps"),
+)
 
-    def __init__(self, read: Callable[[], SchedulerStats]) -> None:
+
+class _EngineCollector(Collector):
+    """Reports the engine snapshot at scrape time (the scrape never touches the engine itself).
+
+    With one core the series carry no engine label. With several (data parallel, ``read_cores`` returns
+    their :class:`~paged_core.serve.dp_client.CoreStatus`) every engine series has one sample per core,
+    labelled ``engine="<index>"`` (sum them for the server), gauges for live cores only (a dead core holds
+    nothing) and counters for all, plus ``paged_engine_up`` and the router's ``paged_dp_routed_requests``.
+    """
+
+    def __init__(self, read: Callable[[], SchedulerStats], read_cores: Callable[[], list[Any] | None] | None = None):
         self.read = read
+        self.read_cores = read_cores
 
     def collect(self) -> Iterator[Metric]:
-        s = self.read()
-        yield GaugeMetricFamily("paged_kv_cache_usage_ratio", "Fraction of usable KV blocks in use (0-1).", s.kv_usage)
-        yield GaugeMetricFamily("paged_kv_cache_free_blocks", "KV blocks with no reference.", s.num_free_blocks)
-        yield GaugeMetricFamily("paged_kv_cache_blocks", "KV blocks that can hold tokens.", s.num_usable_blocks)
-        yield GaugeMetricFamily("paged_requests_running", "Requests being scheduled.", s.num_running)
-        yield GaugeMetricFamily("paged_requests_waiting", "Requests waiting for KV blocks or budget.", s.num_waiting)
-        yield CounterMetricFamily("paged_preemptions", "Requests preempted to free KV blocks.", s.num_preemptions)
-        yield CounterMetricFamily(
-            "paged_prefix_cache_queries_tokens", "Prompt tokens looked up in the prefix cache.", s.prefix_queries
-        )
-        yield CounterMetricFamily("paged_prefix_cache_hits_tokens", "Prompt tokens found in the prefix cache.",
-                                  s.prefix_hits)  # fmt: skip
-        yield CounterMetricFamily("paged_engine_steps", "Engine steps run.", s.steps)
-        replays = CounterMetricFamily("paged_graph_replays", "Steps run as a compiled or captured graph.",
-                                      labels=["graph_mode"])  # fmt: skip
-        replays.add_metric([s.graph_mode], s.graph_replays)
-        yield replays
-        yield CounterMetricFamily("paged_eager_steps", "Steps run eagerly (in a graph mode: fallbacks).", s.eager_steps)
-        fallbacks = CounterMetricFamily("paged_graph_fallbacks", "Eager fallbacks of a graph mode, by reason.",
-                                        labels=["reason"])  # fmt: skip
+        cores = self.read_cores() if self.read_cores is not None else None
+        if cores is None:
+            yield from _engine_families([], [((), self.read(), True)])
+            return
+        yield from _engine_families(["engine"], [((str(c.index),), c.stats, c.alive) for c in cores])
+        up = GaugeMetricFamily("paged_engine_up", "1 while a data-parallel engine core serves, 0 once it died.",
+                               labels=["engine"])  # fmt: skip
+        routed = CounterMetricFamily("paged_dp_routed_requests", "Requests the router placed on a core, by rule "
+                                     "(affinity: a remembered prefix; balance: least loaded).",
+                                     labels=["engine", "route"])  # fmt: skip
+        for c in cores:
+            up.add_metric([str(c.index)], 1 if c.alive else 0)
+            for route, count in sorted(c.routed.items()):
+                routed.add_metric([str(c.index), route], count)
+        yield up
+        yield routed
+
+
+def _engine_families(labels: list[str], rows: list[tuple[tuple[str, ...], SchedulerStats, bool]]) -> Iterator[Metric]:
+    """The engine series, one sample per ``(label values, stats, alive)`` row."""
+    for name, doc, attr in _GAUGES:
+        gauge = GaugeMetricFamily(name, doc, labels=labels)
+        for values, s, alive in rows:
+            if alive:
+                gauge.add_metric(list(values), getattr(s, attr))
+        yield gauge
+    ratio = GaugeMetricFamily("paged_prefix_cache_hit_ratio", "Prompt tokens found in the prefix cache / looked up.",
+                              labels=labels)  # fmt: skip
+    for values, s, _ in rows:
+        ratio.add_metric(list(values), s.prefix_hits / s.prefix_queries if s.prefix_queries else 0.0)
+    yield ratio
+    for name, doc, attr in _COUNTERS:
+        counter = CounterMetricFamily(name, doc, labels=labels)
+        for values, s, _ in rows:
+            counter.add_metric(list(values), getattr(s, attr))
+        yield counter
+    replays = CounterMetricFamily("paged_graph_replays", "Steps run as a compiled or captured graph.",
+                                  labels=[*labels, "graph_mode"])  # fmt: skip
+    fallbacks = CounterMetricFamily("paged_graph_fallbacks", "Eager fallbacks of a graph mode, by reason.",
+                                    labels=[*labels, "reason"])  # fmt: skip
+    for values, s, _ in rows:
+        replays.add_metric([*values, s.graph_mode], s.graph_replays)
         for reason, count in sorted(s.graph_fallbacks.items()):
-            fallbacks.add_metric([reason], count)
-        yield fallbacks
+            fallbacks.add_metric([*values, reason], count)
+    yield replays
+    yield fallbacks
 
 
 @dataclass
@@ -65,6 +112,8 @@ class ServerMetrics:
     """Counters and histograms fed from engine outputs, and the engine gauges."""
 
     read_stats: Callable[[], SchedulerStats]
+    read_cores: Callable[[], list[Any] | None] | None = None
+    """Each core's status when several serve (data parallel); see :class:`_EngineCollector`."""
     registry: CollectorRegistry = field(default_factory=CollectorRegistry)
 
     def __post_init__(self) -> None:
@@ -86,7 +135,7 @@ class ServerMetrics:
         self.refused = Counter("paged_requests_refused", "Generation requests refused by admission, by reason.",
                                ["reason"], registry=r)  # fmt: skip
         self.refused.labels(reason="queue_full")  # exported at 0 from the start, so rates work before the first refusal
-        r.register(_EngineCollector(self.read_stats))
+        r.register(_EngineCollector(self.read_stats, self.read_cores))
         self._live: dict[str, _Tracked] = {}
 
     def observe(self, outputs: list[RequestOutput], now: float) -> None:

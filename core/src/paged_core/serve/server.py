@@ -13,6 +13,7 @@ import logging
 from typing import TYPE_CHECKING
 
 from paged_core.engine.config import EngineConfig
+from paged_core.errors import ConfigError
 from paged_core.serve.config import ServeConfig
 
 if TYPE_CHECKING:
@@ -27,10 +28,24 @@ DEAD_EXIT_DELAY = 1.0
 
 
 def start_engine(engine_config: EngineConfig, in_process: bool = False) -> AsyncEngine:
-    """The :class:`AsyncEngine` over a core process (or, ``in_process``, a core thread); blocks until it runs."""
+    """The :class:`AsyncEngine` over a core process (or, ``in_process``, a core thread); blocks until it runs.
+
+    With ``data_parallel_size`` M > 1 it is M core processes behind a
+    :class:`~paged_core.serve.dp_client.DataParallelClient` (not combinable with ``in_process``).
+    """
     from paged_core.serve.async_engine import AsyncEngine
     from paged_core.serve.core_client import AsyncMPClient, ThreadCoreClient
 
+    dp = engine_config.parallel.data_parallel_size
+    if dp > 1:
+        if in_process:
+            raise ConfigError(f"--data-parallel-size {dp} runs one engine-core process per core; it cannot be "
+                              "combined with --engine-in-process (one core on a thread of the server)")  # fmt: skip
+        from paged_core.serve.dp_client import DataParallelClient
+
+        client, dp_tokenizer = DataParallelClient.launch(engine_config)
+        log.info("%d data-parallel engine cores running in processes %s", dp, ", ".join(str(p) for p in client.pids))
+        return AsyncEngine(client, dp_tokenizer)
     if in_process:
         from paged_core.engine.core import EngineCore
 
@@ -65,7 +80,8 @@ def run_server(engine_config: EngineConfig, config: ServeConfig, in_process: boo
 
         app.state.paged.engine.on_dead = on_dead
         auth = "bearer-token auth on" if config.api_key else "no auth"
-        mode = "in-process engine" if in_process else "engine-core process"
+        dp = engine_config.parallel.data_parallel_size
+        mode = "in-process engine" if in_process else f"{dp} engine-core processes" if dp > 1 else "engine-core process"
         log.info("serving %s on http://%s:%d (%s, %s)", app.state.paged.model_name, config.host, config.port, auth,
                  mode)  # fmt: skip
         server.run()
