@@ -66,9 +66,10 @@ def test_memory_budget_smaller_than_a_block() -> None:
         (GraphConfig, {"graph_mode": "fast"}, "graph_mode must be one of auto, eager, compiled, device"),
         (GraphConfig, {"capture_sizes": (0, 8)}, "capture_sizes must be a non-empty list of ints >= 1"),
         (GraphConfig, {"capture_sizes": ()}, "capture_sizes must be a non-empty list"),
-        (ParallelConfig, {"tensor_parallel_size": 2}, "tensor_parallel_size=2 is not supported yet"),
-        (ParallelConfig, {"data_parallel_size": 4}, "data_parallel_size=4 is not supported yet"),
-        (ParallelConfig, {"data_parallel_size": 0}, "data_parallel_size must be an int >= 1"),
+        (ParallelConfig, {"tensor_parallel_size": 0}, "tensor_parallel_size must be an int in \\[1, 1024\\]"),
+        (ParallelConfig, {"distributed_init": "slurm"}, "distributed_init must be one of local, env; got 'slurm'"),
+        (ParallelConfig, {"distributed_timeout": 0}, "distributed_timeout must be seconds in \\(0, 86400\\]"),
+        (ParallelConfig, {"data_parallel_size": 0}, "data_parallel_size must be an int in \\[1, 1024\\]"),
     ],
 )
 def test_every_section_names_the_field_and_what_is_allowed(cls: type, kwargs: dict[str, object], message: str) -> None:

@@ -52,9 +52,12 @@ def test_unknown_names_are_refused_with_the_allowed_ones() -> None:
         EngineConfig(cache={"block_size": 16})  # type: ignore[arg-type]
 
 
-def test_parallelism_other_than_one_is_refused() -> None:
-    with pytest.raises(ConfigError, match="tensor_parallel_size=2 is not supported yet"):
-        EngineConfig.of(tensor_parallel_size=2)
+def test_parallel_sizes_travel_in_the_parallel_section() -> None:
+    cfg = EngineConfig.of(tensor_parallel_size=2, data_parallel_size=3, distributed_init="env", distributed_timeout=5)
+    assert (cfg.parallel.tensor_parallel_size, cfg.parallel.data_parallel_size) == (2, 3)
+    assert (cfg.parallel.distributed_init, cfg.parallel.distributed_timeout) == ("env", 5.0)
+    with pytest.raises(ConfigError, match="distributed_init must be one of local, env"):
+        EngineConfig.of(distributed_init="mpi")
 
 
 @pytest.mark.parametrize("cfg", [EngineConfig(), FULL, EngineConfig.of(kv_cache_memory=4096, capture_sizes=[8])])

@@ -57,6 +57,9 @@ class FakeEngine:
         return SchedulerStats(kv_usage=min(1.0, len(self.groups) / 10), num_free_blocks=10, num_usable_blocks=10,
                               num_running=len(self.groups), steps=self.steps)  # fmt: skip
 
+    def close(self) -> None:
+        """Nothing to release (a real core stops its tensor-parallel workers here)."""
+
     def call(self, method: str) -> Any:
         return True
 

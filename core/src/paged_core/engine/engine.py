@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Sequence as Seq
 
+from paged_core.data_parallel import require_one_engine_core
 from paged_core.engine.build import LoadedModel
 from paged_core.engine.client import CoreClient, InProcClient
 from paged_core.engine.config import EngineConfig
@@ -13,7 +14,7 @@ from paged_core.engine.input import InputProcessor
 from paged_core.engine.messages import CoreAbort, CoreRequest, SchedulerStats
 from paged_core.engine.output import OutputProcessor
 from paged_core.engine.outputs import RequestOutput
-from paged_core.errors import ConfigError, PagedError, RequestRejectedError
+from paged_core.errors import PagedError, RequestRejectedError
 from paged_core.sampling.params import SamplingParams
 
 
@@ -39,10 +40,7 @@ class LLMEngine:
         self, config: EngineConfig | None = None, loaded: LoadedModel | None = None, *, multiprocess: bool = False
     ) -> None:
         self.config = config or EngineConfig()
-        if self.config.parallel.data_parallel_size > 1:
-            dp = self.config.parallel.data_parallel_size
-            raise ConfigError(f"data_parallel_size={dp} runs in `paged serve`, which routes requests across engine "
-                              "cores; an LLMEngine drives one core (use 1)")  # fmt: skip
+        require_one_engine_core(self.config, "an LLMEngine (and LLM)")
         client: CoreClient
         if multiprocess:
             if loaded is not None:
