@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -25,6 +24,7 @@ from paged_core.engine.profile import profile_peak_bytes
 from paged_core.errors import BackendUnavailableError, ConfigError, UnsupportedConfigError
 from paged_core.parallel.group import STARTUP_TIMEOUT, TPGroup
 from paged_core.parallel.leader import Leader, start_leader
+from paged_core.parallel.placement import place
 from paged_core.parallel.shard import shard_model
 from paged_core.parallel.sizes import check_tp_size, local_specs
 from paged_core.registry import BackendStatus, load_registry
@@ -167,8 +167,7 @@ def load(config: EngineConfig, group: TPGroup | None = None) -> LoadedModel:
         elif group.device.type != device.type:
             raise ConfigError(f"rank {group.rank} joined the group for {group.device.type}, but the backend chose "
                               f"{device.type} here")  # fmt: skip
-        if device.type != "cpu":
-            device = torch.device(device.type, int(os.environ.get("LOCAL_RANK", group.rank)))
+    device = place(device, group.rank if group is not None else 0, tp)
     try:
         tokenizer = load_tokenizer(source) if group is None or group.rank == 0 else None
         model = load_model(source, model_config, dtype, device, register_paged_attention())

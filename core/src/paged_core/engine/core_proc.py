@@ -184,6 +184,14 @@ def main(argv: list[str] | None = None) -> int:
     adopt()  # started with the front end's tcmalloc and Intel OpenMP preloaded; keep them from our children
 
     setup_logging(bool(options.get("verbose")))
+    from paged_core.parallel.placement import dp_slot
+
+    if dp_slot()[1] > 1:  # one of several cores on this machine: its share of the threads (TP divides further)
+        import torch
+
+        from paged_core.parallel.group import threads_per_rank
+
+        torch.set_num_threads(threads_per_rank(1))
     ctx = zmq.Context()
     outbox = ctx.socket(zmq.PUSH)
     inbox = ctx.socket(zmq.PULL)

@@ -53,7 +53,8 @@ def describe_exit(code: int | None) -> str:
 class CoreProcess:
     """One engine-core child process and the sockets to it (use from one thread per socket)."""
 
-    def __init__(self, config: EngineConfig, *, verbose: bool | None = None, startup_timeout: float | None = None):
+    def __init__(self, config: EngineConfig, *, verbose: bool | None = None, startup_timeout: float | None = None,
+                 environ: dict[str, str] | None = None):  # fmt: skip
         self.dir = Path(tempfile.mkdtemp(prefix="paged-core-"))
         self.ctx = zmq.Context()
         self.to_core = self.ctx.socket(zmq.PUSH)
@@ -71,7 +72,7 @@ class CoreProcess:
         try:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "paged_core.engine.core_proc", str(self.dir)], stdin=subprocess.DEVNULL,
-                env=child_environ(),
+                env={**child_environ(), **(environ or {})},
             )  # fmt: skip
         except BaseException:
             self.close(timeout=2.0)

@@ -38,12 +38,16 @@ def collective_backend(device: torch.device) -> str:
 
 def check_devices(tp: int, device: torch.device) -> None:
     """Refuse more ranks than devices (accelerators); a CPU host runs any number of ranks, sharing its cores."""
+    from paged_core.parallel.placement import dp_slot
+
     if device.type == "cpu":
         return
     module = getattr(torch, device.type, None)
     count = int(module.device_count()) if module is not None and hasattr(module, "device_count") else 0
-    if tp > count:
-        raise ConfigError(f"tensor_parallel_size={tp} needs {tp} {device.type} devices; {count} available")
+    cores = dp_slot()[1]
+    if cores * tp > count:
+        need = f"{tp} per engine core x {cores} cores" if cores > 1 else str(tp)
+        raise ConfigError(f"tensor_parallel_size={tp} needs {need} {device.type} devices; {count} available")
 
 
 def local_ranks(default: int = 1) -> int:
@@ -55,9 +59,11 @@ def local_ranks(default: int = 1) -> int:
 
 
 def threads_per_rank(ranks_here: int) -> int:
-    """Intra-op threads for one of ``ranks_here`` ranks on this machine, so ranks do not fight for cores."""
+    """Intra-op threads for one of ``ranks_here`` ranks of this core, so ranks (and data-parallel cores) share."""
+    from paged_core.parallel.placement import dp_slot
+
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return max(1, cores // max(1, ranks_here))
+    return max(1, cores // (max(1, ranks_here) * dp_slot()[1]))
 
 
 @dataclass

@@ -29,6 +29,7 @@ from paged_core.engine.config import EngineConfig
 from paged_core.engine.core_process import CoreProcess, EngineStartError
 from paged_core.engine.messages import CoreAbort, CoreFacts, CoreOutputs, CoreRequest, SchedulerStats
 from paged_core.errors import EngineDeadError, RequestRejectedError
+from paged_core.parallel.placement import dp_environ
 from paged_core.serve.core_client import AsyncCoreClient, AsyncMPClient, OnDead, OnFailed, OnOutputs
 from paged_core.serve.dp_router import Router
 
@@ -68,8 +69,8 @@ def start_core_processes(
     one = config.replace(data_parallel_size=1)
     processes: list[CoreProcess] = []
     try:
-        for _ in range(count):
-            processes.append(CoreProcess(one, **process_options))
+        for index in range(count):  # each core learns its slot: its devices and its share of the CPU threads
+            processes.append(CoreProcess(one, environ=dp_environ(index, count), **process_options))
         tokenizer = load_frontend_tokenizer(config)
         for process in processes:
             process.wait_ready()
