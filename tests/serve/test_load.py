@@ -30,10 +30,15 @@ def server(request: pytest.FixtureRequest, loaded: Any) -> Iterator[ServerThread
 
 
 async def _client(api: AsyncOpenAI, i: int, rnd: int) -> str:
-    """One streaming request; every tenth client hangs up after two chunks. Returns 'done' or 'hung up'."""
+    """One streaming request; every tenth client hangs up after two chunks. Returns 'done' or 'hung up'.
+
+    A client that hangs up asks for 200 tokens, so its request is still running when the server
+    notices (with a short one, a loaded machine could finish it first, and there is nothing to abort).
+    """
     hang_up = i % 10 == 0
     stream = await api.completions.create(
-        model=MODEL_NAME, prompt=f"Client {i} in round {rnd} asks for a long story about", max_tokens=8 + i % 17,
+        model=MODEL_NAME, prompt=f"Client {i} in round {rnd} asks for a long story about",
+        max_tokens=200 if hang_up else 8 + i % 17,
         temperature=0.8, seed=i, stream=True, extra_body={"ignore_eos": True},
     )  # fmt: skip
     chunks = 0

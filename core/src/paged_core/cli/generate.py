@@ -40,7 +40,10 @@ def run(args: argparse.Namespace) -> int:
         batch: list[Any] = [llm.apply_chat_template([{"role": "user", "content": p}]) for p in prompts]
     else:
         batch = list(prompts)
-    outputs = llm.generate(batch, params, use_tqdm=len(batch) > 1)
+    try:
+        outputs = llm.generate(batch, params, use_tqdm=len(batch) > 1)
+    finally:
+        llm.close()  # tensor-parallel workers and a core process stop now, not at interpreter exit
     status = 0
     for prompt, out in zip(prompts, outputs, strict=True):
         if args.json:
