@@ -212,6 +212,8 @@ def _compile_cache(config: EngineConfig, loaded: LoadedModel) -> CompileCache:
         "dtype": str(loaded.dtype), "backend": backend_cls.name, "backend_version": version,
         "device": loaded.backend.device.type, "model_impl": config.model.model_impl, "torch": torch.__version__,
         "paged_core": _core_version(),
+        # Ranks hold different shards (and sizes different shapes): each rank its own cache.
+        "tensor_parallel": f"{loaded.tp.rank}/{loaded.tp.world_size}" if loaded.tp is not None else "1",
     }  # fmt: skip
     return CompileCache(fields, config.graph.compile_cache_dir)
 
