@@ -79,3 +79,43 @@ def test_rank_0_without_its_variables_is_refused(tiny_llama: Path) -> None:
             LLM(str(tiny_llama), tensor_parallel_size=2, distributed_init="env", **ENGINE)
     finally:
         os.environ.update(saved)
+
+
+IDLE_RANK0 = """
+import sys, time
+sys.path.insert(0, {tests!r})
+from paged_core import LLM, SamplingParams
+from parallel.tp_helpers import ENGINE
+with LLM({model!r}, tensor_parallel_size=2, distributed_init="env", **{{**ENGINE, "distributed_timeout": 3.0}}) as llm:
+    llm.generate([[5, 6, 7]], SamplingParams(max_tokens=2), use_tqdm=False)
+    print("READY", flush=True)
+    sys.stdin.readline()  # the test kills the worker now; the engine is idle
+    start = time.monotonic()
+    while (cause := llm.engine.core.failure()) is None and time.monotonic() - start < 30:
+        time.sleep(0.2)
+    print(f"FAILURE {{time.monotonic() - start:.1f}} {{cause}}", flush=True)
+"""
+
+
+def test_a_remote_worker_lost_while_idle_is_noticed_by_its_heartbeat(tiny_llama: Path) -> None:
+    port = free_port()
+    tests = str(Path(__file__).resolve().parents[1])
+    worker = subprocess.Popen([sys.executable, "-m", "paged_core.cli.main", "worker", "--timeout", "120"],
+                              env=_env(1, port), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    rank0 = subprocess.Popen([sys.executable, "-c", IDLE_RANK0.format(tests=tests, model=str(tiny_llama))],
+                             env=_env(0, port), stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        assert rank0.stdout is not None and rank0.stdin is not None
+        assert rank0.stdout.readline().strip() == "READY"
+        worker.kill()  # not rank 0's child: only its heartbeat can tell
+        worker.wait()
+        rank0.stdin.write("go\n")
+        rank0.stdin.flush()
+        line = rank0.stdout.readline()
+        rank0.wait(60)
+    finally:
+        worker.kill()
+        rank0.kill()
+    assert line.startswith("FAILURE "), line
+    took = float(line.split()[1])
+    assert "worker rank 1 stopped answering: no heartbeat" in line and took < 3.0 + 3.0, line

@@ -30,6 +30,7 @@ from paged_core.parallel.group import (
     threads_per_rank,
     wait_for_ranks,
 )
+from paged_core.parallel.heartbeat import Pulse
 from paged_core.parallel.plans import PlanSender
 from paged_core.parallel.rendezvous import CONFIG_KEY, DEVICE_KEY, Rendezvous, env_rendezvous, local_rendezvous
 from paged_core.sched.output import SchedulerOutput
@@ -48,6 +49,9 @@ class Leader:
     def __init__(self, group: TPGroup, procs: dict[int, subprocess.Popen[bytes]], sender: PlanSender) -> None:
         self.group = group
         self.procs = procs
+        remote = [r for r in range(1, group.world_size) if r not in procs]
+        self.pulse = Pulse(group.store, remote, group.timeout)
+        """Heartbeats of the ranks that are not our children (``env`` launches)."""
         self.sender = sender
         self._closed = False
 
@@ -57,11 +61,12 @@ class Leader:
 
     def failure(self) -> str | None:
         """Why a local worker is gone, or ``None`` while every one runs (remote ranks: their collectives fail)."""
-        return _first_death(self.procs, self.group.store)
+        return _first_death(self.procs, self.group.store) or self.pulse.silent()
 
     def barrier(self, name: str) -> None:
         """Wait for every rank to reach start-up phase ``name``, giving up at once if a local worker died."""
-        self.group.barrier(name, STARTUP_TIMEOUT, self.failure)
+        # Not self.failure: workers beat only once serving, so heartbeats count from the first step on.
+        self.group.barrier(name, STARTUP_TIMEOUT, lambda: _first_death(self.procs, self.group.store))
 
     def explain(self, exc: BaseException) -> str:
         """A step's exception as the cause the front end shows: a dead rank by name, a timed-out collective."""

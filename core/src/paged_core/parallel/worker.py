@@ -35,6 +35,7 @@ def run_worker(config: Any, rendezvous: Any, parent: int | None = None) -> int:
 
     from paged_core.engine.build import build_parts, load
     from paged_core.parallel.group import STARTUP_TIMEOUT, join_group, local_ranks, threads_per_rank, wait_for_ranks
+    from paged_core.parallel.heartbeat import BEAT_INTERVAL, Heart
     from paged_core.parallel.plans import PlanReceiver
     from paged_core.parallel.rendezvous import DEVICE_KEY
 
@@ -54,9 +55,11 @@ def run_worker(config: Any, rendezvous: Any, parent: int | None = None) -> int:
         return 1
     log.info("tensor-parallel worker rank %d ready", group.rank)
     runner = parts.runner
+    heart = Heart(group.store, group.rank)
     try:
         while True:
-            plan = plans.recv()
+            heart.beat()
+            plan = plans.recv(int(BEAT_INTERVAL * 1000))
             if plan is None:
                 return 0
             if plan is False:
