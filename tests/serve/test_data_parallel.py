@@ -18,7 +18,7 @@ import httpx
 import pytest
 
 from .serve_helpers import MODEL_NAME, ServerThread, metric_values, serve, wait_healthy
-from .test_faults import _family, _gone, cli_server
+from .test_faults import _family, _gone, _streams_until, cli_server
 
 PREFIX = "You are a careful assistant. Answer in one short sentence, citing the shared document below. " * 6
 
@@ -99,33 +99,6 @@ def test_health_lists_both_cores_while_they_serve(dp_server: ServerThread) -> No
 STREAMS = 8
 
 
-async def _stream(url: str, i: int, started: asyncio.Event, counter: list[int]) -> tuple[list[str], float]:
-    body = {"model": "tiny", "prompt": f"stream {i} tells a long story", "max_tokens": 300, "ignore_eos": True,
-            "stream": True}  # fmt: skip
-    lines: list[str] = []
-    async with httpx.AsyncClient(timeout=120) as client:
-        async with client.stream("POST", f"{url}/v1/completions", json=body) as r:
-            assert r.status_code == 200
-            async for line in r.aiter_lines():
-                if line.startswith("data: "):
-                    lines.append(line[6:])
-                    if len(lines) == 1:
-                        counter[0] += 1
-                        if counter[0] == STREAMS:
-                            started.set()
-    return lines, time.monotonic()
-
-
-async def _kill_mid_stream(url: str, pid: int) -> tuple[list[tuple[list[str], float]], float]:
-    started, counter = asyncio.Event(), [0]
-    tasks = [asyncio.create_task(_stream(url, i, started, counter)) for i in range(STREAMS)]
-    await asyncio.wait_for(started.wait(), 120)
-    killed_at = time.monotonic()
-    os.kill(pid, signal.SIGKILL)
-    results = await asyncio.wait_for(asyncio.gather(*tasks), 120)
-    return results, killed_at
-
-
 def test_one_of_two_cores_killed_fails_only_its_streams(tiny_model_dir: Path, backend_name: str) -> None:
     with cli_server(tiny_model_dir, backend_name, "--served-model-name", "tiny", "--data-parallel-size", "2") as (
         proc, url,
@@ -135,7 +108,9 @@ def test_one_of_two_cores_killed_fails_only_its_streams(tiny_model_dir: Path, ba
         engines = httpx.get(f"{url}/health").json()["engines"]
         victim = engines[1]["pid"]
         assert {p.pid for p in family[1:]} >= {e["pid"] for e in engines}
-        streams, killed_at = asyncio.run(_kill_mid_stream(url, victim))
+        streams, killed_at = asyncio.run(
+            _streams_until(url, lambda: os.kill(victim, signal.SIGKILL), streams=STREAMS, max_tokens=300)
+        )
         failed = [(lines, ended) for lines, ended in streams if lines[-1] != "[DONE]" or "error" in lines[-2]]
         done = [lines for lines, _ in streams if lines[-1] == "[DONE]" and "error" not in lines[-2]]
         # The router alternated the short prompts over the two cores: half failed, half completed.

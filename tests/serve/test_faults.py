@@ -76,10 +76,12 @@ def _wait_gone(p: psutil.Process, timeout: float) -> float:
     raise AssertionError(f"process {p.pid} still alive after {timeout} s")
 
 
-async def _stream(url: str, i: int, started: asyncio.Event, counter: list[int]) -> tuple[list[str], float]:
-    """One long streaming completion: its data lines and when it ended (monotonic)."""
-    body = {"model": "tiny", "prompt": f"stream {i} tells a long story", "max_tokens": 400, "ignore_eos": True,
-            "stream": True}  # fmt: skip
+async def _stream(
+    url: str, i: int, started: asyncio.Event, counter: list[int], total: int, max_tokens: int
+) -> tuple[list[str], float]:
+    """One long streaming completion: its data lines and when it ended (monotonic); sets ``started`` at ``total``."""
+    body = {"model": "tiny", "prompt": f"stream {i} tells a long story", "max_tokens": max_tokens,
+            "ignore_eos": True, "stream": True}  # fmt: skip
     lines: list[str] = []
     async with httpx.AsyncClient(timeout=60) as client:
         async with client.stream("POST", f"{url}/v1/completions", json=body) as r:
@@ -89,15 +91,17 @@ async def _stream(url: str, i: int, started: asyncio.Event, counter: list[int]) 
                     lines.append(line[6:])
                     if len(lines) == 1:
                         counter[0] += 1
-                        if counter[0] == STREAMS:
+                        if counter[0] == total:
                             started.set()
     return lines, time.monotonic()
 
 
-async def _streams_until(url: str, action: Any) -> tuple[list[tuple[list[str], float]], float]:
-    """Run :data:`STREAMS` streams; once all have a first chunk, call ``action()``; returns the streams and when."""
+async def _streams_until(
+    url: str, action: Any, streams: int = STREAMS, max_tokens: int = 400
+) -> tuple[list[tuple[list[str], float]], float]:
+    """Run ``streams`` streams; once all have a first chunk, call ``action()``; returns the streams and when."""
     started, counter = asyncio.Event(), [0]
-    tasks = [asyncio.create_task(_stream(url, i, started, counter)) for i in range(STREAMS)]
+    tasks = [asyncio.create_task(_stream(url, i, started, counter, streams, max_tokens)) for i in range(streams)]
     await asyncio.wait_for(started.wait(), 120)
     when = time.monotonic()
     await asyncio.get_running_loop().run_in_executor(None, action)

@@ -60,7 +60,7 @@ class Leader:
         self.sender.send(out)
 
     def failure(self) -> str | None:
-        """Why a local worker is gone, or ``None`` while every one runs (remote ranks: their collectives fail)."""
+        """Why a worker is gone (local: its exit; remote: its heartbeat stopped), or ``None`` while all run."""
         return _first_death(self.procs, self.group.store) or self.pulse.silent()
 
     def barrier(self, name: str) -> None:
