@@ -101,7 +101,7 @@ STREAMS = 8
 
 def test_one_of_two_cores_killed_fails_only_its_streams(tiny_model_dir: Path, backend_name: str) -> None:
     with cli_server(tiny_model_dir, backend_name, "--served-model-name", "tiny", "--data-parallel-size", "2") as (
-        proc, url,
+        proc, url, _,
     ):  # fmt: skip
         wait_healthy(url, headers={}, timeout=180, proc=proc)
         family = _family(proc.pid)

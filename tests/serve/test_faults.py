@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,17 +25,23 @@ STREAMS = 16
 
 
 @contextlib.contextmanager
-def cli_server(tiny_model_dir: Path, backend_name: str, *extra: str) -> Iterator[tuple[subprocess.Popen[str], str]]:
-    """``paged serve`` in a subprocess (multi-process by default); killed at the end if still running."""
+def cli_server(
+    tiny_model_dir: Path, backend_name: str, *extra: str
+) -> Iterator[tuple[subprocess.Popen[str], str, Path]]:
+    """``paged serve`` in a subprocess (multi-process by default): it, its URL and its output file; killed at the end.
+
+    The output goes to a file, not a pipe: a pipe nobody reads fills at 64 KiB and then blocks the server.
+    """
     sock = free_socket()
     port = sock.getsockname()[1]
     sock.close()
     cmd = [sys.executable, "-m", "paged_core.cli.main", "serve", str(tiny_model_dir), "--port", str(port),
            "--backend", backend_name, "--kv-cache-memory", "2MiB", "--log-level", "warning", *extra]  # fmt: skip
     env = {**os.environ, "TRANSFORMERS_VERBOSITY": "error"}
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    with tempfile.NamedTemporaryFile("w", prefix="paged-serve-", suffix=".log", delete=False) as out:
+        proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, text=True)
     try:
-        yield proc, f"http://127.0.0.1:{port}"
+        yield proc, f"http://127.0.0.1:{port}", Path(out.name)
     finally:
         family = _family(proc.pid)
         for p in family:
@@ -42,6 +49,7 @@ def cli_server(tiny_model_dir: Path, backend_name: str, *extra: str) -> Iterator
                 p.kill()
         proc.kill()
         proc.wait()
+        Path(out.name).unlink(missing_ok=True)
 
 
 def _family(pid: int) -> list[psutil.Process]:
@@ -112,7 +120,7 @@ async def _streams_until(
 def test_core_killed_mid_stream_ends_every_stream_with_an_error_and_the_server_exits(
     tiny_model_dir: Path, backend_name: str
 ) -> None:
-    with cli_server(tiny_model_dir, backend_name, "--served-model-name", "tiny") as (proc, url):
+    with cli_server(tiny_model_dir, backend_name, "--served-model-name", "tiny") as (proc, url, _):
         wait_healthy(url, headers={}, timeout=120, proc=proc)
         core = _core_of(proc)
         streams, killed_at = asyncio.run(_streams_until(url, lambda: os.kill(core.pid, signal.SIGKILL)))
@@ -129,7 +137,7 @@ def test_core_killed_mid_stream_ends_every_stream_with_an_error_and_the_server_e
 
 
 def test_api_server_killed_takes_the_core_down(tiny_model_dir: Path, backend_name: str) -> None:
-    with cli_server(tiny_model_dir, backend_name) as (proc, url):
+    with cli_server(tiny_model_dir, backend_name) as (proc, url, _):
         wait_healthy(url, headers={}, timeout=120, proc=proc)
         core = _core_of(proc)
         os.kill(proc.pid, signal.SIGKILL)
@@ -140,7 +148,9 @@ def test_api_server_killed_takes_the_core_down(tiny_model_dir: Path, backend_nam
 def test_stop_signal_with_requests_in_flight_drains_and_leaves_no_process(
     tiny_model_dir: Path, backend_name: str, how: signal.Signals
 ) -> None:
-    with cli_server(tiny_model_dir, backend_name, "--served-model-name", "tiny") as (proc, url):
+    with cli_server(tiny_model_dir, backend_name, "--served-model-name", "tiny", "--drain-timeout", "1") as (
+        proc, url, log,
+    ):  # fmt: skip
         wait_healthy(url, headers={}, timeout=120, proc=proc)
         family = _family(proc.pid)
         stopped_at: list[float] = []
@@ -151,17 +161,22 @@ def test_stop_signal_with_requests_in_flight_drains_and_leaves_no_process(
             for p in family if how == signal.SIGINT else family[:1]:
                 os.kill(p.pid, how)
 
-        streams, _ = asyncio.run(_streams_until(url, stop))
+        streams, _ = asyncio.run(_streams_until(url, stop, max_tokens=480))
         code = proc.wait(30)
         took = time.monotonic() - stopped_at[0]
         # After its graceful shutdown uvicorn re-raises the signal it caught: SIGTERM ends the process by that
         # signal (as uvicorn alone does), Ctrl-C ends it with 130; never the dead-core status 1.
-        assert code == (-signal.SIGTERM if how == signal.SIGTERM else 130), proc.stdout.read() if proc.stdout else ""
-        assert took < 15, f"shutdown took {took:.1f} s"
+        assert code == (-signal.SIGTERM if how == signal.SIGTERM else 130), log.read_text()
+        assert took < 10, f"shutdown took {took:.1f} s"
         for p in family:
             assert _gone(p), f"process {p.pid} left behind"
-        for lines, _ in streams:  # each stream ended, none hung: done, or cut off with an error event
-            assert lines and (lines[-1] == "[DONE]" or "error" in lines[-1])
+        # 16 x 480 tokens outlast a 1 s drain: every stream ends whole, with an error event naming it, then [DONE]
+        # (none cut off mid-body, which _streams_until would drop), and the log has no traceback.
+        assert len(streams) == STREAMS
+        for lines, _ in streams:
+            assert lines[-1] == "[DONE]", lines[-2:]
+            assert "did not finish within the 1 s drain" in json.loads(lines[-2])["error"]["message"]
+        assert "Traceback" not in log.read_text(), log.read_text()[-3000:]
 
 
 def test_bad_model_path_is_reported_quickly(tmp_path: Path) -> None:
@@ -189,7 +204,7 @@ def tp_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_tensor_parallel_worker_killed_mid_stream_ends_the_core_with_the_cause(tp_model_dir: Path) -> None:
     # The front end sees a dead core, as above, but the streams and the log name the worker that died.
     with cli_server(tp_model_dir, "reference", "--served-model-name", "tiny", "--tensor-parallel-size", "2",
-                    "--distributed-timeout", "10") as (proc, url):  # fmt: skip
+                    "--distributed-timeout", "10") as (proc, url, log):  # fmt: skip
         wait_healthy(url, headers={}, timeout=120, proc=proc)
         family = _family(proc.pid)
         (worker,) = [p for p in family if "paged_core.parallel.worker" in " ".join(p.cmdline())]
@@ -202,5 +217,6 @@ def test_tensor_parallel_worker_killed_mid_stream_ends_the_core_with_the_cause(t
             assert ended - killed_at < 5.0, f"a stream took {ended - killed_at:.2f} s to end"
         assert health.status_code == 503
         assert proc.wait(15) != 0
+        assert "tensor-parallel worker rank 1" in log.read_text(), log.read_text()[-3000:]
         for p in family:
             assert _gone(p) or p.pid == worker.pid, f"process {p.pid} ({' '.join(p.cmdline())}) left behind"

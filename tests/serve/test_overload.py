@@ -80,7 +80,8 @@ def test_admission_refuses_past_the_bound_and_gives_slots_back() -> None:
 
 @pytest.mark.parametrize(
     ("field", "value"),
-    [("max_queued_requests", -1), ("idle_timeout", 0), ("header_timeout", float("nan")), ("body_timeout", 1e9)],
+    [("max_queued_requests", -1), ("idle_timeout", 0), ("header_timeout", float("nan")), ("body_timeout", 1e9),
+     ("drain_timeout", -1)],
 )
 def test_overload_settings_are_validated(field: str, value: object) -> None:
     with pytest.raises(ConfigError, match=field):
@@ -91,7 +92,8 @@ def test_serve_cli_has_the_overload_options() -> None:
     from paged_core.cli.main import build_parser
 
     help_text = build_parser()._subparsers._group_actions[0].choices["serve"].format_help()  # type: ignore[union-attr]
-    for option in ("--max-queued-requests", "--idle-timeout", "--header-timeout", "--body-timeout"):
+    for option in ("--max-queued-requests", "--idle-timeout", "--header-timeout", "--body-timeout",
+                   "--drain-timeout"):
         assert option in help_text
 
 

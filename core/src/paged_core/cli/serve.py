@@ -12,6 +12,8 @@ from paged_core.cli.logs import setup_logging
 
 def register(subparsers: Any) -> None:
     """Add the ``serve`` subcommand."""
+    from paged_core.serve.config import ServeConfig
+
     parser = subparsers.add_parser(
         "serve",
         help="serve a model over an OpenAI-compatible HTTP API",
@@ -37,6 +39,9 @@ def register(subparsers: Any) -> None:
                    help="seconds a request's headers may take to arrive (default 10)")  # fmt: skip
     g.add_argument("--body-timeout", type=float, default=30.0,
                    help="seconds a request's body may take to arrive (default 30)")  # fmt: skip
+    g.add_argument("--drain-timeout", type=float, default=ServeConfig.drain_timeout,
+                   help="seconds requests in flight get to finish after SIGTERM or Ctrl-C; then each ends with an "
+                   f"error event (default {ServeConfig.drain_timeout:g})")  # fmt: skip
     g.add_argument("--allow-special-tokens-in-content", action="store_true",
                    help="let chat message content contain control-token text such as <|im_start|> (default: refused, "
                    "so a user cannot forge a system turn)")  # fmt: skip
@@ -64,6 +69,6 @@ def run(args: argparse.Namespace) -> int:
         max_body_bytes=args.max_body_bytes, max_tokens_limit=args.max_tokens_limit, max_n=args.max_n,
         allow_special_tokens_in_content=args.allow_special_tokens_in_content,
         log_level=args.log_level, max_queued_requests=args.max_queued_requests, idle_timeout=args.idle_timeout,
-        header_timeout=args.header_timeout, body_timeout=args.body_timeout,
+        header_timeout=args.header_timeout, body_timeout=args.body_timeout, drain_timeout=args.drain_timeout,
     )  # fmt: skip
     return run_server(engine_config_from(args), config, in_process=args.engine_in_process)

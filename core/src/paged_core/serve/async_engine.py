@@ -161,6 +161,14 @@ class AsyncEngine:
             self.client.abort(CoreAbort(request_ids=[request_id]))
         return True
 
+    def abort_all(self, exc: BaseException) -> int:
+        """End every open request's stream with ``exc`` and abort it in the core (a drain ran out); how many."""
+        ids = list(self._streams)
+        self.fail_requests(ids, exc)
+        if ids and self.healthy:
+            self.client.abort(CoreAbort(request_ids=ids))
+        return len(ids)
+
     async def reset_prefix_cache(self) -> bool:
         """Drop every cached prefix block in the core (False if some are in use)."""
         return bool(await self.client.call("reset_prefix_cache"))

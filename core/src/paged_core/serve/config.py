@@ -28,6 +28,8 @@ class ServeConfig:
     closed when idle (no request under way) for ``idle_timeout`` seconds, when
     a request's headers take over ``header_timeout`` seconds to arrive, or its
     body over ``body_timeout`` seconds (see :mod:`paged_core.serve.timeouts`).
+    After SIGTERM or Ctrl-C, requests in flight get ``drain_timeout`` seconds to
+    finish; then each ends with an error event (see :mod:`paged_core.serve.drain`).
     """
 
     host: str = "127.0.0.1"
@@ -44,6 +46,7 @@ class ServeConfig:
     idle_timeout: float = 5.0
     header_timeout: float = 10.0
     body_timeout: float = 30.0
+    drain_timeout: float = 5.0
 
     def __post_init__(self) -> None:
         if not isinstance(self.port, int) or not 0 <= self.port <= 65535:
@@ -60,7 +63,7 @@ class ServeConfig:
         queued = self.max_queued_requests
         if not isinstance(queued, int) or isinstance(queued, bool) or queued < 0:
             raise ConfigError(f"max_queued_requests must be an int >= 0, got {queued!r}")
-        for name in ("idle_timeout", "header_timeout", "body_timeout"):
+        for name in ("idle_timeout", "header_timeout", "body_timeout", "drain_timeout"):
             value = getattr(self, name)
             if not isinstance(value, int | float) or isinstance(value, bool) or not 0 < value <= 3600:
                 raise ConfigError(f"{name} must be a number of seconds in (0, 3600], got {value!r}")

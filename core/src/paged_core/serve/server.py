@@ -1,6 +1,7 @@
 """run_server: start the engine core (a child process by default), then serve it with uvicorn until stopped.
 
-After SIGTERM or Ctrl-C in-flight requests get :data:`DRAIN_TIMEOUT` seconds, then the core is stopped and
+After SIGTERM or Ctrl-C in-flight requests get ``drain_timeout`` seconds, then end with an error event
+(:class:`~paged_core.serve.drain.DrainingServer`); the core is stopped and
 no process is left behind; uvicorn then re-raises the signal (SIGTERM ends the process by it, Ctrl-C exits
 130). The status is 1 when the engine core died (every open stream ended with an error
 naming the cause, ``/health`` answered 503 meanwhile), so a supervisor restarts the server.
@@ -21,8 +22,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("paged.serve")
 
-DRAIN_TIMEOUT = 5.0
-"""Seconds in-flight requests get to finish after SIGTERM or Ctrl-C."""
 DEAD_EXIT_DELAY = 1.0
 """Seconds the server keeps answering 503 after the core died, before it exits."""
 
@@ -63,14 +62,15 @@ def run_server(engine_config: EngineConfig, config: ServeConfig, in_process: boo
     import uvicorn
 
     from paged_core.serve.app import build_app
+    from paged_core.serve.drain import DrainingServer
     from paged_core.serve.timeouts import uvicorn_options
 
     engine = start_engine(engine_config, in_process)
     try:
         app = build_app(engine, config)
         timeouts = uvicorn_options(config.idle_timeout, config.header_timeout, config.body_timeout)
-        server = uvicorn.Server(uvicorn.Config(app, host=config.host, port=config.port, log_level=config.log_level,
-                                               timeout_graceful_shutdown=int(DRAIN_TIMEOUT), **timeouts))  # fmt: skip
+        uconfig = uvicorn.Config(app, host=config.host, port=config.port, log_level=config.log_level, **timeouts)
+        server = DrainingServer(uconfig, engine, config.drain_timeout)
         died: list[str] = []
 
         def on_dead(why: str) -> None:
