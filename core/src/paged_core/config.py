@@ -1,4 +1,4 @@
-"""The five sections of an engine's configuration: model, KV cache, scheduler, graphs, parallelism.
+"""The six sections of an engine's configuration: model, KV cache, scheduler, graphs, parallelism, speculation.
 
 Each section is a frozen dataclass of plain field types (it travels to a
 child process as msgspec JSON) and validates itself in ``__post_init__``:
@@ -233,3 +233,42 @@ class ParallelConfig:
         if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout <= 86400:
             raise ConfigError(f"distributed_timeout must be seconds in (0, 86400], got {timeout!r}")
         object.__setattr__(self, "distributed_timeout", float(timeout))
+
+
+MAX_SPECULATIVE_TOKENS = 32
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SpeculativeConfig:
+    """Speculative decoding: draft tokens proposed each step and verified by the model in one forward.
+
+    ``speculative`` is ``None`` (off), ``"ngram"`` (prompt lookup: the tokens that followed the
+    longest earlier match, ``prompt_lookup_max`` down to ``prompt_lookup_min`` tokens long, of the
+    sequence's last tokens) or the path of a draft model sharing the target's tokenizer. Each
+    step proposes up to ``num_speculative_tokens`` drafts per sequence; see
+    :mod:`paged_core.engine.spec`.
+    """
+
+    speculative: str | None = _opt(None, "speculative decoding: ngram (prompt lookup) or a draft model's path "
+                                   "(default: off)", metavar="ngram|MODEL")  # fmt: skip
+    num_speculative_tokens: int = _opt(3, "draft tokens proposed per sequence and step")
+    prompt_lookup_max: int = _opt(4, "longest suffix the ngram proposer looks up")
+    prompt_lookup_min: int = _opt(2, "shortest suffix the ngram proposer looks up")
+
+    def __post_init__(self) -> None:
+        if self.speculative is not None and (not isinstance(self.speculative, str) or not self.speculative):
+            raise ConfigError(f"speculative must be None, 'ngram' or a draft model's path; got {self.speculative!r}")
+        _require_int("num_speculative_tokens", self.num_speculative_tokens, 1, MAX_SPECULATIVE_TOKENS)
+        _require_int("prompt_lookup_max", self.prompt_lookup_max, 1, 64)
+        _require_int("prompt_lookup_min", self.prompt_lookup_min, 1, 64)
+        if self.prompt_lookup_min > self.prompt_lookup_max:
+            raise ConfigError(f"prompt_lookup_min ({self.prompt_lookup_min}) must be <= prompt_lookup_max "
+                              f"({self.prompt_lookup_max})")  # fmt: skip
+
+    @property
+    def enabled(self) -> bool:
+        return self.speculative is not None
+
+    @property
+    def uses_draft_model(self) -> bool:
+        return self.speculative is not None and self.speculative != "ngram"

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from itertools import chain
 
 import torch
 
@@ -24,7 +24,9 @@ class RowState:
 class StepBatch:
     """The flattened inputs of one forward and which requests get logits (``sample_req_ids``, in row order).
 
-    Every tensor is a view of the :class:`BatchBuilder`'s persistent buffers,
+    ``sample_counts[i]`` is how many consecutive logits rows request ``sample_req_ids[i]`` gets: 1,
+    or ``1 + s`` for a row verifying ``s`` speculative drafts (the logits after its last known token
+    and after each draft). Every tensor is a view of the :class:`BatchBuilder`'s persistent buffers,
     valid until the next step is built.
     """
 
@@ -33,6 +35,7 @@ class StepBatch:
     metadata: AttentionMetadata
     logits_indices: torch.Tensor
     sample_req_ids: list[str] = field(default_factory=list)
+    sample_counts: list[int] = field(default_factory=list)
 
 
 class BatchBuilder:
@@ -49,33 +52,42 @@ class BatchBuilder:
         self.metadata = MetadataBuilder(max_num_reqs, max_num_tokens, max_blocks_per_seq, block_size, device)
         self.device = device
         self._ids = torch.zeros(max_num_tokens, dtype=torch.int64)
-        self._logits = torch.zeros(max_num_reqs, dtype=torch.int64)
+        # Verify rows sample several tokens each: any token of the step may need logits.
+        self._logits = torch.zeros(max_num_tokens, dtype=torch.int64)
         on_host = device.type == "cpu"
         self._ids_dev = self._ids if on_host else torch.zeros_like(self._ids, device=device)
         self._logits_dev = self._logits if on_host else torch.zeros_like(self._logits, device=device)
 
-    def build(self, scheduled: list[tuple[str, RowState, int]]) -> StepBatch:
+    def build(
+        self, scheduled: list[tuple[str, RowState, int]], drafts: Mapping[str, Sequence[int]] | None = None
+    ) -> StepBatch:
         """The batch for ``(request id, row, tokens this step)`` rows.
 
         A row gets logits only when this step reaches the end of its known
-        tokens (chunked prefills in progress produce nothing to sample).
+        tokens (chunked prefills in progress produce nothing to sample). A row
+        scheduled past its known tokens runs ``drafts[request id]`` after them
+        (speculative verification) and gets logits for each of those positions too.
         """
         rows = [r for r in scheduled if r[2] == 1] + [r for r in scheduled if r[2] != 1]
         query_lens = [n for _, _, n in rows]
         seq_lens = [row.num_computed + n for _, row, n in rows]
         metadata = self.metadata.build(query_lens, seq_lens, [row.block_ids for _, row, _ in rows], validate=False)
-        ids = list(chain.from_iterable(row.token_ids[row.num_computed : end]
-                                       for (_, row, _), end in zip(rows, seq_lens, strict=True)))  # fmt: skip
-        tokens = len(ids)
-        self._ids[:tokens] = torch.tensor(ids, dtype=torch.int64)
+        ids: list[int] = []
         sample_rows: list[int] = []
         sample_ids: list[str] = []
-        qsl = 0
-        for (rid, row, n), end in zip(rows, seq_lens, strict=True):
-            qsl += n
-            if end >= len(row.token_ids):
-                sample_rows.append(qsl - 1)
+        counts: list[int] = []
+        for (rid, row, _), end in zip(rows, seq_lens, strict=True):
+            known = len(row.token_ids)
+            ids += row.token_ids[row.num_computed : end]
+            if end >= known:
+                spec = end - known
+                if spec:
+                    ids += (drafts or {})[rid][:spec]
+                sample_rows.extend(range(len(ids) - spec - 1, len(ids)))
                 sample_ids.append(rid)
+                counts.append(spec + 1)
+        tokens = len(ids)
+        self._ids[:tokens] = torch.tensor(ids, dtype=torch.int64)
         k = len(sample_rows)
         self._logits[:k] = torch.tensor(sample_rows, dtype=torch.int64)
         if self._ids_dev is not self._ids:
@@ -87,4 +99,5 @@ class BatchBuilder:
             metadata=metadata,
             logits_indices=self._logits_dev[:k],
             sample_req_ids=sample_ids,
+            sample_counts=counts,
         )

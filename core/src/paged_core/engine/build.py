@@ -21,6 +21,7 @@ from paged_core.engine.kv_budget import default_budget
 from paged_core.engine.loader import ModelSource, check_gguf, load_model, load_tokenizer, resolve_source
 from paged_core.engine.model_runner import ModelRunner
 from paged_core.engine.profile import profile_peak_bytes
+from paged_core.engine.spec import Proposer, make_proposer
 from paged_core.errors import BackendUnavailableError, ConfigError, UnsupportedConfigError
 from paged_core.parallel.group import STARTUP_TIMEOUT, TPGroup
 from paged_core.parallel.leader import Leader, start_leader
@@ -43,6 +44,8 @@ class EngineParts:
     max_model_len: int
     config: EngineConfig
     """The configuration as built: block size, number of blocks and ``max_model_len`` resolved."""
+    proposer: Proposer | None = None
+    """Speculative decoding's draft proposer (``None`` when off)."""
 
 
 def meta_specs(source: ModelSource) -> tuple[Any, list[AttentionSpec]]:
@@ -301,7 +304,21 @@ def _build(config: EngineConfig, loaded: LoadedModel) -> EngineParts:
     runner.warm_up()
     if runner.executor.stats.warmup_seconds:
         log.info("start-up %s took %.1f s", runner.graph_mode, runner.executor.stats.warmup_seconds)
-    return EngineParts(loaded, runner, scheduler, scheduler.max_len, config)
+    return EngineParts(loaded, runner, scheduler, scheduler.max_len, config, _proposer(config, scheduler.max_len))
+
+
+def _proposer(config: EngineConfig, max_len: int) -> Proposer | None:
+    """Speculation's proposer, with its settings checked against the context they run in."""
+    spec = config.speculative
+    if spec.speculative is None:
+        return None
+    if spec.num_speculative_tokens >= max_len:
+        raise ConfigError(f"num_speculative_tokens {spec.num_speculative_tokens} does not fit a context of "
+                          f"{max_len} tokens; use at most {max_len - 1} (typically 2-8)")  # fmt: skip
+    proposer = make_proposer(spec)
+    log.info("speculative decoding: %s, up to %d draft tokens per step", spec.speculative,
+             spec.num_speculative_tokens)  # fmt: skip
+    return proposer
 
 
 def _resolved(config: EngineConfig) -> tuple[int, int, int]:

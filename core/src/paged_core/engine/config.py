@@ -1,4 +1,4 @@
-"""EngineConfig: every knob of one engine, as five validated sections.
+"""EngineConfig: every knob of one engine, as six validated sections.
 
 Users mostly write it flat: ``EngineConfig.of(model="m.gguf", max_num_seqs=8)``
 and ``config.replace(block_size=32)`` take the sections' field names, which are
@@ -11,7 +11,14 @@ import dataclasses
 from dataclasses import dataclass, field, fields
 from typing import Any, get_type_hints
 
-from paged_core.config import CacheConfig, GraphConfig, ModelConfig, ParallelConfig, SchedulerConfig
+from paged_core.config import (
+    CacheConfig,
+    GraphConfig,
+    ModelConfig,
+    ParallelConfig,
+    SchedulerConfig,
+    SpeculativeConfig,
+)
 from paged_core.errors import ConfigError
 
 __all__ = ["EngineConfig", "FlatField", "flat_fields"]
@@ -32,6 +39,7 @@ class EngineConfig:
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     graph: GraphConfig = field(default_factory=GraphConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    speculative: SpeculativeConfig = field(default_factory=SpeculativeConfig)
 
     def __post_init__(self) -> None:
         for name, cls in _SECTIONS.items():

@@ -18,11 +18,13 @@ import torch
 from paged_core.engine.build import LoadedModel, build_parts
 from paged_core.engine.config import EngineConfig
 from paged_core.engine.messages import CoreAbort, CoreFacts, CoreOutputs, CoreRequest, SchedulerStats, SeqDelta
+from paged_core.engine.spec import Proposal, SpecStats, speculates
 from paged_core.errors import DistributedError, RequestRejectedError
 from paged_core.sampling.isolate import sample_isolated
 from paged_core.sampling.logprobs import TokenLogprobs
 from paged_core.sampling.params import INT64_MAX, INT64_MIN
 from paged_core.sampling.sampler import Sampler, SamplingState
+from paged_core.sampling.speculative import verify_isolated
 from paged_core.sched.output import SchedulerOutput
 from paged_core.sched.request import Request, RequestStatus
 
@@ -79,6 +81,11 @@ class EngineCore:
         self.vocab_size = int(self.loaded.model.config.get_text_config().vocab_size)
         self.leader = self.loaded.leader
         """Tensor parallel: the workers this core sends each step's plan to (``None`` on one rank)."""
+        self.proposer = parts.proposer
+        """Speculative decoding: who proposes drafts (``None`` when off)."""
+        self.num_spec_tokens = self.config.speculative.num_speculative_tokens
+        self.spec_stats = SpecStats()
+        self._proposals: dict[str, Proposal] = {}
         self.groups: dict[str, _Group] = {}
         self.seqs: dict[str, _Seq] = {}
         self.steps = 0
@@ -117,6 +124,8 @@ class EngineCore:
             prefix_queries=int(prefix.queries), prefix_hits=int(prefix.hits), steps=self.steps,
             graph_mode=executor.mode, graph_replays=int(executor.stats.replays),
             eager_steps=int(executor.stats.eager_steps), graph_fallbacks=dict(executor.stats.fallback_reasons),
+            spec_verify_rows=self.spec_stats.verify_rows, spec_draft_tokens=self.spec_stats.draft_tokens,
+            spec_accepted_tokens=self.spec_stats.accepted_tokens,
         )  # fmt: skip
 
     def call(self, method: str) -> Any:
@@ -231,11 +240,14 @@ class EngineCore:
     def _run(self, out: SchedulerOutput) -> tuple[list[SeqDelta], dict[str, str]]:
         if self.leader is not None:
             self.leader.send(out)
-        req_ids, logits = self.runner.execute(out)
+        req_ids, counts, logits = self.runner.execute(out)
         sampled: dict[str, list[int]] = {}
         logprobs: dict[str, list[dict[int, float]]] = {}
         forks: list[tuple[_Seq, list[int], list[dict[int, float]] | None]] = []
         failures: dict[str, str] = {}
+        if logits is not None and req_ids:
+            if len(counts) != len(logits) or any(c != 1 for c in counts):
+                logits, req_ids = self._verify(out, req_ids, counts, logits, sampled, failures)
         if logits is not None and req_ids:
             rows = [self.seqs[rid] for rid in req_ids]
             # A request with n > 1 draws all n first tokens from its one shared prefill.
@@ -262,7 +274,73 @@ class EngineCore:
         deltas += self._apply(out, sampled, logprobs)
         for parent, rest, rest_lps in forks:
             deltas += self._fork(parent, rest, rest_lps)
+        if self.proposer is not None:
+            self._propose()
         return deltas, failures
+
+    def _verify(
+        self, out: SchedulerOutput, req_ids: list[str], counts: list[int], logits: torch.Tensor,
+        sampled: dict[str, list[int]], failures: dict[str, str],
+    ) -> tuple[torch.Tensor | None, list[str]]:  # fmt: skip
+        """Verify the rows that ran drafts (their tokens into ``sampled``); the plain rows' logits and ids."""
+        plain_rows: list[int] = []
+        plain_ids: list[str] = []
+        spec_rows: list[int] = []
+        spec_seqs: list[_Seq] = []
+        drafts: list[list[int]] = []
+        start = 0
+        for rid, c in zip(req_ids, counts, strict=True):
+            if c == 1:
+                plain_rows.append(start)
+                plain_ids.append(rid)
+            else:
+                spec_rows.extend(range(start, start + c))
+                spec_seqs.append(self.seqs[rid])
+                drafts.append(list(out.scheduled_spec_decode_tokens[rid]))
+            start += c
+        proposals = self._proposals
+        probs = [p.probs[: len(d)] if (p := proposals.pop(s.seq_id, None)) is not None and p.probs is not None
+                 else None for s, d in zip(spec_seqs, drafts, strict=True)]  # fmt: skip
+        index = torch.tensor(spec_rows, device=logits.device)
+        kept, errors = verify_isolated(self.sampler, logits.index_select(0, index), [s.state for s in spec_seqs],
+                                       drafts, probs if any(p is not None for p in probs) else None)  # fmt: skip
+        for i, (seq, toks) in enumerate(zip(spec_seqs, kept, strict=True)):
+            rid = seq.group.request.request_id
+            if i in errors:
+                log.error("request %s: verifying its drafts failed; ending it alone", rid, exc_info=errors[i])
+                failures[rid] = f"sampling failed for this request ({type(errors[i]).__name__})"
+                continue
+            sampled[seq.seq_id] = toks
+            self.spec_stats.record(len(drafts[i]), len(toks) - 1)
+        if not plain_rows:
+            return None, []
+        return logits.index_select(0, torch.tensor(plain_rows, device=logits.device)), plain_ids
+
+    def _propose(self) -> None:
+        """Drafts for the next step, for every running sequence that is about to decode and may speculate."""
+        assert self.proposer is not None
+        sched, seqs, k = self.scheduler, self.seqs, self.num_spec_tokens
+        asking: list[Request] = []
+        ks: list[int] = []
+        for req in sched.running:
+            seq = seqs.get(req.request_id)
+            # Only a sequence whose last token is its one uncomputed token decodes next step.
+            if seq is None or req.num_computed_tokens != req.num_tokens - 1:
+                continue
+            if not speculates(seq.state, seq.group.request.params.speculate):
+                continue
+            # Drafts past max_tokens would be dropped by the stop check: do not propose them.
+            room = min(k, req.max_tokens - (req.num_tokens - req.num_prompt_tokens) - 1)
+            if room >= 1:
+                asking.append(req)
+                ks.append(room)
+        self._proposals.clear()
+        if not asking:
+            return
+        for req, proposal in zip(asking, self.proposer.propose([r.all_token_ids for r in asking], ks), strict=True):
+            if proposal is not None and proposal.tokens:
+                req.spec_token_ids = proposal.tokens
+                self._proposals[req.request_id] = proposal
 
     def _fail(self, failures: dict[str, str]) -> list[SeqDelta]:
         """End these requests on an error: blocks freed, one delta each carrying ``error``."""

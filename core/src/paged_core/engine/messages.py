@@ -89,6 +89,12 @@ class SchedulerStats(msgspec.Struct, frozen=True):
     """Steps run eagerly (every step in eager mode; fallbacks otherwise)."""
     graph_fallbacks: dict[str, int] = {}
     """Eager fallbacks of a graph mode, by reason."""
+    spec_verify_rows: int = 0
+    """Speculative decoding: rows that verified drafts, so far."""
+    spec_draft_tokens: int = 0
+    """Draft tokens verified so far."""
+    spec_accepted_tokens: int = 0
+    """Draft tokens the model kept so far."""
 
 
 class CoreOutputs(msgspec.Struct, tag="outputs"):

@@ -106,20 +106,21 @@ class ModelRunner:
             if row is None:
                 raise PagedError(f"scheduler scheduled {rid!r}, which the runner does not know")
             scheduled.append((rid, row, n))
-        batch = self.batches.build(scheduled)
+        batch = self.batches.build(scheduled, out.scheduled_spec_decode_tokens)
         for _, row, n in scheduled:
             row.num_computed += n
         return batch
 
     @torch.inference_mode()
-    def execute(self, out: SchedulerOutput) -> tuple[list[str], torch.Tensor | None]:
-        """Run one step; returns the request ids that reached their last known token and their logits ``[K, V]``."""
+    def execute(self, out: SchedulerOutput) -> tuple[list[str], list[int], torch.Tensor | None]:
+        """Run one step: the request ids that reached their last known token, how many logits rows each
+        has (1, or 1 + its drafts when verifying), and those logits ``[sum(counts), V]``."""
         self.update_states(out)
         if out.is_empty:
-            return [], None
+            return [], [], None
         self.copy_blocks(out.block_copies)
         batch = self.prepare_batch(out)
-        return batch.sample_req_ids, self.forward(batch)
+        return batch.sample_req_ids, batch.sample_counts, self.forward(batch)
 
     @torch.inference_mode()
     def forward(self, batch: StepBatch) -> torch.Tensor:

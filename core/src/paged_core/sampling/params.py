@@ -146,6 +146,8 @@ class SamplingParams:
     logprobs: int | None = None
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
+    speculate: bool = True
+    """False opts this request out of speculative decoding (where the engine runs it)."""
 
     def __post_init__(self) -> None:
         _check_int("n", self.n, 1)
@@ -162,7 +164,7 @@ class SamplingParams:
             raise _reject("min_tokens", self.min_tokens, f"<= max_tokens ({self.max_tokens})")
         if self.logprobs is not None:
             _check_int("logprobs", self.logprobs, 0, MAX_LOGPROBS)
-        for name in ("ignore_eos", "include_stop_str_in_output", "skip_special_tokens"):
+        for name in ("ignore_eos", "include_stop_str_in_output", "skip_special_tokens", "speculate"):
             if not isinstance(getattr(self, name), bool):
                 raise _reject(name, getattr(self, name), "a bool")
         # Frozen dataclass: normalised values are written through object.__setattr__.

@@ -127,7 +127,7 @@ class Sampler:
         if random_pos:
             random_rows = sorted({sample_rows[p] for p in random_pos})
             local = {row: k for k, row in enumerate(random_rows)}
-            probs = self._probs(x, states, random_rows)
+            probs = self.probabilities(x, states, random_rows)
             # uniforms[k, j] feeds draw j of random row k; unused slots stay 0.
             width = max(sample_index[p] for p in random_pos) + 1
             uniforms = self._uniforms(states, sample_rows, sample_index, random_pos, local, width, device)
@@ -138,8 +138,12 @@ class Sampler:
         return tokens
 
     @staticmethod
-    def _probs(x: torch.Tensor, states: Sequence[SamplingState], rows: list[int]) -> torch.Tensor:
-        """Temperature, then top-k, top-p and min-p for the non-greedy ``rows``: probabilities, cut ones zeroed."""
+    def probabilities(x: torch.Tensor, states: Sequence[SamplingState], rows: list[int]) -> torch.Tensor:
+        """Temperature, then top-k, top-p and min-p for the non-greedy ``rows``: probabilities, cut ones zeroed.
+
+        ``x`` is fp32 logits [B, V] after penalties; ``states[r]`` holds row ``r``'s params. The
+        rows drawn from are exactly these distributions (speculative verification reuses them).
+        """
         device, vocab = x.device, x.shape[1]
         params = [states[r].params for r in rows]
         sub = take_rows(x, rows)
