@@ -22,6 +22,7 @@ from paged_core.engine.loader import ModelSource, check_gguf, load_model, load_t
 from paged_core.engine.model_runner import ModelRunner
 from paged_core.engine.profile import profile_peak_bytes
 from paged_core.engine.spec import Proposer, make_proposer
+from paged_core.engine.spec.draft import DraftModelProposer, check_same_vocabulary
 from paged_core.errors import BackendUnavailableError, ConfigError, UnsupportedConfigError
 from paged_core.parallel.group import STARTUP_TIMEOUT, TPGroup
 from paged_core.parallel.leader import Leader, start_leader
@@ -230,13 +231,13 @@ def _core_version() -> str:
         return "unknown"
 
 
-def resolve(config: EngineConfig, loaded: LoadedModel) -> EngineConfig:
+def resolve(config: EngineConfig, loaded: LoadedModel, draft: LoadedModel | None = None) -> EngineConfig:
     """``config`` with what it left to the engine filled in: block size, number of blocks and ``max_model_len``.
 
     The block size defaults to the backend's; ``max_model_len`` to the model's
     limit (a larger one is capped, with a warning); the number of blocks comes
     from ``kv_cache_memory`` or, without it, from free memory after a
-    profiling step.
+    profiling step. A draft model's KV (one block per target block) is paid from the same budget.
     """
     backend, specs, dtype = loaded.backend, loaded.specs, loaded.dtype
     cache, sched = config.cache, config.scheduler
@@ -254,11 +255,17 @@ def resolve(config: EngineConfig, loaded: LoadedModel) -> EngineConfig:
             budget = default_budget(backend.device, cache.memory_fraction, peak)
             if loaded.tp is not None and backend.device.type == "cpu" and config.parallel.distributed_init == "local":
                 budget //= loaded.tp.world_size  # the ranks share this host's RAM (an explicit budget is per rank)
-        num_blocks = blocks_for_memory(budget, bytes_per_block(backend, specs, block_size, dtype))
+        per_block = bytes_per_block(backend, specs, block_size, dtype)
+        if draft is not None:
+            per_block += bytes_per_block(draft.backend, draft.specs, block_size, draft.dtype)
+        num_blocks = blocks_for_memory(budget, per_block)
         if loaded.tp is not None:  # every rank sized its own budget; all run the count the tightest affords
             num_blocks = loaded.tp.min_int(num_blocks)
+    lookahead = sched.num_lookahead_tokens
+    if draft is not None:  # the draft writes KV for its drafts past the scheduled tokens
+        lookahead = max(lookahead, config.speculative.num_speculative_tokens)
     return replace(config, cache=replace(cache, block_size=block_size, num_blocks=num_blocks),
-                   scheduler=replace(sched, max_model_len=max_model_len))  # fmt: skip
+                   scheduler=replace(sched, max_model_len=max_model_len, num_lookahead_tokens=lookahead))  # fmt: skip
 
 
 def build_parts(config: EngineConfig, loaded: LoadedModel | None = None) -> EngineParts:
@@ -281,12 +288,14 @@ def build_parts(config: EngineConfig, loaded: LoadedModel | None = None) -> Engi
 
 def _build(config: EngineConfig, loaded: LoadedModel) -> EngineParts:
     loaded.in_use = True
-    config = resolve(config, loaded)
+    draft = _load_draft(config, loaded)
+    config = resolve(config, loaded, draft)
     backend, specs, dtype = loaded.backend, loaded.specs, loaded.dtype
     cache, sched = config.cache, config.scheduler
     block_size, num_blocks, max_model_len = _resolved(config)
     kv_caches = [backend.allocate_kv_cache(num_blocks, block_size, s, dtype) for s in specs]
     scheduler = Scheduler(sched, cache)
+    proposer = _proposer(config, scheduler, draft)
     runner = ModelRunner(
         _forward(config, loaded, max_model_len), backend, specs, kv_caches, block_size,
         max_num_tokens=sched.max_num_batched_tokens, max_num_reqs=sched.max_num_seqs,
@@ -304,18 +313,46 @@ def _build(config: EngineConfig, loaded: LoadedModel) -> EngineParts:
     runner.warm_up()
     if runner.executor.stats.warmup_seconds:
         log.info("start-up %s took %.1f s", runner.graph_mode, runner.executor.stats.warmup_seconds)
-    return EngineParts(loaded, runner, scheduler, scheduler.max_len, config, _proposer(config, scheduler.max_len))
+    return EngineParts(loaded, runner, scheduler, scheduler.max_len, config, proposer)
 
 
-def _proposer(config: EngineConfig, max_len: int) -> Proposer | None:
-    """Speculation's proposer, with its settings checked against the context they run in."""
+def _load_draft(config: EngineConfig, loaded: LoadedModel) -> LoadedModel | None:
+    """The draft model speculation names (same backend and dtype as the target), checked against it."""
     spec = config.speculative
+    if not spec.uses_draft_model:
+        return None
+    if loaded.tp is not None:
+        raise UnsupportedConfigError("speculative decoding with a draft model runs on one rank; use "
+                                     "--speculative ngram with tensor parallelism")  # fmt: skip
+    draft = load(config.replace(model=spec.speculative, backend=loaded.backend.name, speculative=None))
+    target_vocab = int(loaded.model.config.get_text_config().vocab_size)
+    draft_vocab = int(draft.model.config.get_text_config().vocab_size)
+    check_same_vocabulary(loaded.tokenizer, draft.tokenizer, target_vocab, draft_vocab)
+    return draft
+
+
+def _proposer(config: EngineConfig, scheduler: Scheduler, draft: LoadedModel | None) -> Proposer | None:
+    """Speculation's proposer, with its settings checked against the context they run in."""
+    spec, max_len = config.speculative, scheduler.max_len
     if spec.speculative is None:
         return None
     if spec.num_speculative_tokens >= max_len:
         raise ConfigError(f"num_speculative_tokens {spec.num_speculative_tokens} does not fit a context of "
                           f"{max_len} tokens; use at most {max_len - 1} (typically 2-8)")  # fmt: skip
-    proposer = make_proposer(spec)
+    if draft is None:
+        proposer = make_proposer(spec)
+    else:
+        if draft.model_max_len < max_len:
+            raise ConfigError(f"speculative: the draft model's context ({draft.model_max_len}) is shorter than "
+                              f"max_model_len {max_len}; pass --max-model-len {draft.model_max_len}")  # fmt: skip
+        block_size, num_blocks = config.cache.require_resolved("speculative")
+        sched = config.scheduler
+        caches = [draft.backend.allocate_kv_cache(num_blocks, block_size, s, draft.dtype) for s in draft.specs]
+        proposer = DraftModelProposer(
+            _forward(config, draft, max_len), caches, scheduler.kv, block_size=block_size,
+            max_num_tokens=sched.max_num_batched_tokens, max_num_reqs=sched.max_num_seqs, max_model_len=max_len,
+            device=draft.backend.device, backend=draft.backend,
+        )  # fmt: skip
     log.info("speculative decoding: %s, up to %d draft tokens per step", spec.speculative,
              spec.num_speculative_tokens)  # fmt: skip
     return proposer

@@ -322,6 +322,7 @@ class EngineCore:
         sched, seqs, k = self.scheduler, self.seqs, self.num_spec_tokens
         asking: list[Request] = []
         ks: list[int] = []
+        states: list[SamplingState] = []
         for req in sched.running:
             seq = seqs.get(req.request_id)
             # Only a sequence whose last token is its one uncomputed token decodes next step.
@@ -334,10 +335,11 @@ class EngineCore:
             if room >= 1:
                 asking.append(req)
                 ks.append(room)
+                states.append(seq.state)
         self._proposals.clear()
         if not asking:
             return
-        for req, proposal in zip(asking, self.proposer.propose([r.all_token_ids for r in asking], ks), strict=True):
+        for req, proposal in zip(asking, self.proposer.propose(asking, ks, states), strict=True):
             if proposal is not None and proposal.tokens:
                 req.spec_token_ids = proposal.tokens
                 self._proposals[req.request_id] = proposal

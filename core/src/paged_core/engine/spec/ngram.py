@@ -3,10 +3,15 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from paged_core.engine.spec.proposer import Proposal
+
+if TYPE_CHECKING:
+    from paged_core.sampling.state import SamplingState
+    from paged_core.sched.request import Request
 
 
 class NgramProposer:
@@ -25,9 +30,11 @@ class NgramProposer:
         self.max_n = max_n
         self.min_n = min_n
 
-    def propose(self, token_ids: Sequence[Sequence[int]], ks: Sequence[int]) -> list[Proposal | None]:
+    def propose(
+        self, reqs: Sequence[Request], ks: Sequence[int], states: Sequence[SamplingState]
+    ) -> list[Proposal | None]:
         """A proposal of at most ``ks[i]`` drafts for each sequence, or ``None`` where nothing matches."""
-        return [self._one(ids, k) for ids, k in zip(token_ids, ks, strict=True)]
+        return [self._one(r.all_token_ids, k) for r, k in zip(reqs, ks, strict=True)]
 
     def _one(self, ids: Sequence[int], k: int) -> Proposal | None:
         length = len(ids)

@@ -12,6 +12,7 @@ from paged_core.config import SpeculativeConfig
 
 if TYPE_CHECKING:
     from paged_core.sampling.state import SamplingState
+    from paged_core.sched.request import Request
 
 
 @dataclass(slots=True)
@@ -36,8 +37,13 @@ class Proposer(Protocol):
     name: str
     needs_lookahead: bool
 
-    def propose(self, token_ids: Sequence[Sequence[int]], ks: Sequence[int]) -> list[Proposal | None]:
-        """At most ``ks[i]`` drafts to follow ``token_ids[i]`` (prompt + output so far), or ``None``."""
+    def propose(
+        self, reqs: Sequence[Request], ks: Sequence[int], states: Sequence[SamplingState]
+    ) -> list[Proposal | None]:
+        """At most ``ks[i]`` drafts to follow ``reqs[i]``'s tokens (prompt + output so far), or ``None``.
+
+        Each request's last token is its only uncomputed one; ``states[i]`` is its sampling state.
+        """
         ...
 
 
