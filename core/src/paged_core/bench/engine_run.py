@@ -7,6 +7,7 @@ tokens every step scheduled. Nothing in the engine is changed for this.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -16,6 +17,7 @@ from tqdm.auto import tqdm
 from paged_core.bench.result import RunResult
 from paged_core.bench.workloads import BenchRequest
 from paged_core.engine.engine import LLMEngine
+from paged_core.engine.spec.proposer import SpecStats
 from paged_core.sampling.params import SamplingParams
 from paged_core.sched.output import SchedulerOutput
 from paged_core.sched.scheduler import Scheduler
@@ -74,6 +76,7 @@ def run_engine(engine: LLMEngine, requests: Sequence[BenchRequest], name: str, p
     kv = engine.core.scheduler.kv
     queries0, hits0 = kv.stats.queries, kv.stats.hits
     preempt0 = engine.core.scheduler.num_preemptions
+    spec0 = dataclasses.replace(engine.core.spec_stats)
     probe = StepProbe(engine.core.scheduler)
     n = len(requests)
     first: list[float | None] = [None] * n
@@ -103,6 +106,9 @@ def run_engine(engine: LLMEngine, requests: Sequence[BenchRequest], name: str, p
         probe.close()
     output_tokens = sum(r.max_tokens for r in requests)
     ttft = [t for t in first if t is not None]
+    now_spec = engine.core.spec_stats
+    spec = SpecStats(now_spec.verify_rows - spec0.verify_rows, now_spec.draft_tokens - spec0.draft_tokens,
+                     now_spec.accepted_tokens - spec0.accepted_tokens)  # fmt: skip
     queries = kv.stats.queries - queries0
     return RunResult(
         name=name,
@@ -111,13 +117,16 @@ def run_engine(engine: LLMEngine, requests: Sequence[BenchRequest], name: str, p
         prompt_tokens=sum(len(r.prompt_token_ids) for r in requests),
         output_tokens=output_tokens,
         ttft=ttft if len(ttft) == n else None,
-        # Every scheduled token is either a prompt token or a fed-back output token (all but the last).
-        prefill_tokens_computed=probe.scheduled_tokens - (output_tokens - n),
+        # Every scheduled token is either a prompt token or a fed-back output token (all but the last), or a
+        # draft: kept drafts are output tokens never fed back again, rejected ones were scheduled for nothing.
+        prefill_tokens_computed=probe.scheduled_tokens - (output_tokens - n) - spec.draft_tokens + spec.accepted_tokens,
         prefix_hit_rate=(kv.stats.hits - hits0) / queries if kv.enable_caching and queries else None,
         decode_tok_s=decode_rate(emitted, max(ttft, default=0.0)),
         steps=probe.steps,
         peak_running=probe.peak_running,
         preemptions=engine.core.scheduler.num_preemptions - preempt0,
+        spec_acceptance_rate=spec.acceptance_rate if spec.verify_rows else None,
+        spec_mean_accepted_length=spec.mean_accepted_length if spec.verify_rows else None,
     )
 
 

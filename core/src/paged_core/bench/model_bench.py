@@ -29,6 +29,7 @@ log = logging.getLogger("paged.bench")
 
 OURS = "paged"
 NO_PREFIX_CACHE = "paged-no-prefix-cache"
+NO_SPEC = "paged-no-spec"
 
 
 def _kv_bytes(engine: LLMEngine) -> int:
@@ -59,6 +60,11 @@ def run_model_workload(opts: BenchOptions, requests: Sequence[BenchRequest]) -> 
         off = LLMEngine(config.replace(enable_prefix_caching=False), engine.loaded)
         runs.append(_timed(off, requests, NO_PREFIX_CACHE, opts.progress))
         del off
+    if config.speculative.enabled:
+        # Same weights, speculation off: the figure drafts must beat, in the same invocation.
+        plain = LLMEngine(config.replace(speculative=None), engine.loaded)
+        runs.append(_timed(plain, requests, NO_SPEC, opts.progress))
+        del plain
     model = engine.loaded.model
     for name in opts.baselines:
         log.info("baseline %s", name)
@@ -103,6 +109,6 @@ def _roofline(
         # Random prompts never hit the prefix cache, so every prompt token is computed.
         counts = [(len(r.prompt_token_ids), r.max_tokens, 0) for r in requests]
         return flops_roofline(shape, counts, ours.seconds, measure_gemm(dtype, device))
-    if workload == "decode-1" and ours.decode_tok_s is not None:
+    if workload in ("decode-1", "edit-1") and ours.decode_tok_s is not None:
         return bandwidth_roofline(shape, ours.decode_tok_s, measure_copy_bandwidth(device))
     return None

@@ -55,6 +55,10 @@ class RunResult:
     steps: int | None = None
     peak_running: int | None = None
     preemptions: int | None = None
+    spec_acceptance_rate: float | None = None
+    """Speculative decoding: draft tokens kept / verified in this run (None without speculation)."""
+    spec_mean_accepted_length: float | None = None
+    """Tokens produced per verifying sequence step (kept drafts + 1)."""
 
     def __post_init__(self) -> None:
         if not self.seconds > 0:
@@ -90,4 +94,6 @@ class RunResult:
             "steps": self.steps,
             "peak_running": self.peak_running,
             "preemptions": self.preemptions,
+            "spec_acceptance_rate": self.spec_acceptance_rate,
+            "spec_mean_accepted_length": self.spec_mean_accepted_length,
         }

@@ -33,7 +33,8 @@ SUMMARY = _obj({"p50": NUM, "p99": NUM, "mean": NUM, "min": NUM, "max": NUM,
 RUN = _obj({
     "name": STR, "seconds": NUM, "num_requests": INT, "prompt_tokens": INT, "output_tokens": INT,
     "total_tokens": INT, "output_tok_s": NUM, "total_tok_s": NUM, "ttft_s": SUMMARY,
-    "prefill_tokens_computed": {"type": ["integer", "null"]}, "prefix_hit_rate": OPT_NUM, "decode_tok_s": OPT_NUM,
+    "prefill_tokens_computed": {"type": ["integer", "null"]}, "prefix_hit_rate": OPT_NUM,
+    "spec_acceptance_rate": OPT_NUM, "spec_mean_accepted_length": OPT_NUM, "decode_tok_s": OPT_NUM,
     "steps": OPT_INT, "peak_running": OPT_INT, "preemptions": OPT_INT,
 })  # fmt: skip
 RUN["properties"]["startup_s"] = OPT_NUM
@@ -57,7 +58,7 @@ ROOFLINE: Schema = {
 
 REPORT = _obj({
     "schema_version": {"type": "integer", "enum": [1]},
-    "workload": {"type": "string", "enum": ["throughput", "prefix", "kv-util", "decode-1", "long"]},
+    "workload": {"type": "string", "enum": ["throughput", "prefix", "kv-util", "decode-1", "edit-1", "long"]},
     "created": STR,
     "command": {"type": "array", "items": STR},
     "config": _obj({"workload": STR, "baselines": {"type": "array", "items": STR}, "num_requests": OPT_INT,

@@ -20,7 +20,7 @@ def runs_table(report: dict[str, Any]) -> Table:
     """One row per system: time, throughput, TTFT, prefill work and our speed-up over it."""
     t = Table(title=f"paged bench {report['workload']}")
     for col in ("system", "s", "out tok/s", "all tok/s", "decode tok/s", "TTFT p50 ms", "TTFT p99 ms",
-                "prefill tok", "hit rate", "paged is"):  # fmt: skip
+                "prefill tok", "hit rate", "drafts kept", "paged is"):  # fmt: skip
         t.add_column(col, justify="left" if col == "system" else "right")
     ratios = report["ratios"]
     for r in report["runs"]:
@@ -28,7 +28,8 @@ def runs_table(report: dict[str, Any]) -> Table:
         t.add_row(
             r["name"], _f(r["seconds"], "{:.2f}"), _f(r["output_tok_s"]), _f(r["total_tok_s"]), _f(r["decode_tok_s"]),
             _ms(r["ttft_s"], "p50"), _ms(r["ttft_s"], "p99"), _f(r["prefill_tokens_computed"], "{:d}"),
-            _f(r["prefix_hit_rate"], "{:.1%}"), "-" if ratio is None else f"{ratio:.2f}x",
+            _f(r["prefix_hit_rate"], "{:.1%}"), _f(r.get("spec_acceptance_rate"), "{:.1%}"),
+            "-" if ratio is None else f"{ratio:.2f}x",
         )  # fmt: skip
     return t
 

@@ -78,6 +78,19 @@ def decode_1(seed: int = 0, prompt_len: int = 32, max_tokens: int = 256) -> list
     return [BenchRequest(_ids(random.Random(seed), prompt_len), max_tokens)]
 
 
+def edit_1(seed: int = 0, segment_len: int = 48, copies: int = 3, max_tokens: int = 128) -> list[BenchRequest]:
+    """``edit-1``: one request whose output repeats its prompt, the case prompt-lookup speculation is for.
+
+    The prompt is a random segment written ``copies`` times, then its first 8 tokens again: a model
+    continues such a text by copying it (what an edit or a quote does), so the output repeats the prompt.
+    """
+    _check_count("segment_len", segment_len, 9)
+    _check_count("copies", copies)
+    _check_count("max_tokens", max_tokens)
+    segment = _ids(random.Random(seed), segment_len)
+    return [BenchRequest(segment * copies + segment[:8], max_tokens)]
+
+
 def long(num_requests: int = 8, seed: int = 0, context_len: int = 4096, max_tokens: int = 128) -> list[BenchRequest]:
     """``long``: ``num_requests`` prompts of ``context_len`` random ids, each decoding ``max_tokens`` tokens."""
     _check_count("num_requests", num_requests)
@@ -115,11 +128,18 @@ def _decode_1(num_requests: int, seed: int) -> list[BenchRequest]:
     return decode_1(seed)
 
 
+def _edit_1(num_requests: int, seed: int) -> list[BenchRequest]:
+    if num_requests != 1:
+        raise ValueError(f"edit-1 is a single request; num_requests must be 1, got {num_requests}")
+    return edit_1(seed)
+
+
 WORKLOADS: dict[str, tuple[int, Callable[[int, int], list[BenchRequest]]]] = {
     "throughput": (256, throughput),
     "prefix": (64, prefix),
     "kv-util": (1000, kv_util),
     "decode-1": (1, _decode_1),
+    "edit-1": (1, _edit_1),
     "long": (8, long),
 }
 """Workload name -> (default number of requests, generator taking ``(num_requests, seed)``)."""

@@ -20,7 +20,7 @@ from paged_core.cli.engine_args import add_engine_args
 from paged_core.cli.logs import setup_logging
 from paged_core.errors import ConfigError
 
-WORKLOAD_NAMES = ("throughput", "prefix", "kv-util", "decode-1", "long", "serve")
+WORKLOAD_NAMES = ("throughput", "prefix", "kv-util", "decode-1", "edit-1", "long", "serve")
 """The workloads, and ``serve``: the ``throughput`` requests streamed to ``paged serve`` (see ``bench_serve``)."""
 DEFAULT_KV_CACHE = "4GiB"
 """Enough for every workload on the default model (``long`` holds 8 x 4k tokens), and fixed so runs compare."""

@@ -94,7 +94,9 @@ def sum_stats(live: list[SchedulerStats], every: list[SchedulerStats]) -> Schedu
         prefix_queries=sum(s.prefix_queries for s in every), prefix_hits=sum(s.prefix_hits for s in every),
         steps=sum(s.steps for s in every), graph_mode=every[0].graph_mode if every else "eager",
         graph_replays=sum(s.graph_replays for s in every), eager_steps=sum(s.eager_steps for s in every),
-        graph_fallbacks=dict(fallbacks),
+        graph_fallbacks=dict(fallbacks), spec_verify_rows=sum(s.spec_verify_rows for s in every),
+        spec_draft_tokens=sum(s.spec_draft_tokens for s in every),
+        spec_accepted_tokens=sum(s.spec_accepted_tokens for s in every),
     )  # fmt: skip
 
 

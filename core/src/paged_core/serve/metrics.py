@@ -16,6 +16,7 @@ from prometheus_client.registry import Collector
 
 from paged_core.engine.messages import SchedulerStats
 from paged_core.engine.outputs import RequestOutput
+from paged_core.engine.spec.proposer import SpecStats
 
 # Latency buckets in seconds, from fast CPU decode steps to minute-long requests.
 _TTFT = (0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
@@ -36,6 +37,10 @@ _COUNTERS = (
     ("paged_prefix_cache_hits_tokens", "Prompt tokens found in the prefix cache.", "prefix_hits"),
     ("paged_engine_steps", "Engine steps run.", "steps"),
     ("paged_eager_steps", "Steps run eagerly (in a graph mode: fallbacks).", "eager_steps"),
+    ("paged_spec_decode_verify_rows", "Speculative decoding: sequence steps that verified drafts.", "spec_verify_rows"),
+    ("paged_spec_decode_draft_tokens", "Speculative decoding: draft tokens verified.", "spec_draft_tokens"),
+    ("paged_spec_decode_accepted_tokens", "Speculative decoding: draft tokens the model kept.",
+     "spec_accepted_tokens"),
 )
 
 
@@ -84,6 +89,16 @@ def _engine_families(labels: list[str], rows: list[tuple[tuple[str, ...], Schedu
     for values, s, _ in rows:
         ratio.add_metric(list(values), s.prefix_hits / s.prefix_queries if s.prefix_queries else 0.0)
     yield ratio
+    accept = GaugeMetricFamily("paged_spec_decode_acceptance_ratio", "Draft tokens kept / verified (0 before any).",
+                               labels=labels)  # fmt: skip
+    length = GaugeMetricFamily("paged_spec_decode_mean_accepted_length", "Tokens produced per verifying sequence "
+                               "step: kept drafts plus the model's own (1 before any).", labels=labels)  # fmt: skip
+    for values, s, _ in rows:
+        spec = SpecStats(s.spec_verify_rows, s.spec_draft_tokens, s.spec_accepted_tokens)
+        accept.add_metric(list(values), spec.acceptance_rate)
+        length.add_metric(list(values), spec.mean_accepted_length)
+    yield accept
+    yield length
     for name, doc, attr in _COUNTERS:
         counter = CounterMetricFamily(name, doc, labels=labels)
         for values, s, _ in rows:

@@ -150,7 +150,7 @@ def sampling_params(req: CompletionRequest | ChatCompletionRequest, max_tokens: 
         "frequency_penalty": req.frequency_penalty, "seed": req.seed, "stop": req.stop,
         "stop_token_ids": req.stop_token_ids, "max_tokens": max_tokens, "min_tokens": req.min_tokens,
         "ignore_eos": req.ignore_eos, "logprobs": logprobs, "skip_special_tokens": req.skip_special_tokens,
-        "include_stop_str_in_output": req.include_stop_str_in_output,
+        "include_stop_str_in_output": req.include_stop_str_in_output, "speculate": req.speculate,
     }  # fmt: skip
     # Unset OpenAI fields take SamplingParams' defaults (the OpenAI defaults: temperature 1, top_p 1).
     given = {k: v for k, v in fields.items() if v is not None or k in ("seed", "logprobs", "stop")}

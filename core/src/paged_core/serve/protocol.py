@@ -48,6 +48,8 @@ class _SamplingFields(_Strict):
     stop_token_ids: list[int] | None = None
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
+    speculate: bool = True
+    """False: no speculative drafts for this request (where the server runs speculative decoding)."""
     cache_salt: str | None = Field(default=None, min_length=1)
     priority: int = 0
 

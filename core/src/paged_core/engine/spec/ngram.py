@@ -18,7 +18,8 @@ class NgramProposer:
     """Proposes, for each sequence, what followed its last ``n`` tokens the last time they occurred.
 
     ``n`` goes from ``max_n`` down to ``min_n``; the first ``n`` with an earlier occurrence wins, and
-    the drafts are the (up to ``k``) tokens after that occurrence. No model runs, so the drafts carry
+    the drafts are the (up to ``k``) tokens after the latest occurrence that has ``k`` after it (else the
+    earliest, which has the most). No model runs, so the drafts carry
     no distribution: verification treats each as certain (a point mass), which rejection sampling
     handles exactly. Cost: one vectorised scan of the sequence per ``n`` tried.
     """
@@ -47,7 +48,9 @@ class NgramProposer:
             windows = np.lib.stride_tricks.sliding_window_view(arr[: length - 1], n)
             hits = np.flatnonzero((windows == suffix).all(axis=1))
             if hits.size:
-                start = int(hits[-1]) + n
+                # The latest occurrence with k tokens after it (recent text predicts best), else the earliest.
+                full = hits[hits + n + k <= length]
+                start = int(full[-1] if full.size else hits[0]) + n
                 drafts = arr[start : start + k].tolist()
                 if drafts:
                     return Proposal(drafts)
