@@ -25,6 +25,16 @@ from .tiny_models import VOCAB, save_tiny_model
 MAX_TOKENS = 8
 
 
+@pytest.fixture(scope="module", autouse=True)
+def one_thread() -> Any:
+    """One torch thread here: these are tiny batches, and on a shared two-core machine a second thread only
+    contends (transformers' beam search ran 40x slower with two)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 def hf_beams(llm: LLM, ids: list[int], width: int, max_new: int, eos: Any = "model", attn: str = "sdpa",
              **options: Any) -> tuple[list[list[int]], list[float]]:  # fmt: skip
     """transformers' beam search on the same weights: each returned beam's generated ids, and its score."""
