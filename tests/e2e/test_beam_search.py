@@ -152,6 +152,24 @@ def test_forks_that_find_no_free_row_run_on_their_own(qwen: tuple[LLM, list[list
     assert_same_beams(BeamSearchOutput.of(done[rid]), hf_beams(llm, prompts[1], 4, MAX_TOKENS, eos=None, attn="eager"))
 
 
+def test_beams_beside_speculating_requests(qwen: tuple[LLM, list[list[int]], int]) -> None:
+    # n-gram speculation on: the sampled requests speculate, the beams (not the sampler's sequences) never do.
+    llm, prompts, _ = qwen
+    spec = llm.reconfigured(speculative="ngram", num_speculative_tokens=3)
+    engine = spec.engine
+    repeat = prompts[0][:8] * 6  # a prompt the n-gram proposer finds drafts in
+    others = [engine.add_request(repeat, SamplingParams(temperature=0.0, max_tokens=48, ignore_eos=True))
+              for _ in range(2)]  # fmt: skip
+    rid = engine.add_request(prompts[2], SamplingParams(n=4, temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True),
+                             beam=_beam(4))  # fmt: skip
+    done = {}
+    while engine.has_unfinished_requests():
+        done.update({o.request_id: o for o in engine.step() if o.finished})
+    assert_same_beams(BeamSearchOutput.of(done[rid]), hf_beams(llm, prompts[2], 4, MAX_TOKENS, eos=None, attn="eager"))
+    assert all(done[o].error is None for o in others)
+    assert engine.stats.spec_verify_rows > 0  # the others did speculate
+
+
 def _beam(width: int) -> Any:
     from paged_core.engine.beam_params import BeamParams
 
