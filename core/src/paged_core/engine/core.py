@@ -13,8 +13,11 @@ import logging
 from collections.abc import Iterable
 from typing import Any
 
+import msgspec
 import torch
 
+from paged_core.engine.beam import BeamSearch
+from paged_core.engine.beam_params import check_beam
 from paged_core.engine.build import LoadedModel, build_parts
 from paged_core.engine.config import EngineConfig
 from paged_core.engine.messages import CoreAbort, CoreFacts, CoreOutputs, CoreRequest, SchedulerStats, SeqDelta
@@ -88,6 +91,8 @@ class EngineCore:
         self._proposals: dict[str, Proposal] = {}
         self.groups: dict[str, _Group] = {}
         self.seqs: dict[str, _Seq] = {}
+        self.beams = BeamSearch(self.scheduler, self.loaded.eos_token_ids, self.vocab_size)
+        """Beam-search requests (:mod:`paged_core.engine.beam`): their rows bypass the sampler."""
         self.steps = 0
         torch.manual_seed(self.config.model.seed)
 
@@ -147,7 +152,7 @@ class EngineCore:
         its requests come off a socket.
         """
         rid = request.request_id
-        if rid in self.groups:
+        if rid in self.groups or rid in self.beams:
             raise RequestRejectedError(f"request id {rid!r} is already in use")
         ids, vocab = request.prompt_token_ids, self.vocab_size
         if not ids:
@@ -158,6 +163,10 @@ class EngineCore:
         if not INT64_MIN <= request.priority <= INT64_MAX:
             raise RequestRejectedError("priority must be an int in [-2**63, 2**63 - 1]")
         params = request.params.for_vocabulary(vocab)
+        if request.beam is not None:
+            check_beam(params, request.beam, self.scheduler.config.max_num_seqs)
+            self.beams.add(msgspec.structs.replace(request, params=params), request.beam)
+            return
         if params is not request.params:
             request = CoreRequest(rid, ids, params, request.cache_salt, request.priority, request.arrival_time)
         group = _Group(request)
@@ -185,6 +194,8 @@ class EngineCore:
         """End whole requests and single sequences; their blocks are freed at once."""
         status = RequestStatus.FINISHED_STOPPED if abort.stopped else RequestStatus.FINISHED_ABORTED
         for rid in abort.request_ids:
+            if self.beams.abort(rid, status):
+                continue
             group = self.groups.pop(rid, None)
             if group is not None:
                 for seq in group.seqs.values():
@@ -202,7 +213,7 @@ class EngineCore:
         self.abort(CoreAbort(request_ids=list(request_ids)))
 
     def has_unfinished_requests(self) -> bool:
-        return bool(self.groups)
+        return bool(self.groups) or bool(self.beams)
 
     # ---- one step -------------------------------------------------------
     def step(self) -> CoreOutputs:
@@ -222,6 +233,7 @@ class EngineCore:
         scheduled = dict.fromkeys(
             seq.group.request.request_id for sid in out.num_scheduled_tokens if (seq := seqs.get(sid)) is not None
         )
+        scheduled.update(dict.fromkeys(self.beams.request_ids(out.num_scheduled_tokens)))
         try:
             deltas, failed = self._run(out)
         except Exception as exc:
@@ -241,6 +253,8 @@ class EngineCore:
         if self.leader is not None:
             self.leader.send(out)
         req_ids, counts, logits = self.runner.execute(out)
+        if self.beams and logits is not None and req_ids:  # beam rows go to the search, not the sampler
+            req_ids, counts, logits = self.beams.take_rows(req_ids, counts, logits)
         sampled: dict[str, list[int]] = {}
         logprobs: dict[str, list[dict[int, float]]] = {}
         forks: list[tuple[_Seq, list[int], list[dict[int, float]] | None]] = []
@@ -274,6 +288,10 @@ class EngineCore:
         deltas += self._apply(out, sampled, logprobs)
         for parent, rest, rest_lps in forks:
             deltas += self._fork(parent, rest, rest_lps)
+        if self.beams:  # after the scheduler's update: beams extend, fork and drop here
+            beam_deltas, beam_failures = self.beams.advance()
+            deltas += self._fail(beam_failures) + beam_deltas
+            failures.update(beam_failures)
         if self.proposer is not None:
             self._propose()
         return deltas, failures
@@ -348,7 +366,7 @@ class EngineCore:
         """End these requests on an error: blocks freed, one delta each carrying ``error``."""
         deltas = []
         for rid, message in failures.items():
-            if rid in self.groups:
+            if rid in self.groups or rid in self.beams:
                 self.abort_requests([rid])
             deltas.append(SeqDelta(rid, 0, [], finish_reason="abort", error=message))
         return deltas

@@ -6,6 +6,7 @@ import itertools
 from collections.abc import Sequence as Seq
 
 from paged_core.data_parallel import require_one_engine_core
+from paged_core.engine.beam_params import BeamParams
 from paged_core.engine.build import LoadedModel
 from paged_core.engine.client import CoreClient, InProcClient
 from paged_core.engine.config import EngineConfig
@@ -89,18 +90,21 @@ class LLMEngine:
         request_id: str | None = None,
         cache_salt: str | None = None,
         priority: int = 0,
+        beam: BeamParams | None = None,
     ) -> str:
-        """Queue a request; returns its id. Raises :class:`RequestRejectedError` naming what is wrong."""
+        """Queue a request (a beam search with ``beam``); returns its id. Raises :class:`RequestRejectedError`
+        naming what is wrong."""
         rid = request_id if request_id is not None else f"req-{next(self._ids)}"
         if rid in self.output:
             raise RequestRejectedError(f"request id {rid!r} is already in use")
-        request = self.input.process(rid, prompt, params, cache_salt=cache_salt, priority=priority)
+        request = self.input.process(rid, prompt, params, cache_salt=cache_salt, priority=priority, beam=beam)
         self.client.add(request)
         self.output.add(request, prompt if isinstance(prompt, str) else None)
         return rid
 
     def add_requests(
-        self, prompts: Seq[str | Seq[int]], params: Seq[SamplingParams | None], *, cache_salt: str | None = None
+        self, prompts: Seq[str | Seq[int]], params: Seq[SamplingParams | None], *, cache_salt: str | None = None,
+        beam: BeamParams | None = None,
     ) -> list[str | PagedError]:
         """Queue several requests at once (admitted together before the next step, in or out of process).
 
@@ -111,7 +115,7 @@ class LLMEngine:
         for i, (prompt, p) in enumerate(zip(prompts, params, strict=True)):
             rid = f"req-{next(self._ids)}"
             try:
-                request = self.input.process(rid, prompt, p, cache_salt=cache_salt)
+                request = self.input.process(rid, prompt, p, cache_salt=cache_salt, beam=beam)
             except PagedError as exc:
                 results.append(exc)
                 continue

@@ -10,6 +10,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from paged_core.engine.beam_params import BeamParams, BeamRequestError, check_beam
 from paged_core.engine.messages import CoreFacts, CoreRequest
 from paged_core.errors import RequestRejectedError
 from paged_core.sampling.params import INT64_MAX, INT64_MIN, SamplingParams
@@ -93,11 +94,13 @@ class InputProcessor:
         cache_salt: str | None = None,
         priority: int = 0,
         arrival_time: float | None = None,
+        beam: BeamParams | None = None,
     ) -> CoreRequest:
         """A :class:`CoreRequest` with everything a step computes with bounded.
 
         ``params`` are checked against the vocabulary (stop token ids inside it; a ``top_k`` above it
-        is clamped to it, which keeps the same tokens) and ``priority`` must fit int64.
+        is clamped to it, which keeps the same tokens) and ``priority`` must fit int64. With ``beam``, the
+        request is a beam search and its params must be ones it can honour (see :func:`check_beam`).
         """
         params = params or SamplingParams()
         if not isinstance(params, SamplingParams):
@@ -108,6 +111,11 @@ class InputProcessor:
         if cache_salt is not None and not isinstance(cache_salt, str):
             raise InputError(f"cache_salt must be a string, got {type(cache_salt).__name__}", "cache_salt")
         params = params.for_vocabulary(self.vocab_size)
+        if beam is not None:
+            try:
+                check_beam(params, beam, self.facts.max_num_seqs)
+            except BeamRequestError as exc:
+                raise InputError(str(exc), exc.param) from None
         ids = self.tokenize(prompt)
         when = time.monotonic() if arrival_time is None else arrival_time
-        return CoreRequest(request_id, ids, params, cache_salt, priority, when)
+        return CoreRequest(request_id, ids, params, cache_salt, priority, when, beam=beam)

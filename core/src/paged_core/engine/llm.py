@@ -9,6 +9,8 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
+from paged_core.engine.beam_outputs import BeamSearchOutput
+from paged_core.engine.beam_params import BeamParams
 from paged_core.engine.config import EngineConfig
 from paged_core.engine.engine import LLMEngine
 from paged_core.engine.outputs import RequestMetrics, RequestOutput
@@ -80,6 +82,39 @@ class LLM:
         params = _per_prompt(sampling_params, len(batch))
         return self._run(batch, params, use_tqdm, cache_salt)
 
+    def beam_search(
+        self,
+        prompts: Prompt | Seq[Prompt],
+        beam_width: int,
+        max_tokens: int = 16,
+        length_penalty: float = 1.0,
+        *,
+        early_stopping: bool | str = False,
+        min_tokens: int = 0,
+        ignore_eos: bool = False,
+        stop_token_ids: Seq[int] | None = None,
+        skip_special_tokens: bool = True,
+        use_tqdm: bool = True,
+        cache_salt: str | None = None,
+    ) -> list[BeamSearchOutput]:
+        """Beam search over every prompt: its ``beam_width`` best sequences, best first, in prompt order.
+
+        The same search as transformers' ``generate(num_beams=beam_width, do_sample=False,
+        num_return_sequences=beam_width, length_penalty=..., early_stopping=...)``: finished beams are
+        ranked by ``sum_logprobs / len**length_penalty``. Beams share their KV blocks copy-on-write (see
+        ``metrics.peak_blocks``). ``stop_token_ids`` end a beam as the model's EOS does. A refused
+        prompt gets an output with ``error`` while the others run; if all are refused, the error is raised.
+        """
+        beam = BeamParams(beam_width, length_penalty, early_stopping)
+        ok = isinstance(beam_width, int) and not isinstance(beam_width, bool) and beam_width >= 1
+        # n is checked against beam_width by the engine, which names beam_width if that is what is wrong.
+        params = SamplingParams(n=beam_width if ok else 1, temperature=0.0, max_tokens=max_tokens,
+                                min_tokens=min_tokens, ignore_eos=ignore_eos, stop_token_ids=stop_token_ids,
+                                skip_special_tokens=skip_special_tokens)  # fmt: skip
+        batch = _as_batch(prompts)
+        outs = self._run(batch, [params] * len(batch), use_tqdm, cache_salt, beam)
+        return [BeamSearchOutput.of(out) for out in outs]
+
     def chat(
         self,
         messages: Seq[Message] | Seq[Seq[Message]],
@@ -117,14 +152,15 @@ class LLM:
             self.engine.abort_request([rid])
 
     def _run(
-        self, prompts: list[Prompt], params: list[SamplingParams], use_tqdm: bool, cache_salt: str | None
+        self, prompts: list[Prompt], params: list[SamplingParams], use_tqdm: bool, cache_salt: str | None,
+        beam: BeamParams | None = None,
     ) -> list[RequestOutput]:
         engine = self.engine
         results: dict[str, RequestOutput] = {}
         order: list[str] = []
         errors: list[PagedError] = []
         # Added at once, so the core admits them all before its first step, in process or out.
-        added = engine.add_requests(prompts, params, cache_salt=cache_salt)
+        added = engine.add_requests(prompts, params, cache_salt=cache_salt, beam=beam)
         for i, (prompt, rid_or_error) in enumerate(zip(prompts, added, strict=True)):
             if isinstance(rid_or_error, str):
                 order.append(rid_or_error)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import msgspec
 
+from paged_core.engine.beam_params import BeamParams, BeamResult
 from paged_core.sampling.params import SamplingParams
 
 
@@ -23,6 +24,8 @@ class CoreRequest(msgspec.Struct, tag="add", frozen=True):
     cache_salt: str | None = None
     priority: int = 0
     arrival_time: float = 0.0
+    beam: BeamParams | None = None
+    """Beam search instead of sampling (``params`` greedy: see :func:`~paged_core.engine.beam_params.check_beam`)."""
 
 
 class CoreRequests(msgspec.Struct, tag="add_many", frozen=True):
@@ -68,6 +71,8 @@ class SeqDelta(msgspec.Struct, array_like=True):
     stop_reason: int | None = None
     num_cached_tokens: int = -1
     error: str | None = None
+    beam: BeamResult | None = None
+    """A beam-search sequence comes whole, once, with its scores and its group's block figures."""
 
 
 class SchedulerStats(msgspec.Struct, frozen=True):

@@ -92,7 +92,8 @@ class _Request:
                 CompletionOutput(
                     index=o.index, text=o.text, token_ids=list(o.token_ids), finish_reason=o.finish_reason,
                     stop_reason=o.stop_reason, logprobs=list(o.logprobs) if o.logprobs is not None else None,
-                    new_text=o.new_text, new_token_ids=o.new_token_ids,
+                    new_text=o.new_text, new_token_ids=o.new_token_ids, cumulative_logprob=o.cumulative_logprob,
+                    score=o.score,
                 )
             )
             o.new_text = ""
@@ -159,6 +160,11 @@ class OutputProcessor:
             metrics.first_token_time = now
         if delta.num_cached_tokens >= 0 and delta.index == 0:
             metrics.num_cached_tokens = delta.num_cached_tokens
+        if delta.beam is not None:  # a beam-search sequence: whole, once, with its scores
+            beam = delta.beam
+            seq.out.cumulative_logprob, seq.out.score = beam.cumulative_logprob, beam.score
+            metrics.peak_blocks, metrics.peak_blocks_unshared = beam.peak_blocks, beam.peak_blocks_unshared
+            metrics.num_forks = beam.forks
         matched = seq.accept(delta.new_token_ids, delta.new_logprobs)
         if delta.finish_reason is not None:
             seq.finish(delta.finish_reason, delta.stop_reason)

@@ -17,6 +17,12 @@ class RequestMetrics:
     num_cached_tokens: int = 0
     """Prompt tokens served from the prefix cache at first admission."""
     num_generated_tokens: int = 0
+    peak_blocks: int | None = None
+    """Beam search: the most KV blocks the request's live beams held at once (shared blocks counted once)."""
+    peak_blocks_unshared: int | None = None
+    """Beam search: what the same beams' block tables added up to, i.e. as many lone requests would hold."""
+    num_forks: int | None = None
+    """Beam search: beams started as copy-on-write forks."""
 
     @property
     def time_to_first_token(self) -> float | None:
@@ -47,6 +53,10 @@ class CompletionOutput:
     logprobs: list[dict[int, float]] | None = None
     new_text: str = ""
     new_token_ids: list[int] = field(default_factory=list)
+    cumulative_logprob: float | None = None
+    """Beam search: the sequence's summed token log-probabilities (else None)."""
+    score: float | None = None
+    """Beam search: ``cumulative_logprob / len(token_ids) ** length_penalty``, what the beams are ranked by."""
 
     @property
     def finished(self) -> bool:

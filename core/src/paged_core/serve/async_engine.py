@@ -15,6 +15,7 @@ import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
+from paged_core.engine.beam_params import BeamParams
 from paged_core.engine.input import InputProcessor
 from paged_core.engine.messages import CoreAbort, CoreFacts, CoreOutputs, SchedulerStats
 from paged_core.engine.output import OutputProcessor
@@ -129,14 +130,15 @@ class AsyncEngine:
     # ---- requests (event loop side) -------------------------------------
     async def add(
         self, request_id: str, prompt: list[int], params: SamplingParams, cache_salt: str | None = None,
-        priority: int = 0, sink: Sink | None = None,
+        priority: int = 0, sink: Sink | None = None, beam: BeamParams | None = None,
     ) -> RequestStream:  # fmt: skip
-        """Queue a request; raises :class:`PagedError` if refused. Outputs go to ``sink`` if given."""
+        """Queue a request (a beam search with ``beam``); raises :class:`PagedError` if refused. Outputs go to
+        ``sink`` if given."""
         if not self.healthy:
             raise EngineDeadError(f"engine is not running ({self._dead or 'stopped'})")
         if request_id in self._streams:
             raise PagedError(f"request id {request_id!r} is already in use")
-        request = self.input.process(request_id, prompt, params, cache_salt=cache_salt, priority=priority)
+        request = self.input.process(request_id, prompt, params, cache_salt=cache_salt, priority=priority, beam=beam)
         stream = RequestStream(request_id, sink)
         self._streams[request_id] = stream
         self.output.add(request)

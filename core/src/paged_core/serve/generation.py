@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator
 
 from fastapi import Request
 
+from paged_core.engine.beam_params import BeamParams
 from paged_core.engine.outputs import RequestOutput
 from paged_core.errors import EngineDeadError, PagedError
 from paged_core.sampling.params import SamplingParams
@@ -41,7 +42,7 @@ class Generation:
         self._ticket: Ticket | None = None
 
     async def start(self, prompts: list[list[int]], params: list[SamplingParams], cache_salt: str | None,
-                    priority: int = 0) -> None:  # fmt: skip
+                    priority: int = 0, beam: BeamParams | None = None) -> None:  # fmt: skip
         """Queue every prompt; if the engine refuses one, abort the rest and raise a 400.
 
         First the request's admission ticket grows to its number of sequences
@@ -52,7 +53,7 @@ class Generation:
         try:
             for i, (ids, p) in enumerate(zip(prompts, params, strict=True)):
                 rid = f"{self.id}-{i}"
-                await engine.add(rid, ids, p, cache_salt, priority, sink=self._sink)
+                await engine.add(rid, ids, p, cache_salt, priority, sink=self._sink, beam=beam)
                 self.request_ids.append(rid)
                 self._pending.add(rid)
         except EngineDeadError as exc:  # before PagedError, which it is: a dead core is a 503, never a 400

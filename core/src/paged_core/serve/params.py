@@ -6,6 +6,7 @@ import json
 import math
 from typing import Any
 
+from paged_core.engine.beam_params import BeamParams, BeamRequestError, check_beam
 from paged_core.errors import RequestRejectedError
 from paged_core.sampling.params import MAX_LOGPROBS, SamplingParams
 from paged_core.serve.config import ServeConfig
@@ -48,6 +49,30 @@ def check_limits(req: CompletionRequest | ChatCompletionRequest, config: ServeCo
         if kind != "text":
             raise APIError(400, f"response_format type {kind!r} is not supported (only 'text')",
                            param="response_format")  # fmt: skip
+
+
+def beam_params(req: CompletionRequest, params: SamplingParams, max_num_seqs: int) -> BeamParams | None:
+    """vLLM's ``use_beam_search``: width ``n``, every beam returned; None when not asked for. Refusals name the field.
+
+    Beams are only final when the search ends, so they cannot stream; the sampling fields must be ones beam
+    search can honour (see :func:`~paged_core.engine.beam_params.check_beam`).
+    """
+    if not req.use_beam_search:
+        for name in ("length_penalty", "early_stopping"):
+            if name in req.model_fields_set:
+                raise APIError(400, f"{name} applies to beam search only; set use_beam_search true", param=name)
+        return None
+    if req.stream:
+        raise APIError(400, "stream=true is not supported with use_beam_search: beams are reordered until the search "
+                       "ends, so they come back whole; set stream false", param="stream")  # fmt: skip
+    beam = BeamParams(req.n, req.length_penalty, req.early_stopping)
+    try:
+        check_beam(params, beam, max_num_seqs)
+    except BeamRequestError as exc:
+        param = "n" if exc.param == "beam_width" else exc.param
+        message = str(exc).replace("beam_width", "n (the beam width)", 1) if exc.param == "beam_width" else str(exc)
+        raise APIError(400, message, param=param) from None
+    return beam
 
 
 def check_template_kwargs(kwargs: dict[str, Any] | None) -> None:
@@ -152,6 +177,8 @@ def sampling_params(req: CompletionRequest | ChatCompletionRequest, max_tokens: 
         "ignore_eos": req.ignore_eos, "logprobs": logprobs, "skip_special_tokens": req.skip_special_tokens,
         "include_stop_str_in_output": req.include_stop_str_in_output, "speculate": req.speculate,
     }  # fmt: skip
+    if isinstance(req, CompletionRequest) and req.use_beam_search and req.temperature is None:
+        fields["temperature"] = 0.0  # beam search is deterministic: an unset temperature is no conflict
     # Unset OpenAI fields take SamplingParams' defaults (the OpenAI defaults: temperature 1, top_p 1).
     given = {k: v for k, v in fields.items() if v is not None or k in ("seed", "logprobs", "stop")}
     try:

@@ -63,6 +63,10 @@ class CompletionRequest(_SamplingFields):
     echo: bool = False
     suffix: str | None = None
     best_of: int | None = None
+    # vLLM's beam-search extras: n (or best_of, which must equal it) is the beam width; every beam comes back.
+    use_beam_search: bool = False
+    length_penalty: float = 1.0
+    early_stopping: bool | Literal["never"] = False
 
 
 class TextPart(_Strict):
