@@ -6,7 +6,14 @@ import dataclasses
 
 import pytest
 
-from paged_core.config import CacheConfig, GraphConfig, ModelConfig, ParallelConfig, SchedulerConfig
+from paged_core.config import (
+    CacheConfig,
+    GraphConfig,
+    ModelConfig,
+    ParallelConfig,
+    SchedulerConfig,
+    SpeculativeConfig,
+)
 from paged_core.engine import config as engine_config
 from paged_core.engine.config import EngineConfig, flat_fields
 from paged_core.errors import ConfigError
@@ -72,10 +79,17 @@ def test_msgspec_decode_validates() -> None:
 
 
 def test_every_field_is_declared_once() -> None:
-    leaves = [f.name for s in (ModelConfig, CacheConfig, SchedulerConfig, GraphConfig, ParallelConfig)
-              for f in dataclasses.fields(s)]  # fmt: skip
+    sections = (ModelConfig, CacheConfig, SchedulerConfig, GraphConfig, ParallelConfig, SpeculativeConfig)
+    leaves = [f.name for s in sections for f in dataclasses.fields(s)]
     assert len(leaves) == len(set(leaves)) and list(flat_fields()) == leaves
-    assert [f.name for f in dataclasses.fields(EngineConfig)] == ["model", "cache", "scheduler", "graph", "parallel"]
+    assert [f.name for f in dataclasses.fields(EngineConfig)] == [
+        "model",
+        "cache",
+        "scheduler",
+        "graph",
+        "parallel",
+        "speculative",
+    ]
     assert all(leaf.field.metadata.get("help") for leaf in flat_fields().values())
 
 

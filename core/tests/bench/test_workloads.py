@@ -14,7 +14,7 @@ def test_same_seed_same_requests(name: str) -> None:
     assert w.build(name, seed=3) == w.build(name, seed=3)
 
 
-@pytest.mark.parametrize("name", ["throughput", "prefix", "kv-util", "decode-1", "long"])
+@pytest.mark.parametrize("name", ["throughput", "prefix", "kv-util", "decode-1", "edit-1", "long"])
 def test_other_seed_other_requests(name: str) -> None:
     assert w.build(name, seed=0) != w.build(name, seed=1)
 
@@ -26,7 +26,14 @@ def test_fewer_requests_is_a_prefix_of_the_full_workload(name: str) -> None:
 
 def test_default_sizes_match_the_design() -> None:
     sizes = {name: len(w.build(name)) for name in w.WORKLOADS}
-    assert sizes == {"throughput": 256, "prefix": 64, "kv-util": 1000, "decode-1": 1, "long": 8}
+    assert sizes == {"throughput": 256, "prefix": 64, "kv-util": 1000, "decode-1": 1, "edit-1": 1, "long": 8}
+
+
+def test_edit_1_repeats_its_segment() -> None:
+    (req,) = w.build("edit-1")
+    ids = req.prompt_token_ids
+    assert len(ids) == 3 * 48 + 8 and ids[:48] == ids[48:96] == ids[96:144] and ids[144:] == ids[:8]
+    assert req.max_tokens == 128
 
 
 def test_throughput_is_unchanged_by_the_extension() -> None:
