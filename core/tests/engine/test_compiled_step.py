@@ -110,3 +110,31 @@ def test_no_capture_backend_is_never_traced_and_compiles_at_warm_up_only(graphs:
         CompiledExecutor(decoder, backend, other, BLOCK, max_num_reqs=24, max_blocks_per_seq=WIDTH).warm_up()
     assert len(graphs) == warmed, "a second engine recompiled the shared step"
     assert backend.traced and not any(backend.traced), "dynamo traced the reference backend's attention"
+
+
+def test_verify_steps_of_speculative_decoding_reuse_the_warmed_up_step(graphs: list[Any]) -> None:
+    # Rows that verify drafts sample every position they run (1 + k logits rows): the logits count then
+    # equals the token count, which no warm-up batch has; dynamic shapes must still cover it.
+    backend = ReferenceBackend()
+    decoder, specs = _decoder(backend)
+    caches = [backend.allocate_kv_cache(ROWS * WIDTH + 1, BLOCK, s, torch.float32) for s in specs]
+    compiled = CompiledExecutor(decoder, backend, caches, BLOCK, max_num_reqs=ROWS, max_blocks_per_seq=WIDTH)
+    eager = StepExecutor(decoder, backend, caches)
+    builder = BatchBuilder(TOKENS, ROWS, WIDTH, BLOCK, torch.device("cpu"))
+    with torch.inference_mode():
+        compiled.warm_up()
+        warmed = len(graphs)
+        for drafts_per_row, context in (([3], 10), ([1], 5), ([3, 3, 3], 20), ([0, 2, 4], 12), ([4] * ROWS, 30)):
+            scheduled, drafts = [], {}
+            for i, k in enumerate(drafts_per_row):
+                blocks = [1 + i * WIDTH + b for b in range(-(-(context + 1 + k) // BLOCK))]
+                row = RowState([(5 * i + j) % 64 for j in range(context + 1)], blocks, context)
+                scheduled.append((f"r{i}", row, 1 + k))
+                drafts[f"r{i}"] = [(3 * i + j) % 64 for j in range(k)]
+            batch = builder.build(scheduled, drafts)
+            assert batch.sample_counts == [1 + k for k in sorted(drafts_per_row, key=lambda k: k != 0)]
+            want = eager.run(batch).clone()
+            got = compiled.run(batch)
+            assert got.shape[0] == sum(1 + k for k in drafts_per_row)
+            torch.testing.assert_close(got, want, msg=lambda m, d=drafts_per_row: f"{d}: {m}")
+    assert len(graphs) == warmed, "a verify step recompiled the warmed-up step"
