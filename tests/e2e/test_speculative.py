@@ -57,16 +57,26 @@ def test_ngram_greedy_equals_transformers_through_preemption_and_prefix_hits(
     assert stats.draft_tokens == before
 
 
-def test_draft_model_greedy_equals_transformers(
+def test_draft_model_greedy_equals_transformers_through_preemption_and_prefix_hits(
     smol_base: LLM, prompts32: list[list[int]], hf32: list[list[int]], tmp_path: Path
 ) -> None:
     draft = _tiny_draft_for(smol_base, tmp_path)
-    llm = smol_base.reconfigured(speculative=str(draft), num_speculative_tokens=3, max_num_batched_tokens=512)
-    outs = llm.generate(prompts32[:8], GREEDY, use_tqdm=False)
-    assert_same_tokens(outs, hf32[:8])
-    stats = llm.engine.core.spec_stats
-    assert stats.verify_rows > 0 and stats.draft_tokens > 0, stats
-    assert llm.engine.core.scheduler.config.num_lookahead_tokens == 3
+    # Room for about 600 tokens (the draft's KV is paid from the same budget): 12 prompts must preempt.
+    per_block = 30 * 2 * 3 * 64 * 4 * 16
+    small = smol_base.reconfigured(speculative=str(draft), num_speculative_tokens=3,
+                                   kv_cache_memory=per_block * 40, max_num_batched_tokens=512)  # fmt: skip
+    assert_same_tokens(small.generate(prompts32[:12], GREEDY, use_tqdm=False), hf32[:12])
+    assert small.engine.core.scheduler.num_preemptions > 0
+    assert small.engine.core.scheduler.config.num_lookahead_tokens == 3
+    # Roomy: the second pass finds its prompts in the prefix cache.
+    roomy = smol_base.reconfigured(speculative=str(draft), num_speculative_tokens=3)
+    first = roomy.generate(prompts32[:6], GREEDY, use_tqdm=False)
+    second = roomy.generate(prompts32[:6], GREEDY, use_tqdm=False)
+    assert_same_tokens(first, hf32[:6])
+    assert_same_tokens(second, hf32[:6])
+    assert sum(o.metrics.num_cached_tokens for o in second) > 0
+    for core in (small.engine.core, roomy.engine.core):
+        assert core.spec_stats.verify_rows > 0 and core.spec_stats.draft_tokens > 0, core.spec_stats
 
 
 def test_a_draft_of_another_vocabulary_is_refused(smol_base: LLM, tmp_path: Path) -> None:
@@ -75,6 +85,8 @@ def test_a_draft_of_another_vocabulary_is_refused(smol_base: LLM, tmp_path: Path
         smol_base.reconfigured(speculative=str(other))
     with pytest.raises(ConfigError, match="num_speculative_tokens"):
         smol_base.reconfigured(speculative="ngram", num_speculative_tokens=0)
+    with pytest.raises(ConfigError, match="does not fit a context of 16 tokens; use at most 15"):
+        smol_base.reconfigured(speculative="ngram", num_speculative_tokens=20, max_model_len=16)
 
 
 # ---- sampled: the same distribution with and without drafts ---------------------------------------------

@@ -31,10 +31,10 @@ def _logits_per_step(llm: LLM) -> list[torch.Tensor]:
     execute = runner.execute
 
     def spy(out: Any) -> Any:
-        ids, logits = execute(out)
+        ids, counts, logits = execute(out)
         if logits is not None:
             seen.append(logits.detach().clone())
-        return ids, logits
+        return ids, counts, logits
 
     runner.execute = spy  # type: ignore[method-assign]
     try:
