@@ -18,7 +18,7 @@ SUITE = Path(__file__).resolve().parents[2] / "plugins" / "conformance" / "src" 
 # Names that only users of the engine need; the vendor contract must not carry them.
 USER_ONLY = {"LLM", "LLMEngine", "SamplingParams", "RequestOutput", "CompletionOutput", "RequestMetrics"}
 USER_ONLY |= {"EngineConfig", "ModelConfig", "CacheConfig", "SchedulerConfig", "GraphConfig", "ParallelConfig"}
-USER_ONLY |= {"RequestRejectedError", "EngineDeadError"}
+USER_ONLY |= {"RequestRejectedError", "EngineDeadError", "SpeculativeConfig", "BeamSearchOutput", "BeamSequence"}
 
 
 def _hooks(cls: type) -> list[str]:

@@ -6,7 +6,15 @@ The package exports what users of the engine need; backend vendors import from
 
 from __future__ import annotations
 
-from paged_core.config import CacheConfig, GraphConfig, ModelConfig, ParallelConfig, SchedulerConfig
+from paged_core.config import (
+    CacheConfig,
+    GraphConfig,
+    ModelConfig,
+    ParallelConfig,
+    SchedulerConfig,
+    SpeculativeConfig,
+)
+from paged_core.engine.beam_outputs import BeamSearchOutput, BeamSequence
 from paged_core.engine.config import EngineConfig
 from paged_core.engine.engine import LLMEngine
 from paged_core.engine.llm import LLM
@@ -17,6 +25,8 @@ from paged_core.sampling.params import SamplingParams
 __version__ = "0.1.0"
 __all__ = [
     "LLM",
+    "BeamSearchOutput",
+    "BeamSequence",
     "CacheConfig",
     "CompletionOutput",
     "ConfigError",
@@ -32,5 +42,6 @@ __all__ = [
     "RequestRejectedError",
     "SamplingParams",
     "SchedulerConfig",
+    "SpeculativeConfig",
     "__version__",
 ]
