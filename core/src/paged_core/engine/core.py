@@ -260,7 +260,7 @@ class EngineCore:
         forks: list[tuple[_Seq, list[int], list[dict[int, float]] | None]] = []
         failures: dict[str, str] = {}
         if logits is not None and req_ids:
-            if len(counts) != len(logits) or any(c != 1 for c in counts):
+            if any(c != 1 for c in counts):
                 logits, req_ids = self._verify(out, req_ids, counts, logits, sampled, failures)
         if logits is not None and req_ids:
             rows = [self.seqs[rid] for rid in req_ids]

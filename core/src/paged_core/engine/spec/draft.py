@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from paged_core.engine.batch import BatchBuilder, RowState
+from paged_core.engine.executors import StepExecutor
 from paged_core.engine.spec.proposer import Proposal
 from paged_core.errors import ConfigError
 
@@ -54,10 +55,8 @@ class DraftModelProposer:
         self, forward: ModelForward, kv_caches: list[torch.Tensor], kv: KVCacheManager, *, block_size: int,
         max_num_tokens: int, max_num_reqs: int, max_model_len: int, device: torch.device, backend: Any,
     ) -> None:  # fmt: skip
-        self.forward = forward
-        self.kv_caches = kv_caches
+        self.executor = StepExecutor(forward, backend, kv_caches)
         self.kv = kv
-        self.backend = backend
         self.budget = max_num_tokens
         max_blocks = -(-max_model_len // block_size) + 1
         self.batches = BatchBuilder(max_num_tokens + max_num_reqs, max_num_reqs, max_blocks, block_size, device)
@@ -98,7 +97,7 @@ class DraftModelProposer:
             live = [i for i in live if len(drafts[i]) < ks[i]]
             if not live or step + 1 >= max(ks):
                 break
-            logits_live = self._run([(reqs[i].request_id, rows[reqs[i].request_id], 1) for i in live])
+            _, logits_live = self._run([(reqs[i].request_id, rows[reqs[i].request_id], 1) for i in live])
             full = torch.empty((len(reqs), logits_live.shape[1]), dtype=logits_live.dtype, device=logits_live.device)
             full[torch.tensor(live, device=full.device)] = logits_live
             logits = full
@@ -134,24 +133,17 @@ class DraftModelProposer:
                 n = min(len(row.token_ids) - row.num_computed, budget)
                 batch.append((rid, row, n))
                 budget -= n
-            built = self.batches.build(batch)
-            out = self._forward(built)
-            for _, row, n in batch:
-                row.num_computed += n
-            for j, rid in enumerate(built.sample_req_ids):
+            ids, out = self._run(batch)
+            for j, rid in enumerate(ids):
                 last[rid] = out[j]
             pending = [(rid, row) for rid, row in pending if row.num_computed < len(row.token_ids)]
         return torch.stack([last[r.request_id] for r in reqs])
 
-    def _run(self, batch: list[tuple[str, RowState, int]]) -> torch.Tensor:
+    @torch.inference_mode()
+    def _run(self, batch: list[tuple[str, RowState, int]]) -> tuple[list[str], torch.Tensor]:
+        """One eager draft forward over ``batch``: the ids that got logits (row order) and those logits."""
         built = self.batches.build(batch)
-        out = self._forward(built)
+        out = self.executor.run(built)
         for _, row, n in batch:
             row.num_computed += n
-        return out
-
-    @torch.inference_mode()
-    def _forward(self, built: Any) -> torch.Tensor:
-        self.backend.prepare(built.metadata)
-        return self.forward.forward(built.metadata, built.input_ids, built.positions, self.kv_caches,
-                                    built.logits_indices)  # fmt: skip
+        return built.sample_req_ids, out
