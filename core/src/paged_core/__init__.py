@@ -2,27 +2,79 @@
 
 The package exports what users of the engine need; backend vendors import from
 :mod:`paged_core.api`, and everything else comes from its own module.
+
+The engine's names (``LLM``, ``SamplingParams``, ...) are imported on first use: a plain
+``pip install paged-core`` (what a backend vendor needs) lacks the ``[models]`` extra they
+depend on, and ``import paged_core.api`` must not pull them in. Using one without that extra
+raises :class:`paged_core.extras.MissingExtraError`, which says what to install.
 """
 
 from __future__ import annotations
 
-from paged_core.config import (
-    CacheConfig,
-    GraphConfig,
-    ModelConfig,
-    ParallelConfig,
-    SchedulerConfig,
-    SpeculativeConfig,
-)
-from paged_core.engine.beam_outputs import BeamSearchOutput, BeamSequence
-from paged_core.engine.config import EngineConfig
-from paged_core.engine.engine import LLMEngine
-from paged_core.engine.llm import LLM
-from paged_core.engine.outputs import CompletionOutput, RequestMetrics, RequestOutput
-from paged_core.errors import ConfigError, EngineDeadError, PagedError, RequestRejectedError
-from paged_core.sampling.params import SamplingParams
+import importlib
+from typing import TYPE_CHECKING, Any
 
-__version__ = "0.1.0"
+from paged_core._version import __version__
+from paged_core.errors import ConfigError, EngineDeadError, PagedError, RequestRejectedError
+
+if TYPE_CHECKING:
+    from paged_core.config import (
+        CacheConfig,
+        GraphConfig,
+        ModelConfig,
+        ParallelConfig,
+        SchedulerConfig,
+        SpeculativeConfig,
+    )
+    from paged_core.engine.beam_outputs import BeamSearchOutput, BeamSequence
+    from paged_core.engine.config import EngineConfig
+    from paged_core.engine.engine import LLMEngine
+    from paged_core.engine.llm import LLM
+    from paged_core.engine.outputs import CompletionOutput, RequestMetrics, RequestOutput
+    from paged_core.sampling.params import SamplingParams
+
+# name -> module that defines it (imported on first access by __getattr__)
+_LAZY: dict[str, str] = {
+    "CacheConfig": "paged_core.config",
+    "GraphConfig": "paged_core.config",
+    "ModelConfig": "paged_core.config",
+    "ParallelConfig": "paged_core.config",
+    "SchedulerConfig": "paged_core.config",
+    "SpeculativeConfig": "paged_core.config",
+    "BeamSearchOutput": "paged_core.engine.beam_outputs",
+    "BeamSequence": "paged_core.engine.beam_outputs",
+    "EngineConfig": "paged_core.engine.config",
+    "LLMEngine": "paged_core.engine.engine",
+    "LLM": "paged_core.engine.llm",
+    "CompletionOutput": "paged_core.engine.outputs",
+    "RequestMetrics": "paged_core.engine.outputs",
+    "RequestOutput": "paged_core.engine.outputs",
+    "SamplingParams": "paged_core.sampling.params",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module_name = _LAZY.get(name)
+    if module_name is None:
+        raise AttributeError(f"module 'paged_core' has no attribute {name!r}")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        from paged_core.extras import from_import_error
+
+        hint = from_import_error(exc, f"paged_core.{name}", "models")
+        if hint is None:
+            raise
+        raise hint from exc
+    value = getattr(module, name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
+
+
 __all__ = [
     "LLM",
     "BeamSearchOutput",

@@ -34,6 +34,7 @@ def _backend(name: str, priority: int, available: bool = True, reason: str = "")
         {
             "name": name,
             "priority": priority,
+            "api_version": 1,
             "availability": classmethod(lambda cls: Availability(available, reason, "cpu")),
             "capabilities": classmethod(
                 lambda cls: BackendCapabilities(dtypes=frozenset({torch.bfloat16}), block_sizes=(16, 32))

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import sys
+
+import pytest
 import torch
 
 import paged_core.cli.backends as backends_cli
@@ -11,7 +14,15 @@ from paged_core.cli.main import main
 from paged_core.registry import BackendRegistry
 
 
-def test_table_shows_every_entry_and_reason(fake_registry, capsys) -> None:
+@pytest.fixture(params=["rich", "plain"])
+def renderer(request, monkeypatch) -> str:
+    """Both renderings: rich's table, and the plain text a vendor's install without rich gets."""
+    if request.param == "plain":
+        monkeypatch.setitem(sys.modules, "rich.console", None)  # makes `from rich.console import ...` fail
+    return str(request.param)
+
+
+def test_table_shows_every_entry_and_reason(fake_registry, capsys, renderer) -> None:
     fake_registry()
     assert main(["backends"]) == 0
     out = capsys.readouterr().out
@@ -28,12 +39,23 @@ def test_table_shows_every_entry_and_reason(fake_registry, capsys) -> None:
         "paged_register_backends() raised RuntimeError: kernel table [sm_90] missing",  # brackets are not markup
         "cli_fake_missing_module",
         "Selected by default: good",
+        "plugin API v1",
     ):
         assert text in out, text
     assert "second line" not in out
 
 
-def test_table_when_nothing_is_usable(fake_registry, capsys) -> None:
+def test_plain_table_is_aligned(fake_registry, capsys, monkeypatch) -> None:
+    fake_registry()
+    monkeypatch.setitem(sys.modules, "rich.console", None)
+    assert main(["backends"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    header = next(line for line in lines if line.startswith("name"))
+    good = next(line for line in lines if line.startswith("good "))
+    assert good.index("loaded") == header.index("status") and good.index("v1") == header.index("api")
+
+
+def test_table_when_nothing_is_usable(fake_registry, capsys, renderer) -> None:
     fake_registry(available=False)
     assert main(["backends"]) == 0  # broken plugins are information, not failure
     out = capsys.readouterr().out

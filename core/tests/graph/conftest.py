@@ -28,6 +28,7 @@ class VectorBackend(AttentionBackend):
     """Paged attention over every token at once: gathers each token's row through the block table."""
 
     name = "vector-test"
+    api_version = 1
     support = GraphSupport.UNIFORM_DECODE
 
     def __init__(self, device: str | torch.device | None = None) -> None:

@@ -65,9 +65,24 @@ def test_api_mismatch_does_not_call_the_backend(load_one, make_backend) -> None:
     assert rec.status is BackendStatus.API_MISMATCH
 
 
+def test_undeclared_api_version_is_a_load_error_saying_what_to_set(load_one, make_backend) -> None:
+    cls = make_backend("implicit", availability_error=AssertionError("called"))
+    del cls.api_version
+    rec = load_one(cls)
+    assert rec.status is BackendStatus.LOAD_ERROR
+    assert "does not declare api_version" in rec.reason and f"api_version = {PLUGIN_API_VERSION}" in rec.reason
+
+
+@pytest.mark.parametrize("value", ["1", 1.0, True])
+def test_non_integer_api_version_is_an_api_mismatch(load_one, make_backend, value) -> None:
+    rec = load_one(make_backend("odd", api_version=value))
+    assert rec.status is BackendStatus.API_MISMATCH
+
+
 def test_abstract_backend_is_a_load_error(load_one) -> None:
     class Half(AttentionBackend):
         name = "half"
+        api_version = 1
 
     rec = load_one(Half)
     assert rec.status is BackendStatus.LOAD_ERROR

@@ -17,6 +17,7 @@ class GoodFake(AttentionBackend):
     """A correct, tiny backend: fp32, head size 64, block size 4, GQA 1 and 4, no optional features."""
 
     name = "good-fake"
+    api_version = 1
 
     @classmethod
     def availability(cls) -> Availability:

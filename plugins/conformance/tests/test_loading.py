@@ -43,3 +43,18 @@ def test_broken_class_hooks(fake: str, problem: str, tmp_path: Path, monkeypatch
     err = capsys.readouterr().err
     assert code == pytest.ExitCode.USAGE_ERROR
     assert "INTERNALERROR" not in err and problem in err, err
+
+
+def test_version_names_the_suite_the_core_and_the_plugin_api() -> None:
+    import subprocess
+    import sys
+
+    import paged_core
+    from paged_core.api import PLUGIN_API_VERSION
+
+    done = subprocess.run([sys.executable, "-m", "paged_conformance.cli", "--version"], capture_output=True,
+                          text=True, timeout=120, check=False)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("paged-conformance 0.")
+    assert f"(checks plugin API {PLUGIN_API_VERSION})" in done.stdout
+    assert f"paged-core {paged_core.__version__} (plugin API {PLUGIN_API_VERSION})" in done.stdout

@@ -48,6 +48,7 @@ class CpuBackend(AttentionBackend):
     """
 
     name = "cpu"
+    api_version = 1  # the plugin API this backend is written for (paged-core 0.1.x implements it)
     priority = 50
 
     @classmethod

@@ -36,6 +36,7 @@ class RocmBackend(AttentionBackend):
     """
 
     name = "rocm"
+    api_version = 1  # the plugin API this backend is written for (paged-core 0.1.x implements it)
     priority = 50
 
     def __init__(self, device: str | torch.device | None = None) -> None:

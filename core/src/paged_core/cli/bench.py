@@ -26,6 +26,10 @@ DEFAULT_KV_CACHE = "4GiB"
 """Enough for every workload on the default model (``long`` holds 8 x 4k tokens), and fixed so runs compare."""
 
 
+EXTRA = "bench"
+"""The optional part of paged-core this subcommand needs (``paged-core[bench]``)."""
+
+
 def register(subparsers: Any) -> None:
     """Add the ``bench`` subcommand."""
     parser = subparsers.add_parser(

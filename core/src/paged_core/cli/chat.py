@@ -12,6 +12,10 @@ from paged_core.cli.logs import setup_logging
 _HELP = "commands: /reset clears the conversation, /exit (or end of input) quits"
 
 
+EXTRA = "models"
+"""The optional part of paged-core this subcommand needs (``paged-core[models]``)."""
+
+
 def register(subparsers: Any) -> None:
     """Add the ``chat`` subcommand."""
     parser = subparsers.add_parser(

@@ -10,6 +10,9 @@ from typing import Any
 from paged_core.cli.engine_args import add_engine_args, add_sampling_args, engine_config_from, sampling_params_from
 from paged_core.cli.logs import setup_logging
 
+EXTRA = "models"
+"""The optional part of paged-core this subcommand needs (``paged-core[models]``)."""
+
 
 def register(subparsers: Any) -> None:
     """Add the ``generate`` subcommand."""

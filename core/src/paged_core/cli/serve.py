@@ -9,6 +9,9 @@ from typing import Any
 from paged_core.cli.engine_args import add_engine_args, engine_config_from
 from paged_core.cli.logs import setup_logging
 
+EXTRA = "serve"
+"""The optional part of paged-core this subcommand needs (``paged-core[serve]``)."""
+
 
 def register(subparsers: Any) -> None:
     """Add the ``serve`` subcommand."""

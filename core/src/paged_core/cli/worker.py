@@ -12,6 +12,9 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+EXTRA = "models"
+"""The optional part of paged-core this subcommand needs (``paged-core[models]``)."""
+
 
 def register(subparsers: Any) -> None:
     """Add the ``worker`` subcommand."""

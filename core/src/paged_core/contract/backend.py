@@ -12,7 +12,6 @@ from paged_core.contract.capabilities import AttentionSpec, BackendCapabilities
 from paged_core.contract.fused_ops import FusedOps
 from paged_core.contract.graph_strategy import EagerStrategy, GraphCaptureStrategy
 from paged_core.contract.metadata import AttentionMetadata
-from paged_core.contract.version import PLUGIN_API_VERSION
 from paged_core.errors import PagedError
 
 
@@ -56,8 +55,12 @@ class AttentionBackend(ABC):
 
     name: ClassVar[str]
     """Unique backend name, as used with ``--backend``."""
-    api_version: ClassVar[int] = PLUGIN_API_VERSION
-    """The plugin API major version this backend was written against."""
+    api_version: ClassVar[int]
+    """The plugin API version this backend was written against; required, with no default.
+
+    Declare it as a literal (``api_version = 1``), not as ``PLUGIN_API_VERSION``: a default or
+    the running core's constant would claim every core's version, and the N/N+1 promise could
+    never refuse anything. The registry reports a backend that leaves it out as a load error."""
     priority: ClassVar[int] = 0
     """Higher wins automatic selection among available backends."""
 

@@ -6,6 +6,12 @@ keeps loading, unchanged, on every core release whose
 contract only grows: new optional hooks get defaults, new metadata fields are
 appended, nothing is removed or renamed. A core that moves to ``N + 2``
 drops ``N`` and the registry reports such a backend as an API mismatch.
+
+Versions that carry it: paged-core ``0.N.M`` implements plugin API ``N`` (``M`` counts
+releases within it), so a backend written for API ``N`` requires
+``paged-core>=0.N,<0.(N+2)`` and sets ``api_version = N`` in its class body (there is no
+default). ``paged --version``, ``paged backends --json`` and ``paged-conformance --version``
+print the API version next to the package versions.
 """
 
 from __future__ import annotations

@@ -9,6 +9,7 @@ from typing import Any
 
 import torch
 
+from paged_core._version import __version__
 from paged_core.config import blocks_for_memory
 from paged_core.contract.backend import AttentionBackend
 from paged_core.contract.capabilities import AttentionSpec
@@ -215,20 +216,11 @@ def _compile_cache(config: EngineConfig, loaded: LoadedModel) -> CompileCache:
         "model_config": loaded.model.config.to_json_string(use_diff=False),
         "dtype": str(loaded.dtype), "backend": backend_cls.name, "backend_version": version,
         "device": loaded.backend.device.type, "model_impl": config.model.model_impl, "torch": torch.__version__,
-        "paged_core": _core_version(),
+        "paged_core": __version__,
         # Ranks hold different shards (and sizes different shapes): each rank its own cache.
         "tensor_parallel": f"{loaded.tp.rank}/{loaded.tp.world_size}" if loaded.tp is not None else "1",
     }  # fmt: skip
     return CompileCache(fields, config.graph.compile_cache_dir)
-
-
-def _core_version() -> str:
-    import importlib.metadata as md
-
-    try:
-        return md.version("paged-core")
-    except md.PackageNotFoundError:
-        return "unknown"
 
 
 def resolve(config: EngineConfig, loaded: LoadedModel, draft: LoadedModel | None = None) -> EngineConfig:

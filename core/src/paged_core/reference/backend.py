@@ -21,6 +21,7 @@ class ReferenceBackend(AttentionBackend):
     """
 
     name = "reference"
+    api_version = 1  # the plugin API this backend is written for (paged-core 0.1.x implements it)
     priority = 0
 
     @classmethod

@@ -46,7 +46,14 @@ def classify(source: PluginSource, cls: type[AttentionBackend]) -> BackendRecord
         return source.record(name, status, reason, priority=priority, backend_cls=cls, **fields)
 
     api = getattr(cls, "api_version", None)
-    if api not in SUPPORTED_PLUGIN_API_VERSIONS:
+    if api is None:
+        reason = (
+            f"backend class {cls.__qualname__} does not declare api_version (the plugin API version it was "
+            f"written for; this paged-core implements v{PLUGIN_API_VERSION}): set api_version = "
+            f"{PLUGIN_API_VERSION} in its class body"
+        )
+        return rec(BackendStatus.LOAD_ERROR, reason)
+    if isinstance(api, bool) or not isinstance(api, int) or api not in SUPPORTED_PLUGIN_API_VERSIONS:
         return rec(BackendStatus.API_MISMATCH, _api_mismatch(api))
     if inspect.isabstract(cls):
         missing = ", ".join(sorted(getattr(cls, "__abstractmethods__", ())))

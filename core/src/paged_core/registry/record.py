@@ -75,6 +75,7 @@ class BackendRecord:
             "entry_point": self.entry_point,
             "builtin": self.builtin,
             "backend": f"{cls.__module__}.{cls.__qualname__}" if cls is not None else None,
+            "api_version": getattr(cls, "api_version", None) if cls is not None else None,
             "capabilities": self.capabilities.to_dict() if self.capabilities is not None else None,
             "reason": self.reason,
         }

@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.metadata as md
 from dataclasses import dataclass
 
+from paged_core._version import __version__
 from paged_core.registry.hookspecs import ENTRY_POINT_GROUP
 from paged_core.registry.record import BackendRecord, BackendStatus
 
@@ -12,13 +13,6 @@ CORE_DISTRIBUTION = "paged-core"
 
 BUILTIN_PLUGINS: dict[str, str] = {"reference": "paged_core.reference.plugin"}
 """Plugins core registers itself, by name: imported lazily, loaded even with the kill switch on."""
-
-
-def _core_version() -> str | None:
-    try:
-        return md.version(CORE_DISTRIBUTION)
-    except md.PackageNotFoundError:  # running from a source tree without metadata
-        return None
 
 
 @dataclass(frozen=True)
@@ -41,7 +35,7 @@ class PluginSource:
     @classmethod
     def builtin_plugin(cls, name: str, value: str) -> PluginSource:
         """A plugin shipped inside paged-core itself."""
-        return cls(name, value, CORE_DISTRIBUTION, _core_version(), builtin=True)
+        return cls(name, value, CORE_DISTRIBUTION, __version__, builtin=True)
 
     @property
     def keys(self) -> tuple[str | None, str | None]:

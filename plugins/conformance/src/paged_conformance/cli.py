@@ -49,8 +49,29 @@ def run(backend: str, **options: object) -> int:
     return int(pytest.main(pytest_args(backend, **options)))  # type: ignore[arg-type]
 
 
+def version_line() -> str:
+    """What ``--version`` prints: this suite's version and plugin API next to the core it runs on."""
+    from importlib import metadata
+
+    from paged_core.api import PLUGIN_API_VERSION
+
+    try:
+        own = metadata.version("paged-conformance")
+    except metadata.PackageNotFoundError:  # a source tree on sys.path
+        own = "unknown"
+    import paged_core
+
+    return (
+        f"paged-conformance {own} (checks plugin API {PLUGIN_API_VERSION}) "
+        f"on paged-core {paged_core.__version__} (plugin API {PLUGIN_API_VERSION})"
+    )
+
+
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="paged-conformance", description=__doc__)
+    # Raw description formatting keeps --version on one line (argparse otherwise wraps it to the terminal).
+    parser = argparse.ArgumentParser(prog="paged-conformance", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version", version=version_line())
     sub = parser.add_subparsers(dest="command", required=True)
     r = sub.add_parser("run", help="run the conformance suite against one backend",
                        epilog="Arguments after `--` go to pytest unchanged (e.g. -- -k decode -x).")

@@ -33,6 +33,8 @@ def build_report(
     """Assemble the report; ``context`` holds the backend, grid and oracle sections."""
     import torch  # imported here so that importing the package (and its pytest plugin) stays light
 
+    from paged_core.api import PLUGIN_API_VERSION
+
     summary: dict[str, int] = {}
     for r in results:
         summary[r.outcome] = summary.get(r.outcome, 0) + 1
@@ -44,6 +46,7 @@ def build_report(
             "python_version": platform.python_version(),
             "paged_core_version": _version("paged-core"),
             "paged_conformance_version": _version("paged-conformance"),
+            "plugin_api_version": PLUGIN_API_VERSION,
             "platform": platform.platform(),
         },
         "exit_status": exit_status,

@@ -27,6 +27,7 @@ class ExampleBackend(AttentionBackend):
     """
 
     name = "example"
+    api_version = 1  # the plugin API this backend is written for (paged-core 0.1.x implements it)
     priority = 10
 
     @classmethod
