@@ -11,9 +11,9 @@ raises :class:`paged_core.extras.MissingExtraError`, which says what to install.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from paged_core._lazy import lazy_getattr
 from paged_core._version import __version__
 from paged_core.errors import ConfigError, EngineDeadError, PagedError, RequestRejectedError
 
@@ -53,22 +53,7 @@ _LAZY: dict[str, str] = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    module_name = _LAZY.get(name)
-    if module_name is None:
-        raise AttributeError(f"module 'paged_core' has no attribute {name!r}")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        from paged_core.extras import from_import_error
-
-        hint = from_import_error(exc, f"paged_core.{name}", "models")
-        if hint is None:
-            raise
-        raise hint from exc
-    value = getattr(module, name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_getattr("paged_core", _LAZY, globals(), extra="models")
 
 
 def __dir__() -> list[str]:

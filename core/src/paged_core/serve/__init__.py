@@ -6,8 +6,9 @@ reads to build its parser) stays importable on an install without the server's l
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from paged_core._lazy import lazy_getattr
 
 if TYPE_CHECKING:
     from paged_core.serve.app import build_app
@@ -25,13 +26,6 @@ _LAZY: dict[str, str] = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'paged_core.serve' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
-
+__getattr__ = lazy_getattr("paged_core.serve", _LAZY, globals())
 
 __all__ = ["AsyncEngine", "EngineDeadError", "RequestStream", "ServeConfig", "build_app", "run_server"]
