@@ -33,3 +33,7 @@ class EngineDeadError(PagedError, RuntimeError):
 
 class DistributedError(PagedError, RuntimeError):
     """A tensor-parallel rank died or a collective timed out: the ranks are out of step, so the engine ends."""
+
+
+class WeightFormatError(PagedError, ValueError):
+    """A packed weight is malformed (size, block count, shape) or of a type nothing here can read; names the tensor."""

@@ -19,9 +19,23 @@ op                            meaning (``T`` tokens; every input may be a stride
                               (``cache[p, :D/2] = cos``, ``cache[p, D/2:] = sin``), NeoX style
                               (dimension ``i`` pairs with ``i + D/2``); returns new ``(q, k)``
 ``pack_linear(w, b)``         called once per weight at load; returns the backend's
-                              :class:`PackedLinear` (a layout its ``linear`` reads)
+                              :class:`PackedLinear` (a layout its ``linear`` reads). ``w`` is a
+                              dense tensor or a :class:`~paged_core.quant.QuantizedWeight`
 ``linear(x, packed)``         ``x @ w.T + b`` for ``x`` ``[T, K]``; returns ``[T, N]`` in ``x.dtype``
+                              (a packed ``w`` as if dequantized exactly, see below)
 ============================  =====================================================================
+
+**Packed weights.** ``linear_formats`` names the packed formats
+(:data:`paged_core.quant.FORMATS`: ``q4_0``, ``q4_1``, ``q8_0``, ``q4_k``, ``q6_k``,
+``int8``) whose products the backend computes itself; the engine gives
+``pack_linear`` only weights of those formats (and dense ones) and packs every
+other format with this reference class, logging why. So a backend's ``linear``
+receives :class:`PackedLinear` objects it did not make (the reference's, of
+any format) and must pass those to ``super().linear``. The reference
+multiplies a packed weight by dequantizing it exactly in fp32
+(:func:`paged_core.quant.reference_linear`): the oracle of the conformance
+suite's linear section. A kernel may sum in another order, or round the
+activations to another precision when it says so in its tolerance.
 
 Like attention, these are called inside captured or compiled steps: an
 override must be a torch custom op with a fake (meta) implementation, must
@@ -36,17 +50,20 @@ from typing import Any, ClassVar
 
 import torch
 
+from paged_core.quant import FORMATS, QuantizedWeight, reference_linear
+
 
 @dataclass
 class PackedLinear:
     """One linear layer's weight in the form a backend's :meth:`FusedOps.linear` reads.
 
     ``weight`` ``[out_features, in_features]`` and ``bias`` are the model's own
-    tensors (the reference multiplies them); ``packed`` is whatever the
-    backend made of them at load (``None`` for the reference).
+    tensors (the reference multiplies them), the weight either dense or a
+    :class:`~paged_core.quant.QuantizedWeight` in its packed format; ``packed``
+    is whatever the backend made of them at load (``None`` for the reference).
     """
 
-    weight: torch.Tensor
+    weight: torch.Tensor | QuantizedWeight
     bias: torch.Tensor | None = None
     packed: Any = None
 
@@ -64,6 +81,12 @@ class FusedOps:
 
     name: ClassVar[str] = "reference"
     """Shown in logs and conformance reports."""
+
+    linear_formats: ClassVar[frozenset[str]] = frozenset(FORMATS)
+    """Packed weight formats :meth:`linear` multiplies itself (the reference: all, by dequantizing).
+
+    A backend declares the formats it has kernels for (``frozenset()``: none);
+    the engine packs weights of other formats with the reference instead."""
 
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         """RMS normalisation of ``[T, H]`` over ``H``, times ``weight`` ``[H]``."""
@@ -99,10 +122,12 @@ class FusedOps:
 
         return rotate(query), rotate(key)
 
-    def pack_linear(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> PackedLinear:
+    def pack_linear(self, weight: torch.Tensor | QuantizedWeight, bias: torch.Tensor | None = None) -> PackedLinear:
         """Prepare one weight for :meth:`linear` (called once at load). The reference keeps it as is."""
         return PackedLinear(weight, bias)
 
     def linear(self, x: torch.Tensor, packed: PackedLinear) -> torch.Tensor:
-        """``x @ weight.T + bias`` in ``x.dtype``."""
+        """``x @ weight.T + bias`` in ``x.dtype`` (a packed weight dequantized exactly, in fp32)."""
+        if isinstance(packed.weight, QuantizedWeight):
+            return reference_linear(x, packed.weight, packed.bias)
         return torch.nn.functional.linear(x, packed.weight, packed.bias)
