@@ -50,6 +50,13 @@ def test_built_reports_are_valid(kv_report: dict[str, Any]) -> None:
         (lambda r: r["ratios"].update(x="big"), "$.ratios.x: expected number"),
         (lambda r: r["roofline"].pop("achieved_flops_per_s"), "flops roofline lacks 'achieved_flops_per_s'"),
         (lambda r: r.update(runs=[]), "must report at least our own run"),
+        # A run's own roofline (llama.cpp's) is checked like the report's.
+        (
+            lambda r: r["runs"][1].update(roofline={"kind": "bandwidth", "fraction": 0.2, "peak_bytes_per_s": 1.0}),
+            "$.runs[1].roofline: bandwidth roofline lacks 'achieved_bytes_per_s'",
+        ),
+        (lambda r: r["runs"][1].update(roofline={"kind": "bytes", "fraction": 0.2}), "'bytes' is not one of"),
+        (lambda r: r["runs"][1].update(llama_cpp=[]), "$.runs[1].llama_cpp: expected object or null"),
     ],
 )
 def test_broken_reports_are_caught(mutate: Any, message: str) -> None:

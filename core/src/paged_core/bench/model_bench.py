@@ -1,4 +1,4 @@
-"""The model workloads (``throughput``, ``prefix``, ``decode-1``, ``long``): our engine, then each baseline.
+"""The model workloads (``throughput``, ``prefix``, ``decode-1``, ``edit-1``, ``long``): our engine, then each baseline.
 
 Weights are loaded once; the baselines run on the same module (transformers
 with its own attention switched back on; the reference backend through a
@@ -12,6 +12,8 @@ import dataclasses
 import logging
 from collections.abc import Sequence
 from typing import Any
+
+import torch
 
 from paged_core.bench.engine_run import engine_config_summary, run_engine, warm_up
 from paged_core.bench.hf_runs import run_hf_cb, run_hf_static
@@ -52,6 +54,11 @@ def run_model_workload(opts: BenchOptions, requests: Sequence[BenchRequest]) -> 
         from paged_core.bench.vllm_run import check_ready
 
         check_ready(config.model.model)
+    llama_model = None
+    if "llama.cpp" in opts.baselines:  # a missing llama-bench, another workload or a non-GGUF model fail now
+        from paged_core.bench import llama_cpp_run
+
+        llama_model = llama_cpp_run.check_ready(config.model.model, opts.workload)[1]
     engine = LLMEngine(config)
     summary = engine_config_summary(engine)
     runs = [_timed(engine, requests, OURS, opts.progress)]
@@ -84,10 +91,27 @@ def run_model_workload(opts: BenchOptions, requests: Sequence[BenchRequest]) -> 
             # The same dtype ours resolved to ("auto" is machine-dependent), so both run the same arithmetic.
             resolved = config.replace(dtype=str(engine.loaded.dtype).removeprefix("torch."))
             runs.append(run_vllm(name, requests, resolved, opts.progress))
+        elif name == "llama.cpp":  # llama.cpp's llama-bench on the same GGUF (bench/llama_cpp_run.py)
+            from paged_core.bench.llama_cpp_run import run_llama_cpp
+
+            assert llama_model is not None
+            # As many threads as ours computed with (torch's intra-op threads in this process).
+            runs.append(run_llama_cpp(requests, llama_model, torch.get_num_threads(), progress=opts.progress))
     shape = ModelShape.from_model(model)
+    roofline = _roofline(opts.workload, shape, runs[0], requests, engine)
+    if llama_model is not None:
+        from paged_core.bench.llama_cpp_run import LlamaCppRunResult
+
+        # llama.cpp's bandwidth share against the same copy measurement as ours (its build runs on the CPU).
+        device = engine.loaded.backend.device
+        same = roofline is not None and roofline["kind"] == "bandwidth" and device.type == "cpu"
+        copy = roofline["copy"] if same and roofline is not None else measure_copy_bandwidth(torch.device("cpu"))
+        for run in runs:
+            if isinstance(run, LlamaCppRunResult):
+                run.set_copy_bandwidth(copy)
     return {
         "runs": runs,
-        "roofline": _roofline(opts.workload, shape, runs[0], requests, engine),
+        "roofline": roofline,
         "engine": summary,
         "device": engine.loaded.backend.device,
         "model": {

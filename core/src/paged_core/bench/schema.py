@@ -55,6 +55,10 @@ ROOFLINE: Schema = {
                    "achieved_bytes_per_s": NUM},
 }  # fmt: skip
 """A roofline has either the FLOP pair or the byte pair; :func:`validate_report` checks which."""
+RUN["properties"]["roofline"] = ROOFLINE
+"""Optional (llama.cpp runs): the run's own bandwidth roofline, for a system reading other weight bytes than ours."""
+RUN["properties"]["llama_cpp"] = {"type": ["object", "null"]}
+"""Optional (llama.cpp runs): what llama-bench reported (build, model type, threads, spread)."""
 
 REPORT = _obj({
     "schema_version": {"type": "integer", "enum": [1]},
@@ -123,11 +127,14 @@ def validate_report(report: Any) -> list[str]:
     errors = validate(report, REPORT)
     if errors:
         return errors
-    roof = report["roofline"]
-    if roof is not None:
+    rooflines = [("$.roofline", report["roofline"])]
+    rooflines += [(f"$.runs[{i}].roofline", run.get("roofline")) for i, run in enumerate(report["runs"])]
+    for path, roof in rooflines:
+        if roof is None:
+            continue
         pair = ("peak_flops_per_s", "achieved_flops_per_s") if roof["kind"] == "flops" else (
             "peak_bytes_per_s", "achieved_bytes_per_s")  # fmt: skip
-        errors += [f"$.roofline: {roof['kind']} roofline lacks {k!r}" for k in pair if k not in roof]
+        errors += [f"{path}: {roof['kind']} roofline lacks {k!r}" for k in pair if k not in roof]
     if report["workload"] == "kv-util" and report["kv_util"] is None:
         errors.append("$.kv_util: the kv-util workload must report its traces")
     if report["workload"] != "kv-util" and not report["runs"]:
