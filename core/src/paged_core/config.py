@@ -22,6 +22,8 @@ from paged_core.sizes import parse_size
 
 DTYPES = ("auto", "bfloat16", "float16", "float32")
 MODEL_IMPLS = ("auto", "fused", "transformers")
+QUANTIZATIONS = ("auto", "none", "int8")
+"""How linear weights are held; see :func:`paged_core.engine.loader.load_model`."""
 """Which model path runs; see :mod:`paged_core.engine.forward`."""
 GRAPH_MODES = ("auto", "eager", "compiled", "device")
 """How steps run; see :mod:`paged_core.engine.executors`."""
@@ -85,6 +87,9 @@ class ModelConfig:
                                    "transformers' built-in architectures load)")  # fmt: skip
     model_impl: str = _opt("auto", "fused: the engine's decoder (Llama/Mistral/Qwen2/Qwen3); transformers: its "
                            "modules; auto: fused where it applies", choices=MODEL_IMPLS)  # fmt: skip
+    quantization: str = _opt("auto", "linear weights: auto keeps a GGUF's quantized blocks packed (read by the "
+                             "backend's kernels); none dequantizes them; int8 packs a bf16/fp16/fp32 checkpoint to "
+                             "int8 per output channel", choices=QUANTIZATIONS)  # fmt: skip
     seed: int = _opt(0, "seed of the sampler's shared generator and of torch (requests may bring their own)",
                      flag="--engine-seed")  # fmt: skip
 
@@ -94,6 +99,7 @@ class ModelConfig:
         _require_choice("dtype", self.dtype, DTYPES)
         _require_bool("trust_remote_code", self.trust_remote_code)
         _require_choice("model_impl", self.model_impl, MODEL_IMPLS)
+        _require_choice("quantization", self.quantization, QUANTIZATIONS)
         _require_int("seed", self.seed, 0, MAX_SEED)
 
 

@@ -30,6 +30,7 @@ from paged_core.parallel.leader import Leader, start_leader
 from paged_core.parallel.placement import place
 from paged_core.parallel.shard import shard_model
 from paged_core.parallel.sizes import check_tp_size, local_specs
+from paged_core.quant.module import attach_ops, packed_modules
 from paged_core.registry import BackendStatus, load_registry
 from paged_core.sched.scheduler import Scheduler
 
@@ -175,8 +176,13 @@ def load(config: EngineConfig, group: TPGroup | None = None) -> LoadedModel:
     device = place(device, group.rank if group is not None else 0, tp)
     try:
         tokenizer = load_tokenizer(source) if group is None or group.rank == 0 else None
-        model = load_model(source, model_config, dtype, device, register_paged_attention())
+        model = load_model(source, model_config, dtype, device, register_paged_attention(), config.model.quantization)
+        backend = cls(device=device)
+        attach_ops(model, backend.fused_ops())
         if group is not None:
+            if packed_modules(model):
+                raise UnsupportedConfigError("tensor parallelism over packed (quantized) weights is not supported "
+                                             "yet; pass --quantization none, or run on one rank")  # fmt: skip
             shard_model(model, group)
             # Loading takes each rank its own time; the collectives that follow must not count it.
             if leader is not None:
@@ -188,7 +194,7 @@ def load(config: EngineConfig, group: TPGroup | None = None) -> LoadedModel:
             leader.close(timeout=1.0)
         raise
     limit = int(getattr(model_config.get_text_config(), "max_position_embeddings", 0) or 0) or 2**20
-    return LoadedModel(source, tokenizer, model, specs, cls(device=device), dtype, _eos_ids(model, tokenizer), limit,
+    return LoadedModel(source, tokenizer, model, specs, backend, dtype, _eos_ids(model, tokenizer), limit,
                        tp=group, leader=leader)  # fmt: skip
 
 
@@ -215,7 +221,8 @@ def _compile_cache(config: EngineConfig, loaded: LoadedModel) -> CompileCache:
         "model": str(weights), "model_mtime": stat.st_mtime if stat else None,
         "model_config": loaded.model.config.to_json_string(use_diff=False),
         "dtype": str(loaded.dtype), "backend": backend_cls.name, "backend_version": version,
-        "device": loaded.backend.device.type, "model_impl": config.model.model_impl, "torch": torch.__version__,
+        "device": loaded.backend.device.type, "model_impl": config.model.model_impl,
+        "quantization": config.model.quantization, "torch": torch.__version__,
         "paged_core": __version__,
         # Ranks hold different shards (and sizes different shapes): each rank its own cache.
         "tensor_parallel": f"{loaded.tp.rank}/{loaded.tp.world_size}" if loaded.tp is not None else "1",

@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from paged_core.errors import ConfigError
+from paged_core.errors import ConfigError, PagedError
 
 log = logging.getLogger(__name__)
 
@@ -67,6 +67,22 @@ def resolve_source(model: str | None) -> ModelSource:
     )
 
 
+_READERS: dict[tuple[str, float, int], Any] = {}
+
+
+def gguf_reader(path: Path) -> Any:
+    """One parsed ``gguf.GGUFReader`` per file version (parsing SmolLM2's vocabulary alone takes ~10 s here)."""
+    from gguf import GGUFReader
+
+    stat = path.stat()
+    key = (str(path.resolve()), stat.st_mtime, stat.st_size)
+    reader = _READERS.get(key)
+    if reader is None:
+        _READERS.clear()  # one file at a time: a reader maps its whole file
+        reader = _READERS[key] = GGUFReader(str(path))
+    return reader
+
+
 def check_gguf(path: Path) -> None:
     """Refuse a file that is not a complete GGUF before transformers trips over it."""
     with path.open("rb") as fh:
@@ -74,9 +90,7 @@ def check_gguf(path: Path) -> None:
     if magic != _GGUF_MAGIC:
         raise ConfigError(f"{path}: not a GGUF file (it starts with {magic!r}, expected {_GGUF_MAGIC!r})")
     try:
-        from gguf import GGUFReader
-
-        reader = GGUFReader(str(path))
+        reader = gguf_reader(path)
         size = path.stat().st_size
         for tensor in reader.tensors:
             if int(tensor.data_offset) + int(tensor.n_bytes) > size:
@@ -101,26 +115,70 @@ def load_tokenizer(source: ModelSource) -> Any | None:
 
 
 def load_model(
-    source: ModelSource, config: Any, dtype: torch.dtype, device: torch.device, attn_implementation: str
-) -> Any:
+    source: ModelSource, config: Any, dtype: torch.dtype, device: torch.device, attn_implementation: str,
+    quantization: str = "auto",
+) -> Any:  # fmt: skip
     """The transformers causal LM in ``dtype`` on ``device``, with attention routed to ``attn_implementation``.
 
     ``config`` is the model's already-read transformers config (reading it can mean parsing a GGUF).
+    ``quantization`` (:data:`paged_core.config.QUANTIZATIONS`): ``auto`` keeps a GGUF's packed
+    linear weights packed (:mod:`paged_core.engine.gguf_packed`), ``none`` dequantizes every
+    tensor, ``int8`` packs a float checkpoint's linear weights to int8 per output row.
     """
     from transformers import AutoModelForCausalLM
 
     if getattr(config, "is_encoder_decoder", False):
         raise ConfigError(f"model {source.name!r} is an encoder-decoder model; paged serves decoder-only models")
+    gguf_path = source.directory / source.gguf_file if source.gguf_file is not None else None
+    if quantization == "int8" and gguf_path is not None:
+        _refuse_requantizing(gguf_path)
     try:
-        model = AutoModelForCausalLM.from_pretrained(
-            str(source.directory), gguf_file=source.gguf_file, dtype=dtype, config=config
-        )
+        if gguf_path is not None and quantization == "auto":
+            from paged_core.engine.gguf_packed import load_packed_gguf
+
+            model = load_packed_gguf(gguf_path, config, dtype)
+        else:
+            model = AutoModelForCausalLM.from_pretrained(
+                str(source.directory), gguf_file=source.gguf_file, dtype=dtype, config=config
+            )
     except (OSError, ValueError, KeyError) as exc:
+        if isinstance(exc, PagedError):
+            raise
         raise ConfigError(f"{source.directory}: cannot load the model weights ({exc})") from None
+    finally:
+        forget_gguf_readers()
+    if quantization == "int8":
+        from paged_core.quant.module import quantize_linears
+
+        quantize_linears(model)
     model.config._attn_implementation = attn_implementation
     for sub in model.modules():  # nested configs (e.g. a text_config) carry their own choice
         cfg = getattr(sub, "config", None)
         if cfg is not None and hasattr(cfg, "_attn_implementation"):
             cfg._attn_implementation = attn_implementation
-    moved: Any = model.to(device)  # type: ignore[arg-type]
+    moved: Any = model.to(device)
+    from paged_core.quant.module import packed_modules
+
+    for _, m in packed_modules(moved):
+        m.to_device(device)
     return moved.eval()
+
+
+def _refuse_requantizing(path: Path) -> None:
+    """``--quantization int8`` packs float weights; a GGUF whose weights are already blocks says why not."""
+    from paged_core.quant import BY_GGML_TYPE
+
+    reader = gguf_reader(path)
+    packed = sorted({t.tensor_type.name for t in reader.tensors if int(t.tensor_type) in BY_GGML_TYPE
+                     or t.tensor_type.name not in ("F32", "F16", "BF16")})  # fmt: skip
+    if packed:
+        raise ConfigError(
+            f"--quantization int8 cannot apply to {path.name}: its weights are already quantized "
+            f"({', '.join(packed)}), and int8 of rounded values only loses more; use --quantization auto "
+            "(serves the GGUF blocks as they are) or none (dequantized); int8 applies to bf16/fp16/fp32 checkpoints"
+        )
+
+
+def forget_gguf_readers() -> None:
+    """Drop the parsed GGUF kept by :func:`gguf_reader` (it maps the whole file)."""
+    _READERS.clear()

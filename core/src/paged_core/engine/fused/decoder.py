@@ -14,6 +14,8 @@ from paged_core.contract.fused_ops import FusedOps, PackedLinear
 from paged_core.contract.metadata import AttentionMetadata
 from paged_core.engine.fused.families import fused_refusal
 from paged_core.errors import UnsupportedConfigError
+from paged_core.quant import QuantizedWeight
+from paged_core.quant.module import PackedLinearModule, route_pack
 
 
 @dataclass
@@ -24,27 +26,41 @@ class _Layer:
     post_norm: torch.Tensor
     eps: float
     post_eps: float
-    qkv: PackedLinear
+    qkv: PackedLinear | list[PackedLinear]
     o: PackedLinear
-    gate_up: PackedLinear
+    gate_up: PackedLinear | list[PackedLinear]
     down: PackedLinear
     q_norm: torch.Tensor | None
     k_norm: torch.Tensor | None
     qk_eps: float
 
 
-def _merge(ops: FusedOps, linears: list[torch.nn.Linear]) -> PackedLinear:
+def _weight(module: Any) -> torch.Tensor | QuantizedWeight:
+    """A linear module's weight: its packed form, or the dense tensor."""
+    return module.qweight if isinstance(module, PackedLinearModule) else module.weight.detach()
+
+
+def _merge(ops: FusedOps, linears: list[Any]) -> PackedLinear | list[PackedLinear]:
     """One projection for several that read the same input; the modules keep views of the merged weight.
 
     The transformers modules stay usable (the plain path and the baselines run
-    them) without a second copy of their weights.
+    them) without a second copy of their weights. Packed weights merge when
+    they share a format; otherwise each stays its own product (a list).
     """
+    weights = [_weight(m) for m in linears]
+    if all(isinstance(w, QuantizedWeight) for w in weights):
+        packed = [w for w in weights if isinstance(w, QuantizedWeight)]
+        if len({w.format for w in packed}) == 1:
+            merged = QuantizedWeight.cat(packed, name="+".join(w.name for w in packed))
+            start = 0
+            for m in linears:
+                m.set_weight(merged.rows(start, start + m.out_features))
+                start += m.out_features
+            return route_pack(ops, merged, _merged_bias(linears))
+    if any(isinstance(w, QuantizedWeight) for w in weights):
+        return [route_pack(ops, _weight(m), m.bias) for m in linears]
     weight = torch.cat([m.weight.detach() for m in linears])
-    biases = [m.bias for m in linears]
-    bias = None
-    if any(b is not None for b in biases):
-        bias = torch.cat([b.detach() if b is not None else m.weight.new_zeros(m.out_features)
-                          for b, m in zip(biases, linears, strict=True)])  # fmt: skip
+    bias = _merged_bias(linears)
     start = 0
     for m in linears:
         end = start + m.out_features
@@ -52,7 +68,27 @@ def _merge(ops: FusedOps, linears: list[torch.nn.Linear]) -> PackedLinear:
         if m.bias is not None and bias is not None:
             m.bias = torch.nn.Parameter(bias[start:end], requires_grad=False)
         start = end
-    return ops.pack_linear(weight, bias)
+    return route_pack(ops, weight, bias)
+
+
+def _merged_bias(linears: list[Any]) -> torch.Tensor | None:
+    biases = [m.bias for m in linears]
+    if all(b is None for b in biases):
+        return None
+    return torch.cat([b.detach() if b is not None else torch.zeros(m.out_features, dtype=_dtype_of(linears))
+                      for b, m in zip(biases, linears, strict=True)])  # fmt: skip
+
+
+def _dtype_of(linears: list[Any]) -> torch.dtype:
+    dtype: torch.dtype = next(m.bias.dtype for m in linears if m.bias is not None)
+    return dtype
+
+
+def _linear(ops: FusedOps, x: torch.Tensor, packed: PackedLinear | list[PackedLinear]) -> torch.Tensor:
+    """A projection, or the concatenation of projections that could not merge."""
+    if isinstance(packed, list):
+        return torch.cat([ops.linear(x, p) for p in packed], dim=-1)
+    return ops.linear(x, packed)
 
 
 def _cos_sin_cache(rotary: Any, max_positions: int, device: torch.device) -> torch.Tensor:
@@ -101,7 +137,7 @@ class FusedDecoder:
         self.embed = inner.embed_tokens.weight.detach()
         self.norm = inner.norm.weight.detach()
         self.norm_eps = float(inner.norm.variance_epsilon)
-        self.lm_head = self.ops.pack_linear(model.lm_head.weight.detach(), getattr(model.lm_head, "bias", None))
+        self.lm_head = route_pack(self.ops, _weight(model.lm_head), getattr(model.lm_head, "bias", None))
         device = self.embed.device
         self.cos_sin = _cos_sin_cache(inner.rotary_emb, max_positions, device)
         self.layers = [self._layer(layer) for layer in inner.layers]
@@ -117,9 +153,9 @@ class FusedDecoder:
             eps=float(layer.input_layernorm.variance_epsilon),
             post_eps=float(layer.post_attention_layernorm.variance_epsilon),
             qkv=_merge(self.ops, [attn.q_proj, attn.k_proj, attn.v_proj]),
-            o=self.ops.pack_linear(attn.o_proj.weight.detach()),
+            o=route_pack(self.ops, _weight(attn.o_proj), None),
             gate_up=_merge(self.ops, [mlp.gate_proj, mlp.up_proj]),
-            down=self.ops.pack_linear(mlp.down_proj.weight.detach()),
+            down=route_pack(self.ops, _weight(mlp.down_proj), None),
             q_norm=q_norm.weight.detach() if q_norm is not None else None,
             k_norm=k_norm.weight.detach() if k_norm is not None else None,
             qk_eps=float(q_norm.variance_epsilon) if q_norm is not None else 0.0,
@@ -145,7 +181,7 @@ class FusedDecoder:
                 x, residual = ops.add_rms_norm(hidden, residual, layer.in_norm, layer.eps)
             spec = self.specs[i]
             q_size, kv_size = spec.num_heads * spec.head_size, spec.num_kv_heads * spec.head_size
-            qkv = ops.linear(x, layer.qkv)
+            qkv = _linear(ops, x, layer.qkv)
             q = qkv[:, :q_size].view(tokens, spec.num_heads, spec.head_size)
             k = qkv[:, q_size : q_size + kv_size].view(tokens, spec.num_kv_heads, spec.head_size)
             v = qkv[:, q_size + kv_size :].view(tokens, spec.num_kv_heads, spec.head_size)
@@ -158,7 +194,7 @@ class FusedDecoder:
             if reduce is not None:
                 hidden = reduce(hidden)
             x, residual = ops.add_rms_norm(hidden, residual, layer.post_norm, layer.post_eps)
-            hidden = ops.linear(ops.silu_and_mul(ops.linear(x, layer.gate_up)), layer.down)
+            hidden = ops.linear(ops.silu_and_mul(_linear(ops, x, layer.gate_up)), layer.down)
             if reduce is not None:
                 hidden = reduce(hidden)
         assert residual is not None
