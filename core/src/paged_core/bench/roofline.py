@@ -30,23 +30,44 @@ class ModelShape:
     num_heads: int
     head_dim: int
     element_size: int
+    weight_bytes: int | None = None
+    """Bytes one decode step reads when some weights are packed (``None``: every weight dense, ``element_size``)."""
 
     @classmethod
     def from_model(cls, model: torch.nn.Module) -> ModelShape:
-        """Read the shape from a transformers causal LM (tied embeddings are counted once, as the head)."""
+        """Read the shape from a transformers causal LM (tied embeddings are counted once, as the head).
+
+        Packed linear layers (:class:`~paged_core.quant.module.PackedLinearModule`) count their
+        weights' elements as parameters and their packed bytes as what a decode step reads.
+        """
+        from paged_core.quant.module import packed_bytes, packed_modules
+
         params = {id(p): p for p in model.parameters()}
         embed = model.get_input_embeddings().weight  # type: ignore[operator]
-        head = model.get_output_embeddings().weight  # type: ignore[operator]
-        total = sum(p.numel() for p in params.values())
-        skip = embed.numel() + (head.numel() if head is not embed else 0)
+        head_module = model.get_output_embeddings()  # type: ignore[operator]
+        packed = packed_modules(model)
+        head_q = getattr(head_module, "qweight", None)
+        head_numel = head_q.out_features * head_q.in_features if head_q is not None else head_module.weight.numel()
+        head_is_embed = head_q is None and head_module.weight is embed
+        dense = sum(p.numel() for p in params.values())
+        packed_numel = sum(m.out_features * m.in_features for _, m in packed)
+        total = dense + packed_numel
+        skip = embed.numel() + (head_numel if not head_is_embed else 0)
         cfg = model.config.get_text_config()  # type: ignore[operator, union-attr]
         heads = int(cfg.num_attention_heads)
         head_dim = int(getattr(cfg, "head_dim", None) or cfg.hidden_size // heads)
-        return cls(total - skip, head.numel(), int(cfg.num_hidden_layers), heads, head_dim, head.element_size())
+        weight_bytes = None
+        if packed:  # dense body tensors (norms, biases) plus every packed byte; the embedding row is negligible
+            body_dense = sum(p.numel() * p.element_size() for p in params.values() if p is not embed)
+            weight_bytes = body_dense + packed_bytes(model)
+        return cls(total - skip, head_numel, int(cfg.num_hidden_layers), heads, head_dim, embed.element_size(),
+                   weight_bytes)  # fmt: skip
 
     @property
     def weight_bytes_per_token(self) -> int:
         """Bytes of weights one decode step reads (body and LM head; the embedding row is negligible)."""
+        if self.weight_bytes is not None:
+            return self.weight_bytes
         return (self.body_params + self.head_params) * self.element_size
 
     def request_flops(self, num_prompt: int, num_output: int, num_cached: int = 0) -> int:

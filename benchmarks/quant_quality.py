@@ -1,0 +1,82 @@
+"""Packed weights against the dequantized model: NLL of a fixed text, and greedy agreement on the e2e prompts.
+
+    python benchmarks/quant_quality.py [--model FILE.gguf] [--backend cpu] [--max-tokens 32] [--json out.json]
+
+Ours: the engine on the GGUF with its blocks packed (``--quantization auto``). The dequantized
+model: transformers' own ``from_pretrained(gguf_file=...)`` in fp32 (its dequantizing path),
+run with its own attention. NLL is per predicted token of the repository's LICENSE (~2,200
+tokens, scored by :mod:`paged_core.bench.nll`); greedy agreement runs the 32 mixed prompts of
+``tests/e2e`` (``mixed_prompts``) through both and counts prompts whose whole continuation
+matches, and tokens matching before the first difference.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default=None)
+    parser.add_argument("--backend", default=None)
+    parser.add_argument("--max-tokens", type=int, default=32)
+    parser.add_argument("--prompts", type=int, default=32)
+    parser.add_argument("--json", default=None)
+    args = parser.parse_args()
+
+    from transformers import AutoModelForCausalLM
+
+    from paged_core import LLM, SamplingParams
+    from paged_core.bench.nll import engine_nll, transformers_nll
+
+    sys.path.insert(0, str(ROOT / "tests" / "e2e"))
+    from e2e_helpers import mixed_prompts  # the e2e battery's prompts, as the tests cut them
+
+    llm = LLM(args.model, backend=args.backend, dtype="float32", kv_cache_memory="512MiB")
+    src = llm.engine.loaded.source
+    dense = AutoModelForCausalLM.from_pretrained(str(src.directory), gguf_file=src.gguf_file, dtype=torch.float32)
+    dense = dense.eval()
+    ids = llm.tokenizer.encode((ROOT / "LICENSE").read_text())
+    t0 = time.perf_counter()
+    ours = engine_nll(llm, ids)
+    theirs = transformers_nll(dense, ids)
+    nll_s = time.perf_counter() - t0
+
+    prompts = mixed_prompts(llm.tokenizer, args.prompts)
+    params = SamplingParams(temperature=0.0, max_tokens=args.max_tokens, ignore_eos=True)
+    outs = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
+    ref = []
+    with torch.inference_mode():
+        for p in prompts:
+            x = torch.tensor([p])
+            y = dense.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=args.max_tokens, do_sample=False,
+                               eos_token_id=None, pad_token_id=0)  # fmt: skip
+            ref.append(y[0, len(p) :].tolist())
+    same = sum(a == b for a, b in zip(outs, ref, strict=True))
+    prefix = [next((i for i, (x, y) in enumerate(zip(a, b, strict=True)) if x != y), len(a))
+              for a, b in zip(outs, ref, strict=True)]  # fmt: skip
+    result = {
+        "model": src.name, "backend": llm.engine.loaded.backend.name, "tokens": len(ids),
+        "nll_packed": ours, "nll_dequantized_fp32": theirs, "nll_relative_difference": (ours - theirs) / theirs,
+        "greedy_prompts": len(prompts), "greedy_max_tokens": args.max_tokens,
+        "greedy_identical": same, "greedy_agreement_rate": same / len(prompts),
+        "greedy_tokens_before_first_difference": sum(prefix) / (len(prompts) * args.max_tokens),
+        "divergent_prompts": [i for i, (a, b) in enumerate(zip(outs, ref, strict=True)) if a != b],
+        "nll_seconds": nll_s,
+    }  # fmt: skip
+    for k, v in result.items():
+        print(f"{k:40s} {v}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
