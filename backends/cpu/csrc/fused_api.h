@@ -75,6 +75,55 @@ struct LinearArgs {
   Elem out_type;
 };
 
+// Linear layers over packed weights read in place (paged_core.quant's formats, unchanged bytes):
+// data row n at w + n * ldw bytes, K / block blocks of the format's bytes each (int8: K int8 values,
+// with an fp32 scale per row). The ids are the op's `fmt` argument (paged_backend_cpu.ops.QUANT_FORMATS).
+enum class QFormat : int32_t { Q4_0 = 0, Q4_1 = 1, Q8_0 = 2, Q4_K = 3, Q6_K = 4, INT8 = 5 };
+constexpr int kQuantFormats = 6;
+
+struct QuantFormatInfo {
+  const char* name;
+  int block;  // input features per block
+  int bytes;  // bytes per block
+};
+
+constexpr QuantFormatInfo kQuantFormatInfo[kQuantFormats] = {
+    {"q4_0", 32, 18}, {"q4_1", 32, 20}, {"q8_0", 32, 34}, {"q4_k", 256, 144}, {"q6_k", 256, 210}, {"int8", 1, 1},
+};
+
+// Output features a streaming call handles as one unit (a multiple of every register tile's width).
+constexpr int kQuantGroup = 12;
+
+struct QuantArgs {
+  const float* x;         // [M, K] fp32, row stride ldx
+  int64_t ldx;
+  int64_t rows;           // M
+  int64_t in_features;    // K
+  const uint8_t* w;       // packed rows
+  int64_t ldw;            // bytes from one packed row to the next
+  QFormat format;
+  const float* scale;     // int8: [N] per-row scales; else nullptr
+  const float* bias;      // [N] fp32 or nullptr
+  int64_t out_features;   // N
+  void* out;              // [M, N] contiguous
+  Elem out_type;
+  int64_t chunk;          // dequantize path: output features dequantized into one fp32 scratch at a time
+};
+
+// Output features [begin, end) of every row. `stream` reads each packed row once per tile of up to 4
+// rows of x, dequantizing in registers (decode, few rows); `dequant_dot` dequantizes `chunk` rows at
+// a time into an fp32 scratch and multiplies every row of x against it (prefill, many rows).
+using QuantFn = void (*)(const QuantArgs&, int64_t begin, int64_t end);
+
+struct QuantKernels {
+  const char* name;
+  QuantFn stream;
+  QuantFn dequant_dot;
+};
+
+const QuantKernels* scalar_quant_kernels();
+const QuantKernels* avx2_quant_kernels();  // nullptr when not built (non-x86 or not GCC)
+
 using RmsFn = void (*)(const RmsArgs&, int64_t begin, int64_t end);
 using SiluFn = void (*)(const SiluArgs&, int64_t begin, int64_t end);
 using RotaryFn = void (*)(const RotaryArgs&, int64_t begin, int64_t end);

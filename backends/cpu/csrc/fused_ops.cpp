@@ -222,6 +222,104 @@ at::Tensor linear(const at::Tensor& x_in, const at::Tensor& packed, const std::o
   return out;
 }
 
+namespace {
+
+const QuantKernels& quant() {
+  const QuantKernels* avx2 = avx2_quant_kernels();
+  if (avx2 != nullptr && std::strcmp(fused().name, "avx2") == 0) return *avx2;
+  return *scalar_quant_kernels();
+}
+
+// Packed bytes one thread should have before a streaming call forks (a k/v projection of the
+// embedded model in q4_0, 62 KB, still splits in two).
+constexpr int64_t kQuantParallelBytes = 24 * 1024;
+// Output features the dequantize path turns into fp32 at a time: about 128 KB of scratch (L2).
+constexpr int64_t kQuantScratchFloats = 32 * 1024;
+
+}  // namespace
+
+at::Tensor quant_linear(const at::Tensor& x_in, const at::Tensor& data, const std::optional<at::Tensor>& scale,
+                        const std::optional<at::Tensor>& bias, int64_t fmt, int64_t out_features, int64_t stream_rows) {
+  check_rows(x_in, "quant_linear", "x");
+  TORCH_CHECK(fmt >= 0 && fmt < kQuantFormats, "paged_cpu.quant_linear: fmt ", fmt,
+              " is not a format id (0 q4_0, 1 q4_1, 2 q8_0, 3 q4_k, 4 q6_k, 5 int8)");
+  const QuantFormatInfo& info = kQuantFormatInfo[fmt];
+  const QFormat format = static_cast<QFormat>(fmt);
+  const int64_t rows = x_in.size(0), k = x_in.size(1), n = out_features;
+  const Elem out_type = elem_of(x_in, "quant_linear", "x");
+  TORCH_CHECK(k >= 1 && k % info.block == 0, "paged_cpu.quant_linear: x has ", k, " features, not a positive multiple "
+              "of the ", info.name, " block of ", info.block, " (x shape ", x_in.sizes(), ")");
+  TORCH_CHECK(n >= 1, "paged_cpu.quant_linear: out_features must be positive, got ", n);
+  const at::ScalarType data_type = format == QFormat::INT8 ? at::kChar : at::kByte;
+  const int64_t row_bytes = k / info.block * info.bytes;
+  TORCH_CHECK(data.device().is_cpu() && data.scalar_type() == data_type, "paged_cpu.quant_linear: data must be a cpu ",
+              data_type, " tensor for ", info.name, ", got ", data.scalar_type(), " on ", data.device());
+  TORCH_CHECK(data.dim() == 2 && data.size(0) == n && data.size(1) == row_bytes, "paged_cpu.quant_linear: data must be [",
+              n, ", ", row_bytes, "] (out_features, ", k / info.block, " blocks of ", info.bytes, " bytes of ", info.name,
+              " per row for K = ", k, "), got shape ", data.sizes());
+  TORCH_CHECK(data.stride(1) == 1 || row_bytes == 1, "paged_cpu.quant_linear: data rows must be contiguous, got strides ",
+              data.strides());
+  at::Tensor s;
+  if (format == QFormat::INT8) {
+    TORCH_CHECK(scale.has_value() && scale->defined(), "paged_cpu.quant_linear: int8 needs scale, an fp32 [", n,
+                "] tensor of per-row scales");
+    TORCH_CHECK(scale->device().is_cpu() && scale->scalar_type() == at::kFloat && scale->dim() == 1 &&
+                scale->size(0) == n, "paged_cpu.quant_linear: scale must be a cpu float32 [", n, "] tensor, got ",
+                scale->scalar_type(), " of shape ", scale->sizes(), " on ", scale->device());
+    s = scale->contiguous();
+  } else {
+    TORCH_CHECK(!(scale.has_value() && scale->defined()), "paged_cpu.quant_linear: scale must be None for ", info.name,
+                " (its scales are inside the blocks)");
+  }
+  at::Tensor b;
+  if (bias.has_value() && bias->defined()) {
+    TORCH_CHECK(bias->dim() == 1 && bias->size(0) == n, "paged_cpu.quant_linear: bias must be [", n, "], got shape ",
+                bias->sizes());
+    elem_of(*bias, "quant_linear", "bias");
+    b = bias->to(at::kFloat).contiguous();
+  }
+  at::Tensor x = x_in;
+  if (x.scalar_type() != at::kFloat || (k > 1 && x.stride(1) != 1))
+    x = at::empty({rows, k}, x_in.options().dtype(at::kFloat)).copy_(x_in);
+  at::Tensor out = at::empty({rows, n}, x_in.options());
+  if (rows == 0) return out;
+  QuantArgs a{};
+  a.x = x.data_ptr<float>();
+  a.ldx = x.stride(0);
+  a.rows = rows;
+  a.in_features = k;
+  a.w = static_cast<const uint8_t*>(data.data_ptr());
+  a.ldw = data.stride(0);
+  a.format = format;
+  a.scale = s.defined() ? s.data_ptr<float>() : nullptr;
+  a.bias = b.defined() ? b.data_ptr<float>() : nullptr;
+  a.out_features = n;
+  a.out = out.data_ptr();
+  a.out_type = out_type;
+  const QuantKernels& kernels = quant();
+  if (rows <= stream_rows) {
+    // Units of kQuantGroup features; a thread streams at least kQuantParallelBytes of packed rows.
+    const int64_t units = (n + kQuantGroup - 1) / kQuantGroup;
+    const int64_t unit_bytes = kQuantGroup * row_bytes * ((rows + 3) / 4);
+    const QuantFn fn = kernels.stream;
+    at::parallel_for(0, units, std::max<int64_t>(1, kQuantParallelBytes / unit_bytes), [&](int64_t begin, int64_t end) {
+      fn(a, begin * kQuantGroup, std::min(n, end * kQuantGroup));
+    });
+  } else {
+    // Chunks of output features, each dequantized once into a thread's scratch; at least one per thread.
+    int64_t chunk = std::max<int64_t>(kQuantGroup, kQuantScratchFloats / k / kQuantGroup * kQuantGroup);
+    const int64_t threads = at::get_num_threads();
+    const int64_t even = (n + threads - 1) / threads;
+    chunk = std::min(chunk, (even + kQuantGroup - 1) / kQuantGroup * kQuantGroup);
+    a.chunk = chunk;
+    const QuantFn fn = kernels.dequant_dot;
+    at::parallel_for(0, (n + chunk - 1) / chunk, 1, [&](int64_t begin, int64_t end) {
+      fn(a, begin * chunk, std::min(n, end * chunk));
+    });
+  }
+  return out;
+}
+
 std::string fused_isa() { return fused().name; }
 
 }  // namespace paged_cpu

@@ -42,6 +42,11 @@ std::tuple<at::Tensor, at::Tensor> rotary(const at::Tensor& positions, const at:
 at::Tensor pack_linear(const at::Tensor& weight);
 at::Tensor linear(const at::Tensor& x, const at::Tensor& packed, const std::optional<at::Tensor>& bias,
                   int64_t out_features);
+// x @ dequantize(data).T + bias for a packed weight (fmt: QFormat id), read in place; fp32 sums.
+// Up to stream_rows rows the packed rows are streamed and dequantized in registers, above that
+// dequantized once into fp32 chunks that every row is multiplied against.
+at::Tensor quant_linear(const at::Tensor& x, const at::Tensor& data, const std::optional<at::Tensor>& scale,
+                        const std::optional<at::Tensor>& bias, int64_t fmt, int64_t out_features, int64_t stream_rows);
 // The variant of the layer kernels in use (follows set_isa: `scalar`, else `avx2` where the CPU has it).
 std::string fused_isa();
 

@@ -19,6 +19,8 @@ TORCH_LIBRARY(paged_cpu, m) {
   m.def("rotary(Tensor positions, Tensor query, Tensor key, Tensor cos_sin_cache) -> (Tensor, Tensor)");
   m.def("pack_linear(Tensor weight) -> Tensor");
   m.def("linear(Tensor x, Tensor packed, Tensor? bias, int out_features) -> Tensor");
+  m.def("quant_linear(Tensor x, Tensor data, Tensor? scale, Tensor? bias, int fmt, int out_features, "
+        "int stream_rows) -> Tensor");
   m.def("fused_isa() -> str", &paged_cpu::fused_isa);
 }
 
@@ -32,6 +34,7 @@ TORCH_LIBRARY_IMPL(paged_cpu, CPU, m) {
   m.impl("rotary", &paged_cpu::rotary);
   m.impl("pack_linear", &paged_cpu::pack_linear);
   m.impl("linear", &paged_cpu::linear);
+  m.impl("quant_linear", &paged_cpu::quant_linear);
 }
 
 // Importing paged_backend_cpu._C runs the static registrations above; the module itself is empty.

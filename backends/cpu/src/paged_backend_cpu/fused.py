@@ -26,6 +26,7 @@ import torch
 
 from paged_backend_cpu import ops
 from paged_core.api import FusedOps, PackedLinear
+from paged_core.quant import QuantizedWeight
 
 UNLIMITED = 1 << 62
 """A ``max_rows`` that sends every row count to the native kernel."""
@@ -35,6 +36,32 @@ KERNEL_MAX_ROWS: dict[str, dict[torch.dtype, int]] = {
 }
 """Measured defaults, by the best kernel variant of the CPU: the largest row count ``linear``
 sends to the native kernel, per weight dtype (a dtype or variant absent: torch's linear always)."""
+
+
+QUANT_STREAM_MAX_ROWS: dict[str, int] = {"avx2": 8}
+"""Measured defaults, by the best kernel variant of the CPU: the largest row count for which
+:func:`ops.quant_linear` streams the packed rows (dequantizing in registers, once per tile of 4
+rows); more rows dequantize each weight once into fp32 chunks and multiply every row against them."""
+QUANT_STREAM_DEFAULT = 8
+"""The same where no measurement was made (other variants)."""
+
+
+def default_quant_stream_rows() -> int:
+    """:data:`QUANT_STREAM_MAX_ROWS` for this CPU's best kernel variant."""
+    return QUANT_STREAM_MAX_ROWS.get(ops.supported_isas()[0], QUANT_STREAM_DEFAULT)
+
+
+@dataclass(frozen=True)
+class CpuQuantWeight:
+    """What :meth:`CpuFusedOps.pack_linear` adds for a packed :class:`~paged_core.quant.QuantizedWeight`.
+
+    Nothing is copied: ``data`` and ``scale`` are the weight's own tensors, which the kernel reads in
+    their packed layout; ``fmt`` is the format's :data:`ops.QUANT_FORMATS` id.
+    """
+
+    fmt: int
+    data: torch.Tensor
+    scale: torch.Tensor | None
 
 
 @dataclass(frozen=True)
@@ -53,6 +80,8 @@ class CpuPackedWeight:
     bias: torch.Tensor | None = None
     """A contiguous copy of the bias for oneDNN (which ignores strides)."""
 
+
+_QUANT_X_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 ONEDNN_BATCH_HINT = 256
 """The batch size oneDNN's weight layout is chosen for (prefill chunks and large decode batches)."""
@@ -92,10 +121,14 @@ class CpuFusedOps(FusedOps):
     """
 
     name = "cpu"
+    linear_formats = frozenset({"q4_0", "q4_1", "q8_0", "int8"})
 
-    def __init__(self, max_rows: dict[torch.dtype, int] | None = None, onednn: bool = True) -> None:
+    def __init__(
+        self, max_rows: dict[torch.dtype, int] | None = None, onednn: bool = True, quant_stream_rows: int | None = None
+    ) -> None:
         self.max_rows = default_max_rows() if max_rows is None else dict(max_rows)
         self.onednn = onednn
+        self.quant_stream_rows = default_quant_stream_rows() if quant_stream_rows is None else quant_stream_rows
 
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         """RMS normalisation of ``[T, H]`` over ``H``, times ``weight`` ``[H]``: one native pass."""
@@ -117,8 +150,17 @@ class CpuFusedOps(FusedOps):
         """NeoX rotary of ``query`` and ``key`` at ``positions``; new contiguous ``(q, k)``."""
         return ops.rotary(positions, query, key, cos_sin_cache)
 
-    def pack_linear(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> PackedLinear:
-        """Keep the weight, and for a dtype the native kernel serves, add a packed copy (same size again)."""
+    def pack_linear(self, weight: torch.Tensor | QuantizedWeight, bias: torch.Tensor | None = None) -> PackedLinear:
+        """Keep the weight, and for a dtype the native kernel serves, add a packed copy (same size again).
+
+        A :class:`~paged_core.quant.QuantizedWeight` of a declared format on the CPU is kept as it is
+        (no copy): the kernel reads its bytes in place. Any other one is the reference's.
+        """
+        if isinstance(weight, QuantizedWeight):
+            name = weight.format.name
+            if name not in self.linear_formats or weight.device.type != "cpu":
+                return super().pack_linear(weight, bias)
+            return PackedLinear(weight, bias, CpuQuantWeight(ops.QUANT_FORMATS[name], weight.data, weight.scale))
         if weight.dim() != 2 or weight.device.type != "cpu":
             return PackedLinear(weight, bias)
         rows = self.max_rows.get(weight.dtype, 0)
@@ -132,7 +174,9 @@ class CpuFusedOps(FusedOps):
     def linear(self, x: torch.Tensor, packed: PackedLinear) -> torch.Tensor:
         """``x @ weight.T + bias``: the native kernel for few rows of a packed weight, else torch's linear."""
         p = packed.packed
-        if isinstance(p, CpuPackedWeight) and x.dim() == 2:
+        if isinstance(p, CpuQuantWeight) and x.dim() == 2 and x.dtype in _QUANT_X_DTYPES:
+            return ops.quant_linear(x, p.data, p.scale, packed.bias, p.fmt, packed.out_features, self.quant_stream_rows)
+        if isinstance(p, CpuPackedWeight) and isinstance(packed.weight, torch.Tensor) and x.dim() == 2:
             if p.panels is not None and x.shape[0] <= p.max_rows:
                 return ops.linear(x, p.panels, packed.bias, packed.out_features)
             # Inductor cannot lower oneDNN's call on an opaque reordered weight; under compile torch's
@@ -142,4 +186,4 @@ class CpuFusedOps(FusedOps):
                 out: torch.Tensor = torch.ops.mkldnn._linear_pointwise(x.contiguous(), p.onednn, p.bias,
                                                                       "none", [], "")  # fmt: skip
                 return out
-        return torch.nn.functional.linear(x, packed.weight, packed.bias)
+        return super().linear(x, packed)

@@ -23,6 +23,9 @@ except ImportError as exc:  # pragma: no cover - exercised only on a broken inst
 PANEL = 16
 """Output features per panel of a packed linear weight (``kPanel`` in csrc/fused_api.h)."""
 
+QUANT_FORMATS: dict[str, int] = {"q4_0": 0, "q4_1": 1, "q8_0": 2, "q4_k": 3, "q6_k": 4, "int8": 5}
+"""The ``fmt`` ids of :func:`quant_linear`, by :mod:`paged_core.quant` format name (``QFormat`` in csrc/fused_api.h)."""
+
 
 def _attention_fake(
     query: torch.Tensor,
@@ -69,6 +72,18 @@ def _linear_fake(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | Non
     return x.new_empty((x.shape[0], out_features))
 
 
+def _quant_linear_fake(
+    x: torch.Tensor,
+    data: torch.Tensor,
+    scale: torch.Tensor | None,
+    bias: torch.Tensor | None,
+    fmt: int,
+    out_features: int,
+    stream_rows: int,
+) -> torch.Tensor:
+    return x.new_empty((x.shape[0], out_features))
+
+
 if LOAD_ERROR is None:
     torch.library.register_fake("paged_cpu::attention", _attention_fake)
     torch.library.register_fake("paged_cpu::write_kv", _no_result)
@@ -79,6 +94,7 @@ if LOAD_ERROR is None:
     torch.library.register_fake("paged_cpu::rotary", _rotary_fake)
     torch.library.register_fake("paged_cpu::pack_linear", _pack_linear_fake)
     torch.library.register_fake("paged_cpu::linear", _linear_fake)
+    torch.library.register_fake("paged_cpu::quant_linear", _quant_linear_fake)
 
 
 def attention(
@@ -151,6 +167,26 @@ def pack_linear(weight: torch.Tensor) -> torch.Tensor:
 def linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None, out_features: int) -> torch.Tensor:
     """``x @ weight.T + bias`` from a :func:`pack_linear` weight, fp32 sums; a new ``[T, N]`` in ``x.dtype``."""
     out: torch.Tensor = torch.ops.paged_cpu.linear(x, packed, bias, out_features)
+    return out
+
+
+def quant_linear(
+    x: torch.Tensor,
+    data: torch.Tensor,
+    scale: torch.Tensor | None,
+    bias: torch.Tensor | None,
+    fmt: int,
+    out_features: int,
+    stream_rows: int,
+) -> torch.Tensor:
+    """``x @ W.T + bias`` for a packed ``W`` read in place (``data`` and ``scale`` of a ``QuantizedWeight``).
+
+    ``fmt`` is a :data:`QUANT_FORMATS` id. Weights are dequantized exactly in fp32 and the products
+    summed in fp32; a new ``[T, out_features]`` in ``x.dtype``. Up to ``stream_rows`` rows the packed
+    rows are streamed once per tile of 4 rows and dequantized in registers; above, dequantized once
+    into fp32 chunks that every row is multiplied against.
+    """
+    out: torch.Tensor = torch.ops.paged_cpu.quant_linear(x, data, scale, bias, fmt, out_features, stream_rows)
     return out
 
 

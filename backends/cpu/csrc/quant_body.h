@@ -1,0 +1,348 @@
+// Linear products over packed weights (q4_0, q4_1, q8_0, q4_k, q6_k, int8) as one portable algorithm.
+//
+// Included inside a per-ISA namespace (quant_scalar.cpp, quant_avx2.cpp) after fused_body.h and the
+// ISA's primitives on 8 lanes:
+//   VF (fp32) and VI (int32) vectors; vzero(), vset1(float), vload(const float*), vstore(float*, VF),
+//   vfma(a, b, c) = a * b + c, vmul(a, b), vadd(a, b), vsum(VF) -> float;
+//   vu8(p) / vi8(p): 8 bytes at p zero- / sign-extended to int32; vand(VI, int), vsrl(VI, int)
+//   (logical), vsll(VI, int), vor(VI, VI), vsubi(VI, int), vcvt(VI) -> VF (exact: |values| < 2^24);
+//   f16_at(p): the fp16 at byte p as fp32.
+//
+// Weights are dequantized exactly as paged_core.quant.dequant does, in fp32: every format's weight is
+// d * q (+ m) with an fp16 (or fp16 x 6-bit, fp16 x int8) scale and a small integer q, so the products
+// are exact and the one addition of q4_1 / q4_k rounds the same with or without a fused multiply-add;
+// int8's scale * q is one fp32 product, rounded as torch rounds it. The dot products are fp32 sums of
+// weight x activation in an order of their own (8 lanes, then a horizontal sum). No activation is
+// rounded to a lower precision.
+//
+// Every format decodes a run of 32 weights ("chunk": k = 32c .. 32c + 31 of a block) as 4 vectors of 8
+// in k order; formats with blocks of 256 keep per-block state (sub-block scales) prepared once per block.
+
+template <int N>
+using Int = std::integral_constant<int, N>;
+
+// f(Int<i>()) for i = 0 .. N-1 as straight-line code, so that accumulator indices are constants and the
+// accumulators stay in registers.
+template <int N, typename F>
+inline void unroll(const F& f) {
+  [&]<int... I>(std::integer_sequence<int, I...>) { (f(Int<I>()), ...); }(std::make_integer_sequence<int, N>());
+}
+
+// ---- formats: decode<I>(block, state, chunk) -> weights k = 32 * chunk + 8I .. + 7 of the block ----
+
+struct FmtQ4_0 {  // f16 d, 16 bytes: w[j] = d * ((qs[j] & 15) - 8), w[j + 16] = d * ((qs[j] >> 4) - 8)
+  static constexpr int kBlock = 32, kBytes = 18;
+  static constexpr bool kTail = false;
+  struct State { float d, m; };
+  static void prepare(const uint8_t* b, const QuantArgs&, int64_t, State& s) {
+    s.d = f16_at(b);
+    s.m = -8.0f * s.d;  // d * q - 8d = d * (q - 8), exact: the fused and the unfused form agree
+  }
+  template <int I>
+  static VF decode(const uint8_t* b, const State& s, int) {
+    const VI q = vu8(b + 2 + 8 * (I & 1));
+    return vfma(vcvt(I < 2 ? vand(q, 15) : vsrl(q, 4)), vset1(s.d), vset1(s.m));
+  }
+};
+
+struct FmtQ4_1 {  // f16 d, f16 m, 16 bytes: w = d * q + m
+  static constexpr int kBlock = 32, kBytes = 20;
+  static constexpr bool kTail = false;
+  struct State { float d, m; };
+  static void prepare(const uint8_t* b, const QuantArgs&, int64_t, State& s) {
+    s.d = f16_at(b);
+    s.m = f16_at(b + 2);
+  }
+  template <int I>
+  static VF decode(const uint8_t* b, const State& s, int) {
+    const VI q = vu8(b + 4 + 8 * (I & 1));
+    return vfma(vcvt(I < 2 ? vand(q, 15) : vsrl(q, 4)), vset1(s.d), vset1(s.m));
+  }
+};
+
+struct FmtQ8_0 {  // f16 d, 32 int8: w = d * q
+  static constexpr int kBlock = 32, kBytes = 34;
+  static constexpr bool kTail = false;
+  struct State { float d; };
+  static void prepare(const uint8_t* b, const QuantArgs&, int64_t, State& s) { s.d = f16_at(b); }
+  template <int I>
+  static VF decode(const uint8_t* b, const State& s, int) {
+    return vmul(vcvt(vi8(b + 2 + 8 * I)), vset1(s.d));
+  }
+};
+
+// q4_k: f16 d, f16 dmin, 12 bytes of 6-bit scales and mins, 128 bytes of nibbles: sub-block j (32 weights)
+// is the low (j even) or high (j odd) nibbles of bytes 32 * (j / 2) .. + 31; w = (d * sc_j) * q - dmin * m_j.
+struct FmtQ4_K {
+  static constexpr int kBlock = 256, kBytes = 144;
+  static constexpr bool kTail = false;
+  struct State { float scale[8], neg_min[8]; };
+  static void prepare(const uint8_t* b, const QuantArgs&, int64_t, State& s) {
+    const float d = f16_at(b), dmin = f16_at(b + 2);
+    const uint8_t* sc = b + 4;
+    for (int j = 0; j < 4; ++j) {
+      s.scale[j] = d * static_cast<float>(sc[j] & 63);
+      s.neg_min[j] = -(dmin * static_cast<float>(sc[j + 4] & 63));
+      s.scale[j + 4] = d * static_cast<float>((sc[j + 8] & 15) | ((sc[j] >> 6) << 4));
+      s.neg_min[j + 4] = -(dmin * static_cast<float>((sc[j + 8] >> 4) | ((sc[j + 4] >> 6) << 4)));
+    }
+  }
+  template <int I>
+  static VF decode(const uint8_t* b, const State& s, int c) {
+    const VI q = vand(vsrl(vu8(b + 16 + 32 * (c >> 1) + 8 * I), 4 * (c & 1)), 15);
+    return vfma(vcvt(q), vset1(s.scale[c]), vset1(s.neg_min[c]));
+  }
+};
+
+// q6_k: 128 bytes of low nibbles, 64 bytes of high bit pairs, 16 int8 scales, f16 d. Half h of 128
+// weights, quarter i of 32 (chunk c = 4h + i), l = 0 .. 31: low = nibble (i >= 2) of ql[64h + 32(i % 2) + l],
+// high = bits 2i, 2i + 1 of qh[32h + l], w = d * scales[8h + 2i + l / 16] * ((low | high << 4) - 32).
+struct FmtQ6_K {
+  static constexpr int kBlock = 256, kBytes = 210;
+  static constexpr bool kTail = false;
+  struct State { float scale[16]; };
+  static void prepare(const uint8_t* b, const QuantArgs&, int64_t, State& s) {
+    const float d = f16_at(b + 208);
+    for (int j = 0; j < 16; ++j) s.scale[j] = d * static_cast<float>(static_cast<int8_t>(b[192 + j]));
+  }
+  template <int I>
+  static VF decode(const uint8_t* b, const State& s, int c) {
+    const int h = c >> 2, i = c & 3;
+    const VI low = vand(vsrl(vu8(b + 64 * h + 32 * (i & 1) + 8 * I), 4 * (i >> 1)), 15);
+    const VI high = vand(vsrl(vu8(b + 128 + 32 * h + 8 * I), 2 * i), 3);
+    const VI q = vsubi(vor(low, vsll(high, 4)), 32);
+    return vmul(vcvt(q), vset1(s.scale[8 * h + 2 * i + (I >> 1)]));
+  }
+};
+
+// int8 weight-only: K int8 per row and one fp32 scale per row; runs of 32, the last K % 32 one by one.
+struct FmtInt8 {
+  static constexpr int kBlock = 32, kBytes = 32;
+  static constexpr bool kTail = true;
+  struct State { float s; };
+  static void prepare(const uint8_t*, const QuantArgs& a, int64_t n, State& s) { s.s = a.scale[n]; }
+  template <int I>
+  static VF decode(const uint8_t* b, const State& s, int) {
+    return vmul(vcvt(vi8(b + 8 * I)), vset1(s.s));
+  }
+  static float weight(const uint8_t* row, const QuantArgs& a, int64_t n, int64_t k) {
+    return static_cast<float>(static_cast<int8_t>(row[k])) * a.scale[n];
+  }
+};
+
+// fp32 rows already dequantized (the scratch of the dequantize path).
+struct FmtF32 {
+  static constexpr int kBlock = 32, kBytes = 128;
+  static constexpr bool kTail = true;
+  struct State {};
+  static void prepare(const uint8_t*, const QuantArgs&, int64_t, State&) {}
+  template <int I>
+  static VF decode(const uint8_t* b, const State&, int) {
+    return vload(reinterpret_cast<const float*>(b) + 8 * I);
+  }
+  static float weight(const uint8_t* row, const QuantArgs&, int64_t, int64_t k) {
+    return reinterpret_cast<const float*>(row)[k];
+  }
+};
+
+// ---- the register tile: R rows of x against NF weight rows, dot products along K ----
+
+// out[r * NF + f] = sum_k x[r][k] * w_f[k] for the NF rows at w (feature n0 + f at w + f * ldw bytes).
+// One decode of each weight vector serves all R rows; with one row, each output keeps two accumulators
+// so that 8 FMA chains are in flight.
+template <class F, int R, int NF>
+inline void dot_tile(const QuantArgs& a, const uint8_t* w, int64_t ldw, int64_t n0, const float* x, int64_t ldx,
+                     float* out) {
+  constexpr int U = R == 1 ? 2 : 1;
+  VF acc[R * NF * U];
+  unroll<R * NF * U>([&](auto j) { acc[j] = vzero(); });
+  const int64_t kn = a.in_features, blocks = kn / F::kBlock;
+  typename F::State st[NF];
+  for (int64_t blk = 0; blk < blocks; ++blk) {
+    const uint8_t* wb = w + blk * F::kBytes;
+    unroll<NF>([&](auto f) { F::prepare(wb + f * ldw, a, n0 + f, st[f]); });
+    for (int c = 0; c < F::kBlock / 32; ++c) {
+      const float* xk = x + blk * F::kBlock + 32 * c;
+      unroll<NF>([&](auto f) {
+        unroll<4>([&](auto i) {
+          const VF wv = F::template decode<i>(wb + f * ldw, st[f], c);
+          unroll<R>([&](auto r) {
+            VF& s = acc[(r * NF + f) * U + i % U];
+            s = vfma(wv, vload(xk + r * ldx + 8 * i), s);
+          });
+        });
+      });
+    }
+  }
+  unroll<R * NF>([&](auto j) {
+    VF s = acc[j * U];
+    if constexpr (U == 2) s = vadd(s, acc[j * U + 1]);
+    out[j] = vsum(s);
+  });
+  if constexpr (F::kTail) {
+    for (int64_t k = blocks * F::kBlock; k < kn; ++k)
+      for (int f = 0; f < NF; ++f) {
+        const float wk = F::weight(w + f * ldw, a, n0 + f, k);
+        for (int r = 0; r < R; ++r) out[r * NF + f] += wk * x[r * ldx + k];
+      }
+  }
+}
+
+// Rows r0 .. r0 + R, features n0 .. n0 + nf of the output from the sums v[R][NF] (+ bias), rounded once.
+template <int R, int NF>
+inline void store_tile(const QuantArgs& a, const float* v, int nf, int64_t r0, int64_t n0) {
+  const int64_t n = a.out_features;
+  for (int r = 0; r < R; ++r)
+    for (int f = 0; f < nf; ++f) {
+      const float s = v[r * NF + f] + (a.bias != nullptr ? a.bias[n0 + f] : 0.0f);
+      const int64_t at = (r0 + r) * n + n0 + f;
+      switch (a.out_type) {
+        case Elem::F32: static_cast<float*>(a.out)[at] = s; break;
+        case Elem::BF16: static_cast<uint16_t*>(a.out)[at] = to_bf16(s); break;
+        case Elem::F16: static_cast<uint16_t*>(a.out)[at] = to_f16(s); break;
+      }
+    }
+}
+
+// The tile of R rows and nf <= NF features (nf known at run time only at the end of a range).
+template <class F, int R, int NF>
+inline void tile_any(const QuantArgs& a, const uint8_t* w, int64_t ldw, int nf, int64_t n0, int64_t r0) {
+  float v[R * NF];
+  const float* x = a.x + r0 * a.ldx;
+  auto run = [&](auto cols) {
+    constexpr int C = decltype(cols)::value;
+    float t[R * C];
+    dot_tile<F, R, C>(a, w, ldw, n0, x, a.ldx, t);
+    for (int r = 0; r < R; ++r)
+      for (int f = 0; f < C; ++f) v[r * NF + f] = t[r * C + f];
+  };
+  if (nf >= NF) {
+    dot_tile<F, R, NF>(a, w, ldw, n0, x, a.ldx, v);
+    nf = NF;
+  } else if constexpr (NF >= 4) {
+    if (nf == 3) run(Int<3>());
+    else if (nf == 2) run(Int<2>());
+    else run(Int<1>());
+  } else {
+    if (nf == 2) run(Int<2>());
+    else run(Int<1>());
+  }
+  store_tile<R, NF>(a, v, nf, r0, n0);
+}
+
+// Output features per tile for R rows: 8 (one row: 4 features x 2) to 12 accumulators.
+template <int R>
+constexpr int stream_width() { return R <= 3 ? 4 : 3; }
+constexpr int kStreamRows = 4;
+
+// The rows of x cut into tiles of at most kStreamRows, as even as possible; fn(Int<rows>, first row).
+template <typename Fn>
+inline void for_stream_row_tiles(int64_t m, const Fn& fn) {
+  const int64_t tiles = (m + kStreamRows - 1) / kStreamRows;
+  int64_t r0 = 0;
+  for (int64_t i = 0; i < tiles; ++i) {
+    const int rows = static_cast<int>((m - r0) / (tiles - i) + ((m - r0) % (tiles - i) != 0));
+    switch (rows) {
+      case 1: fn(Int<1>(), r0); break;
+      case 2: fn(Int<2>(), r0); break;
+      case 3: fn(Int<3>(), r0); break;
+      default: fn(Int<4>(), r0); break;
+    }
+    r0 += rows;
+  }
+}
+
+// Streaming: for each group of kQuantGroup features (whose packed rows then stay in L1), every row tile
+// of x against them, the weights dequantized in registers.
+template <class F>
+void stream_rows(const QuantArgs& a, int64_t begin, int64_t end) {
+  for (int64_t g = begin; g < end; g += kQuantGroup) {
+    const int64_t ge = g + kQuantGroup < end ? g + kQuantGroup : end;
+    for_stream_row_tiles(a.rows, [&](auto rows, int64_t r0) {
+      constexpr int R = decltype(rows)::value, NF = stream_width<R>();
+      for (int64_t n0 = g; n0 < ge; n0 += NF)
+        tile_any<F, R, NF>(a, a.w + n0 * a.ldw, a.ldw, static_cast<int>(ge - n0), n0, r0);
+    });
+  }
+}
+
+// One packed row dequantized into fp32 dst[K].
+template <class F>
+inline void dequant_row(const QuantArgs& a, int64_t n, float* dst) {
+  const uint8_t* row = a.w + n * a.ldw;
+  const int64_t kn = a.in_features, blocks = kn / F::kBlock;
+  typename F::State st;
+  for (int64_t blk = 0; blk < blocks; ++blk) {
+    const uint8_t* wb = row + blk * F::kBytes;
+    F::prepare(wb, a, n, st);
+    for (int c = 0; c < F::kBlock / 32; ++c) {
+      float* d = dst + blk * F::kBlock + 32 * c;
+      unroll<4>([&](auto i) { vstore(d + 8 * i, F::template decode<i>(wb, st, c)); });
+    }
+  }
+  if constexpr (F::kTail)
+    for (int64_t k = blocks * F::kBlock; k < kn; ++k) dst[k] = F::weight(row, a, n, k);
+}
+
+constexpr int kDotRows = 4, kDotWidth = 3;  // the dequantize path's tile: 4 rows x 3 features
+
+// Dequantize path: a.chunk features at a time into an fp32 scratch (kept in L2), then every tile of
+// 4 rows of x (kept in L1) against it.
+template <class F>
+void dequant_dot(const QuantArgs& a, int64_t begin, int64_t end) {
+  const int64_t kn = a.in_features, chunk = a.chunk;
+  const size_t bytes = static_cast<size_t>(chunk * kn) * sizeof(float);
+  float* scratch = static_cast<float*>(::operator new[](bytes, std::align_val_t(64)));
+  struct Free {
+    float* p;
+    ~Free() { ::operator delete[](p, std::align_val_t(64)); }
+  } owner{scratch};
+  const int64_t ldw = kn * static_cast<int64_t>(sizeof(float));
+  for (int64_t c = begin; c < end; c += chunk) {
+    const int64_t ce = c + chunk < end ? c + chunk : end;
+    for (int64_t n = c; n < ce; ++n) dequant_row<F>(a, n, scratch + (n - c) * kn);
+    // Feature n0 is scratch row n0 - c.
+    auto rows_at = [&](int64_t n0) { return reinterpret_cast<const uint8_t*>(scratch + (n0 - c) * kn); };
+    int64_t r0 = 0;
+    for (; r0 + kDotRows <= a.rows; r0 += kDotRows)
+      for (int64_t n0 = c; n0 < ce; n0 += kDotWidth)
+        tile_any<FmtF32, kDotRows, kDotWidth>(a, rows_at(n0), ldw, static_cast<int>(ce - n0), n0, r0);
+    if (r0 < a.rows) {
+      auto rest = [&](auto rows) {
+        for (int64_t n0 = c; n0 < ce; n0 += kDotWidth)
+          tile_any<FmtF32, decltype(rows)::value, kDotWidth>(a, rows_at(n0), ldw, static_cast<int>(ce - n0), n0, r0);
+      };
+      switch (a.rows - r0) {
+        case 1: rest(Int<1>()); break;
+        case 2: rest(Int<2>()); break;
+        default: rest(Int<3>()); break;
+      }
+    }
+  }
+}
+
+template <template <class> class Body>
+inline void by_format(const QuantArgs& a, int64_t begin, int64_t end) {
+  switch (a.format) {
+    case QFormat::Q4_0: Body<FmtQ4_0>::run(a, begin, end); break;
+    case QFormat::Q4_1: Body<FmtQ4_1>::run(a, begin, end); break;
+    case QFormat::Q8_0: Body<FmtQ8_0>::run(a, begin, end); break;
+    case QFormat::Q4_K: Body<FmtQ4_K>::run(a, begin, end); break;
+    case QFormat::Q6_K: Body<FmtQ6_K>::run(a, begin, end); break;
+    case QFormat::INT8: Body<FmtInt8>::run(a, begin, end); break;
+  }
+}
+
+template <class F>
+struct StreamBody {
+  static void run(const QuantArgs& a, int64_t b, int64_t e) { stream_rows<F>(a, b, e); }
+};
+template <class F>
+struct DequantBody {
+  static void run(const QuantArgs& a, int64_t b, int64_t e) { dequant_dot<F>(a, b, e); }
+};
+
+inline void quant_stream(const QuantArgs& a, int64_t begin, int64_t end) { by_format<StreamBody>(a, begin, end); }
+inline void quant_dequant_dot(const QuantArgs& a, int64_t begin, int64_t end) {
+  by_format<DequantBody>(a, begin, end);
+}
