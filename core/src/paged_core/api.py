@@ -23,12 +23,16 @@ from paged_core.errors import (
     ConfigError,
     PagedError,
     UnsupportedConfigError,
+    WeightFormatError,
 )
 from paged_core.graph import CompiledStrategy, DeviceGraphStrategy, GraphRunner, StaticInput
+from paged_core.quant import FORMATS as LINEAR_FORMATS
+from paged_core.quant import QuantizedWeight, WeightFormat, random_packed, reference_linear
 from paged_core.reference.backend import ReferenceBackend
 from paged_core.registry import hookimpl, load_registry
 
 __all__ = [
+    "LINEAR_FORMATS",
     "PLUGIN_API_VERSION",
     "SUPPORTED_PLUGIN_API_VERSIONS",
     "AttentionBackend",
@@ -48,11 +52,16 @@ __all__ = [
     "GraphSupport",
     "PackedLinear",
     "PagedError",
+    "QuantizedWeight",
     "ReferenceBackend",
     "StaticInput",
     "StepFn",
     "UnsupportedConfigError",
+    "WeightFormat",
+    "WeightFormatError",
     "build_attention_metadata",
     "hookimpl",
     "load_registry",
+    "random_packed",
+    "reference_linear",
 ]
