@@ -12,7 +12,7 @@ def test_parse_baselines() -> None:
     assert parse_baselines("") == ()
     assert parse_baselines("vllm,vllm-compiled") == ("vllm", "vllm-compiled")
     with pytest.raises(
-        ValueError, match=r"unknown baseline\(s\) sglang; choose from hf-static, hf-cb, reference, vllm"
+        ValueError, match=r"unknown baseline\(s\) sglang; choose from hf-static, hf-cb, reference, dequantized, vllm"
     ):
         parse_baselines("hf-cb,sglang")
 

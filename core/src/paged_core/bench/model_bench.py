@@ -85,6 +85,11 @@ def run_model_workload(opts: BenchOptions, requests: Sequence[BenchRequest]) -> 
             ref = LLMEngine(config.replace(block_size=engine.core.scheduler.kv.block_size), loaded)
             runs.append(_timed(ref, requests, "reference", opts.progress))
             del ref
+        elif name == "dequantized":  # the same checkpoint with every weight dense, loaded again
+            dense = LLMEngine(config.replace(quantization="none"))
+            runs.append(_timed(dense, requests, "dequantized", opts.progress))
+            dense.shutdown()
+            del dense
         elif name in ("vllm", "vllm-compiled"):  # vLLM's CPU build, in its own environment (bench/vllm_run.py)
             from paged_core.bench.vllm_run import run_vllm
 

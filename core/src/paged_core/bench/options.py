@@ -8,8 +8,9 @@ from typing import Any
 from paged_core.bench.kv_util import KVUtilConfig
 from paged_core.bench.workloads import WORKLOADS
 
-BASELINES = ("hf-static", "hf-cb", "reference", "vllm", "vllm-compiled", "llama.cpp")
+BASELINES = ("hf-static", "hf-cb", "reference", "dequantized", "vllm", "vllm-compiled", "llama.cpp")
 """Systems that can run beside ours: transformers static batching, its continuous batching, our reference backend,
+our engine on the same checkpoint loaded with ``quantization="none"`` (packed weights dequantized: ``dequantized``),
 vLLM's CPU build in its own environment (eager, and its default compiled mode; see ``vllm_run``), and llama.cpp's
 ``llama-bench`` on the same GGUF (``decode-1`` only; see ``llama_cpp_run``)."""
 
