@@ -59,7 +59,7 @@ avg = sum(samples) / reps
 def test(n_prompt, n_gen, ts):
     return {
         "build_commit": "abc1234", "build_number": 7001, "cpu_info": "Fake CPU", "gpu_info": "",
-        "backends": "CPU", "model_filename": opts["-m"], "model_type": "llama ?B Q4_1",
+        "backends": "CPU", "model_filename": opts["-m"], "model_type": "llama 256M Q4_1",
         "model_size": 96576768, "model_n_params": 134515008, "n_batch": 2048, "n_ubatch": 512,
         "n_threads": threads, "cpu_mask": "0x0", "cpu_strict": False, "poll": 50, "type_k": "f16",
         "type_v": "f16", "n_gpu_layers": 99, "split_mode": "layer", "main_gpu": 0, "no_kv_offload": False,
@@ -204,7 +204,7 @@ def test_run_parses_llama_bench_json(tmp_path: Path, fake_bench: Path, tied_gguf
     assert (run.output_tokens, run.prompt_tokens, run.num_requests) == (256, 0, 1)
     assert run.output_tok_s == pytest.approx(41.0)
     assert (run.threads, run.repetitions, run.stddev_tok_s, run.samples_tok_s) == (3, 2, 1.5, [40.0, 42.0])
-    assert (run.build_commit, run.build_number, run.model_type) == ("abc1234", 7001, "llama ?B Q4_1")
+    assert (run.build_commit, run.build_number, run.model_type) == ("abc1234", 7001, "llama 256M Q4_1")
     assert run.model_size == 96576768
     assert run.weight_bytes_per_token == EMB_BYTES + BODY_BYTES
     out = run.to_dict()
@@ -248,6 +248,33 @@ def test_parse_bench_json_picks_the_generation_test() -> None:
     assert parse_bench_json("log line\n" + json.dumps(tests), 16)["avg_ts"] == 50.0
     with pytest.raises(RuntimeError, match="not JSON"):
         parse_bench_json("[1, 2", 16)
+
+
+REAL_TEST = {  # llama-bench 0.3.36 (build 0c1e570), `-p 0 -n 256 -t 2 -r 3 -o json` on the embedded SmolLM2
+    "build_commit": "0c1e570", "build_number": 1, "cpu_info": "AMD EPYC", "gpu_info": "", "backends": "CPU",
+    "model_filename": "/models/SmolLM2-135M-Instruct.Q4_1.gguf", "model_type": "llama 256M Q4_1",
+    "model_size": 96576768, "model_n_params": 134515008, "n_batch": 2048, "n_ubatch": 512, "n_threads": 2,
+    "cpu_mask": "0x0", "cpu_strict": False, "poll": 50, "type_k": "f16", "type_v": "f16", "n_gpu_layers": -1,
+    "n_cpu_moe": 0, "split_mode": "layer", "main_gpu": 0, "no_kv_offload": False, "flash_attn": -1,
+    "devices": "auto", "tensor_split": "0.00", "tensor_buft_overrides": "none", "load_mode": "auto",
+    "lazy_mode": "auto", "embeddings": False, "no_op_offload": 0, "no_host": False, "repack": True,
+    "fit_target": 0, "fit_min_ctx": 0, "n_prompt": 0, "n_gen": 256, "n_depth": 0,
+    "test_time": "2026-12-02T14:38:16Z", "avg_ns": 26044504081, "stddev_ns": 1685494469, "avg_ts": 13.769769,
+    "stddev_ts": 10.495975, "samples_ns": [27881731596, 40321075048, 9930705600],
+    "samples_ts": [9.18164, 6.34904, 25.7786],
+}  # fmt: skip
+REAL_OUTPUT = json.dumps([REAL_TEST], indent=2)
+
+
+def test_real_llama_bench_output_parses() -> None:
+    data = parse_bench_json(REAL_OUTPUT, 256)
+    run = llama_cpp_run.parse_result(data, request(256)[0], threads=2, repetitions=3, weight_bytes=96576768)
+    assert run.decode_tok_s == pytest.approx(13.769769)
+    assert run.seconds == pytest.approx(256 / 13.769769)
+    assert (run.threads, run.build_commit, run.build_number) == (2, "0c1e570", 1)
+    assert (run.model_type, run.model_size) == ("llama 256M Q4_1", 96576768)
+    assert run.samples_tok_s == [9.18164, 6.34904, 25.7786]
+    assert run.stddev_tok_s == pytest.approx(10.495975)
 
 
 def test_only_one_request(fake_bench: Path, tied_gguf: Path) -> None:

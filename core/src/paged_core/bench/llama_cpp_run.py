@@ -67,7 +67,7 @@ class LlamaCppRunResult(RunResult):
     build_commit: str | None = None
     build_number: int | None = None
     model_type: str | None = None
-    """llama.cpp's description of the model, e.g. ``"llama ?B Q4_1"``."""
+    """llama.cpp's description of the model (``"llama 256M Q4_1"`` for the embedded SmolLM2)."""
     model_size: int | None = None
     """Bytes of the model's tensors as llama-bench counts them."""
     weight_bytes_per_token: int | None = None
