@@ -78,6 +78,13 @@ def print_summary(report: dict[str, Any], console: Console | None = None) -> Non
         else:
             achieved, peak = roof["achieved_bytes_per_s"] / 1e9, roof["peak_bytes_per_s"] / 1e9
             console.print(f"roofline: {achieved:.1f} of {peak:.1f} GB/s of weights ({roof['fraction']:.1%}); "
-                          f"bound {roof['bound_tok_s']:.0f} tok/s")  # fmt: skip
+                          f"bound {roof['bound_tok_s']:.0f} tok/s; {roof['weight_bytes_per_token'] / 1e6:.1f} MB "
+                          "per token")  # fmt: skip
+            for run in report["runs"][1:]:  # baselines that measured their own bytes (llama.cpp)
+                other = run.get("roofline")
+                if other:
+                    console.print(f"  {run['name']}: {other['achieved_bytes_per_s'] / 1e9:.1f} of "
+                                  f"{other['peak_bytes_per_s'] / 1e9:.1f} GB/s of weights ({other['fraction']:.1%}); "
+                                  f"{other['weight_bytes_per_token'] / 1e6:.1f} MB per token")  # fmt: skip
     if report["goals"]:
         console.print(goals_table(report))

@@ -46,8 +46,9 @@ def register(subparsers: Any) -> None:
                         help="which workload (see the bench README); serve: the throughput requests streamed by "
                         "concurrent clients to `paged serve` variants it starts (or to --url)")  # fmt: skip
     parser.add_argument("--baseline", default="", metavar="LIST",
-                        help="comma-separated: hf-static, hf-cb, reference (same process), vllm, vllm-compiled "
-                        "(vLLM's CPU build in its own environment: bash benchmarks/vllm_env.sh)")
+                        help="comma-separated: hf-static, hf-cb, reference, dequantized (same process), vllm, "
+                        "vllm-compiled (vLLM's CPU build in its own environment: bash benchmarks/vllm_env.sh), "
+                        "llama.cpp (decode-1 on a GGUF: bash benchmarks/llama_cpp_env.sh)")
     parser.add_argument("--num-requests", type=int, default=None, help="run only the first N requests")
     parser.add_argument("--output-len", "--max-tokens", type=int, default=None,
                         help="cap every request's output tokens (quick runs)")
