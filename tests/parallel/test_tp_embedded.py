@@ -30,9 +30,16 @@ def test_tensor_parallel_2_is_refused_before_any_weight_loads(monkeypatch: pytes
     assert worker_pids() == []  # refused before any worker started
 
 
+def test_tensor_parallel_over_packed_weights_is_refused_with_the_way_out() -> None:
+    with pytest.raises(UnsupportedConfigError, match=r"tensor parallelism over packed \(quantized\) weights is not "
+                       r"supported yet \(quantization='auto' on a GGUF\); pass --quantization none"):  # fmt: skip
+        LLM(tensor_parallel_size=3)
+    assert worker_pids() == []
+
+
 @pytest.mark.manual  # three ranks each dequantize the whole GGUF (~1.2 GB, about a minute each on 2 cores)
 def test_tensor_parallel_3_gives_the_same_greedy_text() -> None:
-    engine = {"dtype": "float32", "kv_cache_memory": "128MiB", "backend": "reference"}
+    engine = {"dtype": "float32", "kv_cache_memory": "128MiB", "backend": "reference", "quantization": "none"}
     with LLM(**engine) as one:
         want = [o.outputs[0].text for o in one.generate(PROMPTS, GREEDY, use_tqdm=False)]
     with LLM(tensor_parallel_size=3, distributed_timeout=120, **engine) as three:

@@ -163,6 +163,11 @@ def load(config: EngineConfig, group: TPGroup | None = None) -> LoadedModel:
     model_config, specs = meta_specs(source)
     tp = config.parallel.tensor_parallel_size
     check_tp_size(tp, specs, model_config)
+    quant = config.model.quantization
+    if tp > 1 and (quant == "int8" or (quant == "auto" and source.gguf_file is not None)):
+        raise UnsupportedConfigError(f"tensor parallelism over packed (quantized) weights is not supported yet "
+                                     f"(quantization={quant!r}{' on a GGUF' if quant == 'auto' else ''}); pass "
+                                     "--quantization none to split the dequantized model, or run one rank")  # fmt: skip
     specs = local_specs(specs, tp)
     cls, device, dtype, _ = choose_backend(config, specs)
     leader: Leader | None = None
@@ -180,9 +185,7 @@ def load(config: EngineConfig, group: TPGroup | None = None) -> LoadedModel:
         backend = cls(device=device)
         attach_ops(model, backend.fused_ops())
         if group is not None:
-            if packed_modules(model):
-                raise UnsupportedConfigError("tensor parallelism over packed (quantized) weights is not supported "
-                                             "yet; pass --quantization none, or run on one rank")  # fmt: skip
+            assert not packed_modules(model)  # refused above, before any rank started
             shard_model(model, group)
             # Loading takes each rank its own time; the collectives that follow must not count it.
             if leader is not None:
