@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from paged_conformance.fused import REFERENCE, Untouched, column_view, qkv_views, rope_cache, transposed_view
-from paged_conformance.grid import FUSED_OPS
+from paged_conformance.grid import FUSED_OPS, LINEAR_FORMATS
 
 VALUES = "fused_ops and not traces"
 TRACES = "fused_ops and traces"
@@ -40,7 +40,7 @@ def test_reference_passes_and_is_named(run_suite) -> None:
     assert code == 0, _messages(report)
     assert set(_statuses(report).values()) == {"pass"} and len(_statuses(report)) == len(FUSED_OPS) + 1
     assert report["backend"]["fused_ops"] == {"name": "reference", "class": "paged_core.contract.fused_ops:FusedOps",
-                                              "overrides": []}
+                                              "overrides": [], "linear_formats": list(LINEAR_FORMATS)}
     counts = report["capabilities"]["fused:trace"]["counts"]
     assert counts["passed"] == len(FUSED_OPS)  # one dtype traced under quick
     assert report["grid"]["fused"]["ops"] == list(FUSED_OPS)

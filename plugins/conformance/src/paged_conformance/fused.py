@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 import torch
 
-from paged_conformance.grid import ROTARY_BASE, ROTARY_MAX_POSITION, dtype_name
+from paged_conformance.grid import LINEAR_FORMATS, ROTARY_BASE, ROTARY_MAX_POSITION, dtype_name
 from paged_conformance.harness import TOLERANCES
 from paged_conformance.tracing import first_line
 from paged_core.api import AttentionBackend, FusedOps
@@ -264,12 +264,17 @@ def linear_weight(gen: torch.Generator, out_features: int, in_features: int) -> 
 
 
 def fused_ops_info(make_backend: Callable[[], AttentionBackend]) -> dict[str, object]:
-    """What the report says of a backend's ``fused_ops()``: ``name``, ``class``, ``overrides``; or ``error``."""
+    """What the report says of a backend's ``fused_ops()``: ``name``, ``class``, ``overrides``, ``linear_formats``
+    (the packed formats it declares, in the core's order, then any unknown names sorted); or ``error``."""
     try:
         ops = make_backend().fused_ops()
     except Exception as exc:
         return {"error": first_line(exc)}
     cls = type(ops)
     overrides = [m for m in METHODS if getattr(cls, m, None) is not getattr(FusedOps, m)]
+    declared = getattr(ops, "linear_formats", None)
+    # Anything but a collection declares nothing here (and fails the declaration check).
+    names = {str(f) for f in declared} if isinstance(declared, (set, frozenset, list, tuple)) else set()
+    formats = [f for f in LINEAR_FORMATS if f in names] + sorted(names - set(LINEAR_FORMATS))
     return {"name": str(getattr(ops, "name", "")), "class": f"{cls.__module__}:{cls.__qualname__}",
-            "overrides": overrides}
+            "overrides": overrides, "linear_formats": formats}

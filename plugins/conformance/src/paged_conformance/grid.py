@@ -6,8 +6,10 @@ declared dtype and block size, plus smaller sweeps: head size x GQA ratio x
 KV-head count, a wide batch (many rows), a long context, an explicit softmax
 scale, each declared KV-cache dtype, and strided input views. The fused
 layer ops (:class:`paged_core.api.FusedOps`) get their own small sweeps per
-declared dtype. Only declared values are generated; an undeclared one is N/A,
-never a failure.
+declared dtype, and the packed-weight linears (:mod:`paged_core.quant`) one
+item per format and dtype, a union of an M sweep, model shapes and odd ones.
+Only declared values are generated; an undeclared one is N/A, never a
+failure.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
+from paged_core.api import LINEAR_FORMATS as FORMATS_BY_NAME
 from paged_core.api import BackendCapabilities
 
 DTYPES: tuple[torch.dtype, ...] = (torch.float32, torch.bfloat16, torch.float16)
@@ -297,6 +300,107 @@ def fused_trace_cases(caps: BackendCapabilities, grid: str) -> list[FusedCase]:
     return [FusedCase(d, "strided") for d in (dtypes if grid == "full" else dtypes[:1])]
 
 
+LINEAR_FORMATS: tuple[str, ...] = tuple(FORMATS_BY_NAME)
+"""Every packed weight format the core reads (``q4_0``, ``q4_1``, ``q8_0``, ``q4_k``, ``q6_k``, ``int8``)."""
+LINEAR_FORMAT_TOKENS: tuple[int, ...] = (1, 2, 3, 7, 16, 17, 64, 512)
+"""``M`` (rows of ``x``) of the M sweep: decode, tiny batches, sizes around 16, a prefill chunk."""
+LINEAR_FORMAT_TOKENS_QUICK: tuple[int, ...] = (1, 3, 17, 512)
+LINEAR_SWEEP_SHAPES: tuple[tuple[int, int], ...] = ((192, 576), (256, 2048))
+"""``(N, K)`` the M sweep runs on: the first whose ``K`` is a multiple of the format's block. SmolLM2-135M's k/v
+projection; for the 256-blocks of ``q4_k``/``q6_k`` (576 is none), TinyLlama-1.1B's."""
+LINEAR_MODEL_SHAPES: tuple[tuple[int, int], ...] = ((3072, 576), (576, 1536), (576, 576), (1024, 4096))
+"""Other ``(N, K)`` of real layers, each where its ``K`` is a multiple of the format's block: SmolLM2-135M's
+merged gate+up, down and q/o projections, and a 7-8B model's k/v projection (Llama-3-8B, Mistral-7B: a
+4096-long reduction, ``full`` only). ``quick`` keeps the first that fits, at decode."""
+LINEAR_ODD_N: tuple[int, int] = (37, 100)
+"""Output sizes no multiple of 16 (37: of nothing), with ``K`` one block and three blocks (77 for ``int8``)."""
+LINEAR_LAYOUTS: tuple[str, ...] = ("contiguous", "columns", "rows")
+"""How ``x`` reaches ``linear``: contiguous, a column slice of a wider buffer, every other row of a buffer."""
+LINEAR_STRIDED_CALLS: tuple[tuple[int, str], ...] = ((17, "columns"), (2, "rows"), (64, "rows"), (3, "columns"))
+"""``(M, layout)`` of the strided calls after the M sweep (``quick``: the first two)."""
+
+
+@dataclass(frozen=True)
+class LinearWeight:
+    """One packed weight of the linear-format sweep and the calls made with it (after one ``pack_linear``)."""
+
+    n: int
+    k: int
+    bias: bool
+    calls: tuple[tuple[int, str], ...]
+    """``(M, layout)`` of every ``linear`` call, in order."""
+
+    @property
+    def label(self) -> str:
+        return f"[{self.n}, {self.k}]" + (" + bias" if self.bias else "")
+
+
+def _sweep_shape(block: int) -> tuple[int, int]:
+    """The M sweep's ``(N, K)`` for a format's block."""
+    return next(s for s in LINEAR_SWEEP_SHAPES if s[1] % block == 0)
+
+
+def _odd_weights(block: int) -> list[LinearWeight]:
+    """``N`` = 37 with ``K`` one block (bias) and ``N`` = 100 with three blocks (``int8``: ``K`` = 77), no bias."""
+    odd_k = 3 * block if block > 1 else 77
+    return [LinearWeight(LINEAR_ODD_N[0], block, True, ((1, "contiguous"), (3, "contiguous"), (17, "columns"))),
+            LinearWeight(LINEAR_ODD_N[1], odd_k, False, ((1, "contiguous"), (3, "rows"), (17, "contiguous")))]
+
+
+def linear_weights(fmt: str, grid: str) -> list[LinearWeight]:
+    """One format's weights and calls: the M sweep then strided inputs (bias), the other model shapes at decode and
+    a prefill-tail ``M`` (bias alternating; ``quick``: the first, at decode), and the two odd shapes."""
+    block = FORMATS_BY_NAME[fmt].block_size
+    full = grid == "full"
+    tokens = LINEAR_FORMAT_TOKENS if full else LINEAR_FORMAT_TOKENS_QUICK
+    strided = LINEAR_STRIDED_CALLS if full else LINEAR_STRIDED_CALLS[:2]
+    out = [LinearWeight(*_sweep_shape(block), True, tuple((m, "contiguous") for m in tokens) + strided)]
+    others = [s for s in LINEAR_MODEL_SHAPES if s[1] % block == 0]
+    for i, (n, k) in enumerate(others if full else others[:1]):
+        ms = (1,) if not full or n * k >= 4_000_000 else (1, 17)
+        out.append(LinearWeight(n, k, i % 2 == 0, tuple((m, "contiguous") for m in ms)))
+    return out + _odd_weights(block)
+
+
+def linear_fallback_weights(fmt: str) -> list[LinearWeight]:
+    """What the fallback check multiplies per undeclared format: the M sweep's shape at two ``M`` (the second a
+    column slice), and the two odd shapes."""
+    block = FORMATS_BY_NAME[fmt].block_size
+    return [LinearWeight(*_sweep_shape(block), True, ((1, "contiguous"), (17, "columns"))), *_odd_weights(block)]
+
+
+@dataclass(frozen=True)
+class LinearFormatCase:
+    """One packed format at one compute dtype."""
+
+    format: str
+    dtype: torch.dtype
+
+    @property
+    def id(self) -> str:
+        """``format-dtype``, e.g. ``q4_k-bfloat16``."""
+        return f"{self.format}-{dtype_name(self.dtype)}"
+
+    @property
+    def seed(self) -> int:
+        return zlib.crc32(f"linear-{self.id}".encode())
+
+    def capabilities(self) -> list[str]:
+        return [f"linear_format:{self.format}"]
+
+
+def linear_format_cases(caps: BackendCapabilities, grid: str) -> list[LinearFormatCase]:
+    """Every format at every declared dtype (the first two under ``quick``), format by format.
+
+    Formats the backend's ``fused_ops().linear_formats`` leaves out are
+    generated too: their checks report N/A (or, for the fallback check, run).
+    """
+    dtypes = declared_dtypes(caps)
+    if grid != "full":
+        dtypes = dtypes[:2]
+    return [LinearFormatCase(f, d) for f in LINEAR_FORMATS for d in dtypes]
+
+
 def rotary_head_sizes(caps: BackendCapabilities) -> list[int]:
     """Declared head sizes (the suite's own when any is allowed) that rotary can rotate (even ones)."""
     sizes = sorted(caps.head_sizes) if caps.head_sizes is not None else list(HEAD_SIZES)
@@ -330,3 +434,6 @@ def iter_universe() -> Iterator[tuple[str, str]]:
     for op in FUSED_OPS:
         yield "fused", op
     yield "fused", "trace"
+    for name in LINEAR_FORMATS:
+        yield "linear_format", name
+    yield "linear_format", "fallback"

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from paged_conformance.grid import dtype_name, iter_universe
+from paged_conformance.grid import LINEAR_FORMATS, dtype_name, iter_universe
 from paged_core.api import BackendCapabilities, GraphSupport
 
 OUTCOMES = ("passed", "failed", "error", "xfailed", "xpassed", "skipped", "n/a")
@@ -87,8 +87,13 @@ class CapabilityRow:
         return {"declared": self.declared, "status": self.status, "counts": dict(self.counts)}
 
 
-def declared_rows(caps: BackendCapabilities) -> dict[str, CapabilityRow]:
-    """Every capability row for a backend, each marked declared or not."""
+def declared_rows(caps: BackendCapabilities, linear_formats: frozenset[str] = frozenset()) -> dict[str, CapabilityRow]:
+    """Every capability row for a backend, each marked declared or not.
+
+    ``linear_formats`` are the packed formats its ``fused_ops()`` declares:
+    each is a declared ``linear_format:*`` row, and ``linear_format:fallback``
+    (the reference-packed route) is declared when some known format is not.
+    """
     rows: dict[str, CapabilityRow] = {}
     for axis, value in iter_universe():
         if axis == "dtype":
@@ -99,6 +104,8 @@ def declared_rows(caps: BackendCapabilities) -> dict[str, CapabilityRow]:
             declared = caps.gqa_ratios is None or int(value) in caps.gqa_ratios
         elif axis == "kv_dtype":
             declared = value in {dtype_name(d) for d in caps.effective_kv_cache_dtypes}
+        elif axis == "linear_format":
+            declared = value in linear_formats if value != "fallback" else bool(set(LINEAR_FORMATS) - linear_formats)
         else:
             declared = True
         rows[f"{axis}:{value}"] = CapabilityRow(f"{axis}:{value}", declared)

@@ -67,6 +67,9 @@ def _params(family: str, conf: Conformance) -> tuple[str, list[object], list[str
     if family in ("fused", "fused_trace"):
         fused = grids.fused_cases(caps, conf.grid) if family == "fused" else grids.fused_trace_cases(caps, conf.grid)
         return "fused", list(fused), [c.id for c in fused]
+    if family == "linear_formats":
+        linear = grids.linear_format_cases(caps, conf.grid)
+        return "linear_case", list(linear), [c.id for c in linear]
     if family == "graph_sizes":
         sizes = grids.graph_batch_sizes(conf.grid)
         return "batch_size", list(sizes), [f"rows{s}" for s in sizes]
@@ -82,6 +85,15 @@ def fused_grid() -> dict[str, object]:
             "linear_tokens": list(grids.LINEAR_TOKENS), "linear_shapes": [list(s) for s in grids.LINEAR_SHAPES]}
 
 
+def linear_formats_grid(grid: str) -> dict[str, object]:
+    """The ``grid.linear_formats`` section of the report: per format, each packed weight ``[N, K]``, whether it has a
+    bias, and its calls as ``[M, layout]``."""
+    return {"formats": {f: [{"shape": [w.n, w.k], "bias": w.bias, "calls": [list(c) for c in w.calls]}
+                            for w in grids.linear_weights(f, grid)] for f in grids.LINEAR_FORMATS},
+            "layouts": list(grids.LINEAR_LAYOUTS),
+            "fallback": {f: [[w.n, w.k] for w in grids.linear_fallback_weights(f)] for f in grids.LINEAR_FORMATS}}
+
+
 def item_capabilities(item: pytest.Item) -> list[str]:
     """The report rows an item counts towards: its marker's names, else its case's axes; plus its block size."""
     caps: list[str] = []
@@ -92,6 +104,9 @@ def item_capabilities(item: pytest.Item) -> list[str]:
     if isinstance(case, grids.Case) and not caps:
         # Grid axes count only for plain attention checks; a feature check counts under its feature.
         caps.extend(case.capabilities())
+    linear = params.get("linear_case")
+    if isinstance(linear, grids.LinearFormatCase) and not caps:  # the fallback check counts under its own row
+        caps.extend(linear.capabilities())
     if "block_size" in params:
         caps.append(f"block_size:{params['block_size']}")
     return list(dict.fromkeys(caps))
@@ -155,7 +170,7 @@ class ConformanceSession:
                 "num_kv_heads": grids.NUM_KV_HEADS, "num_kv_heads_sweep": list(grids.KV_HEAD_SWEEP),
                 "long_context": grids.LONG_CONTEXT, "scale": grids.SCALE, "layouts": list(grids.LAYOUTS),
                 "kv_dtypes": [grids.dtype_name(d) for d in grids.KV_DTYPES], "layers": LAYERS,
-                "fused": fused_grid()}
+                "fused": fused_grid(), "linear_formats": linear_formats_grid(conf.grid)}
         return {"backend": info, "grid": grid, "oracle": conf.oracle}
 
     def info_dict(self) -> dict[str, object]:
@@ -181,7 +196,9 @@ class ConformanceSession:
                 warnings.warn(StaleExpectationWarning(f"stale expectation {line}"), stacklevel=1)
         if stale and self.strict and session.exitstatus == pytest.ExitCode.OK:
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
-        rows = fold(declared_rows(self.conf.caps), list(self.results.values()))
+        formats = self.fused_info().get("linear_formats")
+        declared_formats = frozenset(str(f) for f in formats) if isinstance(formats, list) else frozenset()
+        rows = fold(declared_rows(self.conf.caps, declared_formats), list(self.results.values()))
         self.rows = rows
         self.report = build_report(self.context(), rows, list(self.results.values()), self.expectations,
                                    int(session.exitstatus))
@@ -199,7 +216,10 @@ class ConformanceSession:
         else:
             names = fused.get("overrides")
             overrides = ", ".join(str(n) for n in names) if isinstance(names, list) and names else "none (reference)"
-            tr.write_line(f"fused ops: {fused['name']} ({fused['class']}); overrides: {overrides}")
+            formats = fused.get("linear_formats")
+            packed = ", ".join(str(f) for f in formats) if isinstance(formats, list) and formats else "none"
+            tr.write_line(f"fused ops: {fused['name']} ({fused['class']}); overrides: {overrides}; "
+                          f"linear formats: {packed}")
         for line in render_table(getattr(self, "rows", {})):
             tr.write_line(line)
         for line in self.stale():
