@@ -60,3 +60,21 @@ def test_quantize_linears_packs_every_linear_and_keeps_a_tied_embedding_dense() 
     assert isinstance(model["head"], PackedLinearModule) and isinstance(model["proj"], PackedLinearModule)
     assert isinstance(model["emb"], torch.nn.Embedding)
     torch.testing.assert_close(model["proj"](torch.ones(1, 32)), before, atol=0.05, rtol=0.02)
+
+
+def test_a_dense_only_port_does_not_inherit_the_references_formats() -> None:
+    class DenseOnly(FusedOps):
+        def linear(self, x: torch.Tensor, packed: PackedLinear) -> torch.Tensor:
+            return super().linear(x, packed)
+
+    class NormsOnly(FusedOps):
+        pass
+
+    class Child(Q8Only):
+        def linear(self, x: torch.Tensor, packed: PackedLinear) -> torch.Tensor:
+            return super().linear(x, packed)
+
+    assert DenseOnly.linear_formats == frozenset()
+    assert NormsOnly.linear_formats == FusedOps.linear_formats  # no linear of its own: the reference's, all formats
+    assert Child.linear_formats == frozenset({"q8_0"})
+    assert route_pack(DenseOnly(), random_packed(Q8_0, 4, 32), None).packed is None

@@ -214,8 +214,8 @@ class MisspelledFormat(LinearFake):
 
 
 class DenseOnlyOps(FusedOps):
-    """Bug: overrides ``pack_linear``/``linear`` for dense weights only and inherits ``linear_formats`` (every
-    format) from the reference, so packed weights reach a kernel that cannot read them."""
+    """Bug: overrides ``pack_linear``/``linear`` for dense weights only. It declares no formats (so the contract
+    gives it none), but its ``linear`` never hands the reference's packs to ``super()``."""
 
     def pack_linear(self, weight: torch.Tensor | QuantizedWeight, bias: torch.Tensor | None = None) -> PackedLinear:
         return PackedLinear(weight, bias, packed=weight.t().contiguous())  # type: ignore[union-attr]

@@ -86,7 +86,17 @@ class FusedOps:
     """Packed weight formats :meth:`linear` multiplies itself (the reference: all, by dequantizing).
 
     A backend declares the formats it has kernels for (``frozenset()``: none);
-    the engine packs weights of other formats with the reference instead."""
+    the engine packs weights of other formats with the reference instead. A
+    subclass that overrides ``pack_linear`` or ``linear`` without declaring
+    (nor inheriting from a class between it and this one) gets ``frozenset()``:
+    a dense-only port never claims the reference's formats by inheritance."""
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        declared = any("linear_formats" in vars(c) for c in cls.__mro__ if c is not FusedOps)
+        overrides = cls.pack_linear is not FusedOps.pack_linear or cls.linear is not FusedOps.linear
+        if overrides and not declared:
+            cls.linear_formats = frozenset()
 
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         """RMS normalisation of ``[T, H]`` over ``H``, times ``weight`` ``[H]``."""
