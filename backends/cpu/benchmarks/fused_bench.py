@@ -13,17 +13,30 @@ heads and 3 KV heads of 64), for T tokens, it times one call of each layer op as
 and, with ``--linear``, the native linear against ``torch.nn.functional.linear`` for
 row counts across the crossover on every projection of the model.
 
+``--quant`` times the packed-weight linear (``CpuFusedOps.linear`` on a
+``QuantizedWeight``, the kernel reading the packed bytes in place) per format,
+projection and row count: the packed bytes read per second, their share of the
+copy bandwidth measured in the same run (a 256 MB tensor copy, read + write bytes
+per second, as kernel_bench.py does), and the time of the dense fp32 path
+(``CpuFusedOps.linear`` on the dequantized fp32 weight: the native kernel up to its
+rows, oneDNN's prepacked matmul above) against it. Weights are cold: each call
+reads the next of enough copies to fill ``--cold-mb`` (default 128 MB, four times
+the L3 of the development machine), as a model's layers follow each other, for
+both paths.
+
 Each figure is the median of ``--runs`` timings taken in turn with the other columns
 of its row, each the median over ``--rounds`` rounds of the mean of a batch of calls
 (a round lasts about ``--round-ms``): on a shared machine, read the ratios.
 
     python backends/cpu/benchmarks/fused_bench.py [--tokens 1 64 512] [--dtypes float32 bfloat16]
         [--threads N] [--linear] [--rows 1 2 4 8 16 32 64 128 256 512]
+        [--quant [--formats q4_0 q8_0 int8] [--quant-rows 1 4 8 16 32 64 512] [--cold-mb 128]]
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import statistics
 import time
 from collections.abc import Callable
@@ -32,7 +45,8 @@ import torch
 import torch.nn.functional as F
 
 from paged_backend_cpu import CpuFusedOps, fused, ops
-from paged_core.api import FusedOps
+from paged_core.api import FusedOps, PackedLinear
+from paged_core.quant import FORMATS, dequantize, random_packed
 
 HIDDEN, INTER, HEADS, KV_HEADS, HEAD = 576, 1536, 9, 3, 64
 EPS = 1e-5
@@ -45,8 +59,23 @@ LINEARS = {
 }
 
 
+QUANT_LINEARS = {
+    "q/o 576->576": (576, 576),
+    "k/v 576->192": (192, 576),
+    "gate_up 576->3072": (3072, 576),
+    "down 1536->576": (576, 1536),
+    "lm_head 576->49152": (49152, 576),
+}
+"""The embedded model's projections as the packed formats meet them (q, k, v and o apart, gate/up merged)."""
+
+
+BEST = False
+"""``--best``: every figure is the fastest round instead of the median (on a machine shared with other
+work, the least disturbed estimate of what the code does alone)."""
+
+
 def timed(fn: Callable[[], object], rounds: int, round_ms: float) -> float:
-    """Median over ``rounds`` of the mean seconds per call in a round of about ``round_ms``."""
+    """Median (``--best``: minimum) over ``rounds`` of the mean seconds per call in a round of about ``round_ms``."""
     fn()
     start = time.perf_counter()
     fn()
@@ -58,7 +87,7 @@ def timed(fn: Callable[[], object], rounds: int, round_ms: float) -> float:
         for _ in range(calls):
             fn()
         samples.append((time.perf_counter() - start) / calls)
-    return statistics.median(samples)
+    return min(samples) if BEST else statistics.median(samples)
 
 
 def hf_rms_norm(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -131,12 +160,13 @@ def us(seconds: float) -> str:
 
 
 def interleaved(impls: dict[str, Callable[[], object]], runs: int, rounds: int, round_ms: float) -> dict[str, float]:
-    """Median of ``runs`` timings of each callable, taken in turn (load drift hits every one alike)."""
+    """Median (``--best``: minimum) of ``runs`` timings of each callable, taken in turn (load drift hits every one
+    alike)."""
     samples: dict[str, list[float]] = {name: [] for name in impls}
     for _ in range(runs):
         for name, fn in impls.items():
             samples[name].append(timed(fn, rounds, round_ms))
-    return {name: statistics.median(s) for name, s in samples.items()}
+    return {name: min(s) if BEST else statistics.median(s) for name, s in samples.items()}
 
 
 def bench_ops(tokens_list: list[int], dtypes: list[torch.dtype], runs: int, rounds: int, round_ms: float) -> None:
@@ -182,6 +212,73 @@ def bench_linear(rows_list: list[int], dtypes: list[torch.dtype], runs: int, rou
             print(f"| {name} | {str(dtype).removeprefix('torch.')} | " + " | ".join(cells) + " |", flush=True)
 
 
+def copy_bandwidth(mbytes: int = 256) -> float:
+    """Bytes per second moved (read + written) by copying a ``mbytes`` MB tensor with torch's threads (best of 5)."""
+    src = torch.ones(mbytes * 2**20 // 4)
+    dst = torch.empty_like(src)
+    dst.copy_(src)
+    best = math.inf
+    for _ in range(5):
+        start = time.perf_counter()
+        dst.copy_(src)
+        best = min(best, time.perf_counter() - start)
+    return 2 * src.numel() * 4 / best
+
+
+class Cycle:
+    """Calls ``fn(item)`` for the next of ``items`` each time (cold weights: each call reads another copy)."""
+
+    def __init__(self, fn: Callable[[object], object], items: list[object]) -> None:
+        self.fn, self.items, self.i = fn, items, 0
+
+    def __call__(self) -> object:
+        self.i = (self.i + 1) % len(self.items)
+        return self.fn(self.items[self.i])
+
+
+def bench_quant(
+    formats: list[str], rows_list: list[int], cold_mb: int, runs: int, rounds: int, round_ms: float
+) -> None:
+    """Packed linear per format, projection and M: packed GB/s, share of copy bandwidth, time vs dense fp32."""
+    copy_bw = copy_bandwidth()
+    cpu = CpuFusedOps()
+    print(f"copy bandwidth (256 MB tensor copy, read + write): {copy_bw / 1e9:.1f} GB/s; "
+          f"streaming up to {cpu.quant_stream_rows} rows; cold weights: {cold_mb} MB of copies per path")  # fmt: skip
+    print(
+        "| format | projection | M | packed | packed (us) | packed GB/s | of copy | dense fp32 (us) | dense / packed |"
+    )
+    print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    for fmt in formats:
+        for name, (n, k) in QUANT_LINEARS.items():
+            gen = torch.Generator().manual_seed(n + k)
+            w = random_packed(FORMATS[fmt], n, k, gen)
+            copies = max(1, math.ceil(cold_mb * 2**20 / w.nbytes))
+            packs: list[object] = [cpu.pack_linear(w)]
+            packs += [cpu.pack_linear(random_packed(FORMATS[fmt], n, k, gen)) for _ in range(copies - 1)]
+            dense_w = dequantize(w)
+            dense_copies = max(1, math.ceil(cold_mb * 2**20 / (dense_w.numel() * 4)))
+            dense: list[object] = [cpu.pack_linear(dense_w)]
+            dense += [cpu.pack_linear(dense_w.clone()) for _ in range(dense_copies - 1)]
+            for m in rows_list:
+                if n > 10_000 and m > 32:
+                    continue
+                x = torch.randn(m, k, generator=gen)
+
+                def run(p: object, x: torch.Tensor = x) -> object:
+                    assert isinstance(p, PackedLinear)
+                    return cpu.linear(x, p)
+
+                t = interleaved({"packed": Cycle(run, packs), "dense": Cycle(run, dense)}, runs, rounds, round_ms)
+                gbs = w.nbytes / t["packed"] / 1e9
+                print(
+                    f"| {fmt} | {name} | {m} | {w.nbytes / 2**20:.2f} MB | {us(t['packed'])} | {gbs:.1f} "
+                    f"| {100 * gbs * 1e9 / copy_bw:.0f}% | {us(t['dense'])} | {t['dense'] / t['packed']:.2f}x |",
+                    flush=True,
+                )
+            del packs, dense
+    print(f"copy bandwidth at the end: {copy_bandwidth() / 1e9:.1f} GB/s")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tokens", type=int, nargs="+", default=[1, 64, 512])
@@ -193,7 +290,14 @@ def main() -> None:
     parser.add_argument("--linear", action="store_true", help="also time the native linear against F.linear")
     parser.add_argument("--rows", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32, 64, 128, 256, 512])
     parser.add_argument("--no-ops", action="store_true", help="skip the element-wise ops")
+    parser.add_argument("--quant", action="store_true", help="time the packed-weight linear (implies --no-ops)")
+    parser.add_argument("--formats", nargs="+", default=["q4_0", "q8_0", "int8"])
+    parser.add_argument("--quant-rows", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32, 64, 128, 512])
+    parser.add_argument("--best", action="store_true", help="report the fastest timing, not the median")
+    parser.add_argument("--cold-mb", type=int, default=128, help="MB of weight copies each path cycles through")
     args = parser.parse_args()
+    global BEST
+    BEST = args.best
     if args.threads > 0:
         torch.set_num_threads(args.threads)
     dtypes = [getattr(torch, d) for d in args.dtypes]
@@ -201,6 +305,9 @@ def main() -> None:
         f"torch {torch.__version__}, {torch.get_num_threads()} threads, kernels: {ops.fused_isa()} "
         f"(attention {ops.isa()}), linear kernel up to {fused.default_max_rows()} rows"
     )
+    if args.quant:
+        bench_quant(args.formats, args.quant_rows, args.cold_mb, args.runs, args.rounds, args.round_ms)
+        return
     if not args.no_ops:
         bench_ops(args.tokens, dtypes, args.runs, args.rounds, args.round_ms)
     if args.linear:

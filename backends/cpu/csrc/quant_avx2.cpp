@@ -22,34 +22,42 @@ namespace avx2_quant {
 
 #include "fused_body.h"
 
+#define PAGED_FORCE_INLINE __attribute__((always_inline))
+
 using VF = __m256;
 using VI = __m256i;
 
-inline VF vzero() { return _mm256_setzero_ps(); }
-inline VF vset1(float s) { return _mm256_set1_ps(s); }
-inline VF vload(const float* p) { return _mm256_loadu_ps(p); }
-inline void vstore(float* p, VF a) { _mm256_storeu_ps(p, a); }
-inline VF vfma(VF a, VF b, VF c) { return _mm256_fmadd_ps(a, b, c); }
-inline VF vmul(VF a, VF b) { return _mm256_mul_ps(a, b); }
-inline VF vadd(VF a, VF b) { return _mm256_add_ps(a, b); }
-inline float vsum(VF a) {
+PAGED_FORCE_INLINE inline VF vzero() { return _mm256_setzero_ps(); }
+PAGED_FORCE_INLINE inline VF vset1(float s) { return _mm256_set1_ps(s); }
+PAGED_FORCE_INLINE inline VF vload(const float* p) { return _mm256_loadu_ps(p); }
+PAGED_FORCE_INLINE inline void vstore(float* p, VF a) { _mm256_storeu_ps(p, a); }
+PAGED_FORCE_INLINE inline VF vfma(VF a, VF b, VF c) { return _mm256_fmadd_ps(a, b, c); }
+PAGED_FORCE_INLINE inline VF vmul(VF a, VF b) { return _mm256_mul_ps(a, b); }
+PAGED_FORCE_INLINE inline VF vadd(VF a, VF b) { return _mm256_add_ps(a, b); }
+PAGED_FORCE_INLINE inline float vsum(VF a) {
   __m128 s = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
   s = _mm_add_ps(s, _mm_movehl_ps(s, s));
   s = _mm_add_ss(s, _mm_movehdup_ps(s));
   return _mm_cvtss_f32(s);
 }
-inline VI vu8(const uint8_t* p) { return _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))); }
-inline VI vi8(const uint8_t* p) { return _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))); }
-inline VI vand(VI a, int m) { return _mm256_and_si256(a, _mm256_set1_epi32(m)); }
-inline VI vsrl(VI a, int n) { return _mm256_srli_epi32(a, n); }
-inline VI vsll(VI a, int n) { return _mm256_slli_epi32(a, n); }
-inline VI vor(VI a, VI b) { return _mm256_or_si256(a, b); }
-inline VI vsubi(VI a, int s) { return _mm256_sub_epi32(a, _mm256_set1_epi32(s)); }
-inline VF vcvt(VI a) { return _mm256_cvtepi32_ps(a); }
-inline float f16_at(const uint8_t* p) {
+PAGED_FORCE_INLINE inline VI vu8(const uint8_t* p) { return _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))); }
+PAGED_FORCE_INLINE inline VI vi8(const uint8_t* p) { return _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))); }
+PAGED_FORCE_INLINE inline VI vand(VI a, int m) { return _mm256_and_si256(a, _mm256_set1_epi32(m)); }
+PAGED_FORCE_INLINE inline VI vsrl(VI a, int n) { return _mm256_srli_epi32(a, n); }
+PAGED_FORCE_INLINE inline VI vsll(VI a, int n) { return _mm256_slli_epi32(a, n); }
+PAGED_FORCE_INLINE inline VI vor(VI a, VI b) { return _mm256_or_si256(a, b); }
+PAGED_FORCE_INLINE inline VI vsubi(VI a, int s) { return _mm256_sub_epi32(a, _mm256_set1_epi32(s)); }
+PAGED_FORCE_INLINE inline VF vcvt(VI a) { return _mm256_cvtepi32_ps(a); }
+PAGED_FORCE_INLINE inline float f16_at(const uint8_t* p) {
   uint16_t h;
   std::memcpy(&h, p, 2);
   return _cvtsh_ss(h);
+}
+
+PAGED_FORCE_INLINE inline VF vset1_f16(const uint8_t* p) {
+  int16_t h;
+  std::memcpy(&h, p, 2);
+  return _mm256_cvtph_ps(_mm_set1_epi16(h));
 }
 
 #include "quant_body.h"

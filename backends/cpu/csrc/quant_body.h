@@ -6,7 +6,7 @@
 //   vfma(a, b, c) = a * b + c, vmul(a, b), vadd(a, b), vsum(VF) -> float;
 //   vu8(p) / vi8(p): 8 bytes at p zero- / sign-extended to int32; vand(VI, int), vsrl(VI, int)
 //   (logical), vsll(VI, int), vor(VI, VI), vsubi(VI, int), vcvt(VI) -> VF (exact: |values| < 2^24);
-//   f16_at(p): the fp16 at byte p as fp32.
+//   f16_at(p): the fp16 at byte p as fp32; vset1_f16(p): the same in every lane.
 //
 // Weights are dequantized exactly as paged_core.quant.dequant does, in fp32: every format's weight is
 // d * q (+ m) with an fp16 (or fp16 x 6-bit, fp16 x int8) scale and a small integer q, so the products
@@ -15,135 +15,174 @@
 // weight x activation in an order of their own (8 lanes, then a horizontal sum). No activation is
 // rounded to a lower precision.
 //
-// Every format decodes a run of 32 weights ("chunk": k = 32c .. 32c + 31 of a block) as 4 vectors of 8
-// in k order; formats with blocks of 256 keep per-block state (sub-block scales) prepared once per block.
 
 template <int N>
 using Int = std::integral_constant<int, N>;
 
+// The decoders and the unrolled loop bodies must inline into the tile (GCC's size limits stop at the
+// largest tiles otherwise, and a call per decoded vector costs more than the vector).
+#ifndef PAGED_FORCE_INLINE
+#define PAGED_FORCE_INLINE __attribute__((always_inline))
+#endif
+
 // f(Int<i>()) for i = 0 .. N-1 as straight-line code, so that accumulator indices are constants and the
 // accumulators stay in registers.
 template <int N, typename F>
-inline void unroll(const F& f) {
-  [&]<int... I>(std::integer_sequence<int, I...>) { (f(Int<I>()), ...); }(std::make_integer_sequence<int, N>());
+PAGED_FORCE_INLINE inline void unroll(const F& f) {
+  [&]<int... I>(std::integer_sequence<int, I...>) PAGED_FORCE_INLINE { (f(Int<I>()), ...); }(
+      std::make_integer_sequence<int, N>());
 }
 
-// ---- formats: decode<I>(block, state, chunk) -> weights k = 32 * chunk + 8I .. + 7 of the block ----
+// ---- formats ----
+//
+// A format's block (kBlock weights in kBytes) is read in steps of kStep weights (k = s * kStep .. of the
+// block, step s), each decoded as kStep / 8 vectors in k order:
+//   prepare(block, args, n, state)   once per block and feature (q4_k, q6_k: the sub-block scales);
+//   scales(block, state, s)          per step, right before its vectors (a few registers: the fp16 scale
+//                                    broadcast and converted, or a reference to the prepared state);
+//   decode<V>(block, scales, s)      vector V of step s.
+// Steps whose vectors share bytes (low and high nibbles of the same bytes) are one step, so that the
+// compiler loads those bytes once.
 
 struct FmtQ4_0 {  // f16 d, 16 bytes: w[j] = d * ((qs[j] & 15) - 8), w[j + 16] = d * ((qs[j] >> 4) - 8)
-  static constexpr int kBlock = 32, kBytes = 18;
-  static constexpr bool kTail = false;
-  struct State { float d, m; };
-  static void prepare(const uint8_t* b, const QuantArgs&, int64_t, State& s) {
-    s.d = f16_at(b);
-    s.m = -8.0f * s.d;  // d * q - 8d = d * (q - 8), exact: the fused and the unfused form agree
+  static constexpr int kBlock = 32, kBytes = 18, kStep = 32;
+  static constexpr bool kTail = false, kFeatureOuter = true, kPrefetch = true;
+  struct State {};
+  struct Scales { VF d, m; };
+  PAGED_FORCE_INLINE static void prepare(const uint8_t*, const QuantArgs&, int64_t, State&) {}
+  PAGED_FORCE_INLINE static Scales scales(const uint8_t* b, const State&, int) {
+    const VF d = vset1_f16(b);
+    return {d, vmul(d, vset1(-8.0f))};  // d * q - 8d = d * (q - 8), exact: fused or not, the same
   }
-  template <int I>
-  static VF decode(const uint8_t* b, const State& s, int) {
-    const VI q = vu8(b + 2 + 8 * (I & 1));
-    return vfma(vcvt(I < 2 ? vand(q, 15) : vsrl(q, 4)), vset1(s.d), vset1(s.m));
+  template <int V>
+  PAGED_FORCE_INLINE static VF decode(const uint8_t* b, const Scales& s, int) {
+    const VI q = vu8(b + 2 + 8 * (V & 1));
+    return vfma(vcvt(V < 2 ? vand(q, 15) : vsrl(q, 4)), s.d, s.m);
   }
 };
 
 struct FmtQ4_1 {  // f16 d, f16 m, 16 bytes: w = d * q + m
-  static constexpr int kBlock = 32, kBytes = 20;
-  static constexpr bool kTail = false;
-  struct State { float d, m; };
-  static void prepare(const uint8_t* b, const QuantArgs&, int64_t, State& s) {
-    s.d = f16_at(b);
-    s.m = f16_at(b + 2);
-  }
-  template <int I>
-  static VF decode(const uint8_t* b, const State& s, int) {
-    const VI q = vu8(b + 4 + 8 * (I & 1));
-    return vfma(vcvt(I < 2 ? vand(q, 15) : vsrl(q, 4)), vset1(s.d), vset1(s.m));
+  static constexpr int kBlock = 32, kBytes = 20, kStep = 32;
+  static constexpr bool kTail = false, kFeatureOuter = true, kPrefetch = true;
+  struct State {};
+  struct Scales { VF d, m; };
+  PAGED_FORCE_INLINE static void prepare(const uint8_t*, const QuantArgs&, int64_t, State&) {}
+  PAGED_FORCE_INLINE static Scales scales(const uint8_t* b, const State&, int) { return {vset1_f16(b), vset1_f16(b + 2)}; }
+  template <int V>
+  PAGED_FORCE_INLINE static VF decode(const uint8_t* b, const Scales& s, int) {
+    const VI q = vu8(b + 4 + 8 * (V & 1));
+    return vfma(vcvt(V < 2 ? vand(q, 15) : vsrl(q, 4)), s.d, s.m);
   }
 };
 
 struct FmtQ8_0 {  // f16 d, 32 int8: w = d * q
-  static constexpr int kBlock = 32, kBytes = 34;
-  static constexpr bool kTail = false;
-  struct State { float d; };
-  static void prepare(const uint8_t* b, const QuantArgs&, int64_t, State& s) { s.d = f16_at(b); }
-  template <int I>
-  static VF decode(const uint8_t* b, const State& s, int) {
-    return vmul(vcvt(vi8(b + 2 + 8 * I)), vset1(s.d));
+  static constexpr int kBlock = 32, kBytes = 34, kStep = 32;
+  static constexpr bool kTail = false, kFeatureOuter = true, kPrefetch = true;
+  struct State {};
+  struct Scales { VF d; };
+  PAGED_FORCE_INLINE static void prepare(const uint8_t*, const QuantArgs&, int64_t, State&) {}
+  PAGED_FORCE_INLINE static Scales scales(const uint8_t* b, const State&, int) { return {vset1_f16(b)}; }
+  template <int V>
+  PAGED_FORCE_INLINE static VF decode(const uint8_t* b, const Scales& s, int) {
+    return vmul(vcvt(vi8(b + 2 + 8 * V)), s.d);
   }
 };
 
 // q4_k: f16 d, f16 dmin, 12 bytes of 6-bit scales and mins, 128 bytes of nibbles: sub-block j (32 weights)
 // is the low (j even) or high (j odd) nibbles of bytes 32 * (j / 2) .. + 31; w = (d * sc_j) * q - dmin * m_j.
+// A step is a pair of sub-blocks (64 weights from the same 32 bytes).
 struct FmtQ4_K {
-  static constexpr int kBlock = 256, kBytes = 144;
-  static constexpr bool kTail = false;
+  static constexpr int kBlock = 256, kBytes = 144, kStep = 64;
+  static constexpr bool kTail = false, kFeatureOuter = true, kPrefetch = true;
   struct State { float scale[8], neg_min[8]; };
-  static void prepare(const uint8_t* b, const QuantArgs&, int64_t, State& s) {
-    const float d = f16_at(b), dmin = f16_at(b + 2);
-    const uint8_t* sc = b + 4;
-    for (int j = 0; j < 4; ++j) {
-      s.scale[j] = d * static_cast<float>(sc[j] & 63);
-      s.neg_min[j] = -(dmin * static_cast<float>(sc[j + 4] & 63));
-      s.scale[j + 4] = d * static_cast<float>((sc[j + 8] & 15) | ((sc[j] >> 6) << 4));
-      s.neg_min[j + 4] = -(dmin * static_cast<float>((sc[j + 8] >> 4) | ((sc[j + 4] >> 6) << 4)));
-    }
+  using Scales = const State&;
+  PAGED_FORCE_INLINE static void prepare(const uint8_t* b, const QuantArgs&, int64_t, State& s) {
+    // The 6-bit fields of 4 sub-blocks at a time, bytewise in 32-bit words (little-endian): scales of
+    // sub-blocks 0-3 are the low 6 bits of bytes 0-3, 4-7 the low nibbles of bytes 8-11 with the top
+    // 2 bits of bytes 0-3 above them; mins likewise from bytes 4-7 and the high nibbles of 8-11.
+    uint32_t u[3];
+    std::memcpy(u, b + 4, 12);
+    const uint32_t f[4] = {u[0] & 0x3f3f3f3fu, (u[2] & 0x0f0f0f0fu) | ((u[0] >> 2) & 0x30303030u),
+                           u[1] & 0x3f3f3f3fu, ((u[2] >> 4) & 0x0f0f0f0fu) | ((u[1] >> 2) & 0x30303030u)};
+    uint8_t bytes[16];
+    std::memcpy(bytes, f, 16);
+    vstore(s.scale, vmul(vcvt(vu8(bytes)), vset1_f16(b)));
+    vstore(s.neg_min, vmul(vcvt(vu8(bytes + 8)), vmul(vset1_f16(b + 2), vset1(-1.0f))));
   }
-  template <int I>
-  static VF decode(const uint8_t* b, const State& s, int c) {
-    const VI q = vand(vsrl(vu8(b + 16 + 32 * (c >> 1) + 8 * I), 4 * (c & 1)), 15);
-    return vfma(vcvt(q), vset1(s.scale[c]), vset1(s.neg_min[c]));
+  PAGED_FORCE_INLINE static Scales scales(const uint8_t*, const State& st, int) { return st; }
+  template <int V>
+  PAGED_FORCE_INLINE static VF decode(const uint8_t* b, const State& st, int s) {
+    constexpr int high = V >> 2;  // vectors 0-3: sub-block 2s (low nibbles), 4-7: 2s + 1 (high)
+    const VI q = vu8(b + 16 + 32 * s + 8 * (V & 3));
+    const int j = 2 * s + high;
+    return vfma(vcvt(high ? vsrl(q, 4) : vand(q, 15)), vset1(st.scale[j]), vset1(st.neg_min[j]));
   }
 };
 
 // q6_k: 128 bytes of low nibbles, 64 bytes of high bit pairs, 16 int8 scales, f16 d. Half h of 128
-// weights, quarter i of 32 (chunk c = 4h + i), l = 0 .. 31: low = nibble (i >= 2) of ql[64h + 32(i % 2) + l],
-// high = bits 2i, 2i + 1 of qh[32h + l], w = d * scales[8h + 2i + l / 16] * ((low | high << 4) - 32).
+// weights, quarter i of 32, l = 0 .. 31: low = nibble (i >= 2) of ql[64h + 32(i % 2) + l], high = bits
+// 2i, 2i + 1 of qh[32h + l], w = d * scales[8h + 2i + l / 16] * ((low | high << 4) - 32). A step is a
+// half (its four quarters share ql and qh bytes; the shifts are then constants).
 struct FmtQ6_K {
-  static constexpr int kBlock = 256, kBytes = 210;
-  static constexpr bool kTail = false;
+  static constexpr int kBlock = 256, kBytes = 210, kStep = 128;
+  static constexpr bool kTail = false, kFeatureOuter = true, kPrefetch = true;
   struct State { float scale[16]; };
-  static void prepare(const uint8_t* b, const QuantArgs&, int64_t, State& s) {
-    const float d = f16_at(b + 208);
-    for (int j = 0; j < 16; ++j) s.scale[j] = d * static_cast<float>(static_cast<int8_t>(b[192 + j]));
+  using Scales = const State&;
+  PAGED_FORCE_INLINE static void prepare(const uint8_t* b, const QuantArgs&, int64_t, State& s) {
+    const VF d = vset1_f16(b + 208);
+    vstore(s.scale, vmul(vcvt(vi8(b + 192)), d));
+    vstore(s.scale + 8, vmul(vcvt(vi8(b + 200)), d));
   }
-  template <int I>
-  static VF decode(const uint8_t* b, const State& s, int c) {
-    const int h = c >> 2, i = c & 3;
-    const VI low = vand(vsrl(vu8(b + 64 * h + 32 * (i & 1) + 8 * I), 4 * (i >> 1)), 15);
-    const VI high = vand(vsrl(vu8(b + 128 + 32 * h + 8 * I), 2 * i), 3);
+  PAGED_FORCE_INLINE static Scales scales(const uint8_t*, const State& st, int) { return st; }
+  template <int V>
+  PAGED_FORCE_INLINE static VF decode(const uint8_t* b, const State& st, int h) {
+    constexpr int i = V >> 2, v = V & 3;  // quarter, vector within the quarter
+    const VI ql = vu8(b + 64 * h + 32 * (i & 1) + 8 * v);
+    const VI low = i >= 2 ? vsrl(ql, 4) : vand(ql, 15);
+    const VI high = vand(vsrl(vu8(b + 128 + 32 * h + 8 * v), 2 * i), 3);
     const VI q = vsubi(vor(low, vsll(high, 4)), 32);
-    return vmul(vcvt(q), vset1(s.scale[8 * h + 2 * i + (I >> 1)]));
+    return vmul(vcvt(q), vset1(st.scale[8 * h + 2 * i + (v >> 1)]));
   }
 };
 
 // int8 weight-only: K int8 per row and one fp32 scale per row; runs of 32, the last K % 32 one by one.
 struct FmtInt8 {
-  static constexpr int kBlock = 32, kBytes = 32;
-  static constexpr bool kTail = true;
+  static constexpr int kBlock = 32, kBytes = 32, kStep = 32;
+  static constexpr bool kTail = true, kFeatureOuter = true, kPrefetch = true;
   struct State { float s; };
-  static void prepare(const uint8_t*, const QuantArgs& a, int64_t n, State& s) { s.s = a.scale[n]; }
-  template <int I>
-  static VF decode(const uint8_t* b, const State& s, int) {
-    return vmul(vcvt(vi8(b + 8 * I)), vset1(s.s));
+  struct Scales { VF s; };
+  PAGED_FORCE_INLINE static void prepare(const uint8_t*, const QuantArgs& a, int64_t n, State& s) { s.s = a.scale[n]; }
+  PAGED_FORCE_INLINE static Scales scales(const uint8_t*, const State& st, int) { return {vset1(st.s)}; }
+  template <int V>
+  PAGED_FORCE_INLINE static VF decode(const uint8_t* b, const Scales& s, int) {
+    return vmul(vcvt(vi8(b + 8 * V)), s.s);
   }
-  static float weight(const uint8_t* row, const QuantArgs& a, int64_t n, int64_t k) {
+  PAGED_FORCE_INLINE static float weight(const uint8_t* row, const QuantArgs& a, int64_t n, int64_t k) {
     return static_cast<float>(static_cast<int8_t>(row[k])) * a.scale[n];
   }
 };
 
 // fp32 rows already dequantized (the scratch of the dequantize path).
 struct FmtF32 {
-  static constexpr int kBlock = 32, kBytes = 128;
-  static constexpr bool kTail = true;
+  static constexpr int kBlock = 32, kBytes = 128, kStep = 32;
+  static constexpr bool kTail = true, kFeatureOuter = false, kPrefetch = false;
   struct State {};
-  static void prepare(const uint8_t*, const QuantArgs&, int64_t, State&) {}
-  template <int I>
-  static VF decode(const uint8_t* b, const State&, int) {
-    return vload(reinterpret_cast<const float*>(b) + 8 * I);
+  struct Scales {};
+  PAGED_FORCE_INLINE static void prepare(const uint8_t*, const QuantArgs&, int64_t, State&) {}
+  PAGED_FORCE_INLINE static Scales scales(const uint8_t*, const State&, int) { return {}; }
+  template <int V>
+  PAGED_FORCE_INLINE static VF decode(const uint8_t* b, const Scales&, int) {
+    return vload(reinterpret_cast<const float*>(b) + 8 * V);
   }
-  static float weight(const uint8_t* row, const QuantArgs&, int64_t, int64_t k) {
+  PAGED_FORCE_INLINE static float weight(const uint8_t* row, const QuantArgs&, int64_t, int64_t k) {
     return reinterpret_cast<const float*>(row)[k];
   }
 };
+
+#ifndef PAGED_PREFETCH_TILES
+#define PAGED_PREFETCH_TILES 1
+#endif
+constexpr int kPrefetchTiles = PAGED_PREFETCH_TILES;  // how many tiles ahead the packed rows are fetched
 
 // ---- the register tile: R rows of x against NF weight rows, dot products along K ----
 
@@ -155,26 +194,54 @@ inline void dot_tile(const QuantArgs& a, const uint8_t* w, int64_t ldw, int64_t 
                      float* out) {
   constexpr int U = R == 1 ? 2 : 1;
   VF acc[R * NF * U];
-  unroll<R * NF * U>([&](auto j) { acc[j] = vzero(); });
+  unroll<R * NF * U>([&](auto j) PAGED_FORCE_INLINE { acc[j] = vzero(); });
   const int64_t kn = a.in_features, blocks = kn / F::kBlock;
   typename F::State st[NF];
+  // Packed rows are short streams (a row of the embedded model is 324-864 bytes), interleaved NF at a
+  // time, which the hardware prefetcher hardly learns before they end: fetch the next tile's rows
+  // (the same block of rows n0 + NF ..) while this tile computes.
+  const int64_t ahead = F::kPrefetch && n0 + (kPrefetchTiles + 1) * NF <= a.out_features ? kPrefetchTiles * NF * ldw : 0;
   for (int64_t blk = 0; blk < blocks; ++blk) {
     const uint8_t* wb = w + blk * F::kBytes;
-    unroll<NF>([&](auto f) { F::prepare(wb + f * ldw, a, n0 + f, st[f]); });
-    for (int c = 0; c < F::kBlock / 32; ++c) {
-      const float* xk = x + blk * F::kBlock + 32 * c;
-      unroll<NF>([&](auto f) {
-        unroll<4>([&](auto i) {
-          const VF wv = F::template decode<i>(wb + f * ldw, st[f], c);
-          unroll<R>([&](auto r) {
-            VF& s = acc[(r * NF + f) * U + i % U];
-            s = vfma(wv, vload(xk + r * ldx + 8 * i), s);
+    if constexpr (F::kPrefetch)
+      unroll<NF>([&](auto f) PAGED_FORCE_INLINE {
+        for (int o = 0; o < F::kBytes; o += 64) __builtin_prefetch(wb + f * ldw + ahead + o);
+      });
+    unroll<NF>([&](auto f) PAGED_FORCE_INLINE { F::prepare(wb + f * ldw, a, n0 + f, st[f]); });
+    for (int s = 0; s < F::kBlock / F::kStep; ++s) {
+      const float* xk = x + blk * F::kBlock + s * F::kStep;
+      if constexpr (F::kFeatureOuter) {
+        // Feature by feature: its scales live only while its vectors are decoded.
+        unroll<NF>([&](auto f) PAGED_FORCE_INLINE {
+          const uint8_t* fb = wb + f * ldw;
+          const auto sc = F::scales(fb, st[f], s);
+          unroll<F::kStep / 8>([&](auto i) PAGED_FORCE_INLINE {
+            const VF wv = F::template decode<i>(fb, sc, s);
+            unroll<R>([&](auto r) PAGED_FORCE_INLINE {
+              VF& sum = acc[(r * NF + f) * U + i % U];
+              sum = vfma(wv, vload(xk + r * ldx + 8 * i), sum);
+            });
           });
         });
-      });
+      } else {
+        // Vector by vector: NF weight vectors in registers, then each row's activations once.
+        unroll<F::kStep / 8>([&](auto i) PAGED_FORCE_INLINE {
+          VF wv[NF];
+          unroll<NF>([&](auto f) PAGED_FORCE_INLINE {
+            wv[f] = F::template decode<i>(wb + f * ldw, F::scales(wb + f * ldw, st[f], s), s);
+          });
+          unroll<R>([&](auto r) PAGED_FORCE_INLINE {
+            const VF xv = vload(xk + r * ldx + 8 * i);
+            unroll<NF>([&](auto f) PAGED_FORCE_INLINE {
+              VF& sum = acc[(r * NF + f) * U + i % U];
+              sum = vfma(wv[f], xv, sum);
+            });
+          });
+        });
+      }
     }
   }
-  unroll<R * NF>([&](auto j) {
+  unroll<R * NF>([&](auto j) PAGED_FORCE_INLINE {
     VF s = acc[j * U];
     if constexpr (U == 2) s = vadd(s, acc[j * U + 1]);
     out[j] = vsum(s);
@@ -275,16 +342,21 @@ inline void dequant_row(const QuantArgs& a, int64_t n, float* dst) {
   for (int64_t blk = 0; blk < blocks; ++blk) {
     const uint8_t* wb = row + blk * F::kBytes;
     F::prepare(wb, a, n, st);
-    for (int c = 0; c < F::kBlock / 32; ++c) {
-      float* d = dst + blk * F::kBlock + 32 * c;
-      unroll<4>([&](auto i) { vstore(d + 8 * i, F::template decode<i>(wb, st, c)); });
+    for (int s = 0; s < F::kBlock / F::kStep; ++s) {
+      float* d = dst + blk * F::kBlock + s * F::kStep;
+      const auto sc = F::scales(wb, st, s);
+      unroll<F::kStep / 8>([&](auto i) PAGED_FORCE_INLINE { vstore(d + 8 * i, F::template decode<i>(wb, sc, s)); });
     }
   }
   if constexpr (F::kTail)
     for (int64_t k = blocks * F::kBlock; k < kn; ++k) dst[k] = F::weight(row, a, n, k);
 }
 
-constexpr int kDotRows = 4, kDotWidth = 3;  // the dequantize path's tile: 4 rows x 3 features
+#ifndef PAGED_DOT_ROWS
+#define PAGED_DOT_ROWS 4
+#define PAGED_DOT_WIDTH 3
+#endif
+constexpr int kDotRows = PAGED_DOT_ROWS, kDotWidth = PAGED_DOT_WIDTH;  // the dequantize path's tile
 
 // Dequantize path: a.chunk features at a time into an fp32 scratch (kept in L2), then every tile of
 // 4 rows of x (kept in L1) against it.
@@ -312,10 +384,14 @@ void dequant_dot(const QuantArgs& a, int64_t begin, int64_t end) {
         for (int64_t n0 = c; n0 < ce; n0 += kDotWidth)
           tile_any<FmtF32, decltype(rows)::value, kDotWidth>(a, rows_at(n0), ldw, static_cast<int>(ce - n0), n0, r0);
       };
-      switch (a.rows - r0) {
+      switch (a.rows - r0) {  // fewer than kDotRows (at most 7)
         case 1: rest(Int<1>()); break;
         case 2: rest(Int<2>()); break;
-        default: rest(Int<3>()); break;
+        case 3: if constexpr (kDotRows > 3) rest(Int<3>()); break;
+        case 4: if constexpr (kDotRows > 4) rest(Int<4>()); break;
+        case 5: if constexpr (kDotRows > 5) rest(Int<5>()); break;
+        case 6: if constexpr (kDotRows > 6) rest(Int<6>()); break;
+        default: if constexpr (kDotRows > 7) rest(Int<7>()); break;
       }
     }
   }
