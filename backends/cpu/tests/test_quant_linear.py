@@ -151,7 +151,9 @@ def test_fused_ops_linear_on_a_packed_weight(fmt: str) -> None:
     assert packed.weight is w and packed.bias is bias
     assert packed.packed.data is w.data and packed.packed.scale is w.scale  # the weight's bytes, not a copy
     wd = dequantize(w).double()
-    for rows in (1, cpu.quant_stream_rows, cpu.quant_stream_rows + 1, 40):
+    stream_rows = cpu.quant_stream_rows[fmt]
+    assert packed.packed.stream_rows == stream_rows
+    for rows in (1, stream_rows, stream_rows + 1, 40):
         for dtype in DTYPES:
             x = rand(rows, k, dtype=dtype, seed=rows)
             got = cpu.linear(x, packed)
@@ -247,18 +249,22 @@ def test_results_do_not_depend_on_threads(threads: Callable[[int], None]) -> Non
 def test_other_packs_go_to_the_reference() -> None:
     """A format not declared, a reference PackedLinear, or an x dtype without a kernel: the reference's result."""
     cpu = CpuFusedOps()
-    undeclared = sorted(set(FORMATS) - set(CpuFusedOps.linear_formats))
+
+    class Narrow(CpuFusedOps):
+        linear_formats = frozenset({"q8_0"})
+
+    narrow = Narrow()
     w = make_weight("q4_0", 20, 64, seed=1)
     x = rand(3, 64, dtype=torch.float32, seed=2)
     ref_packed = REF.pack_linear(w)
     assert torch.equal(cpu.linear(x, ref_packed), REF.linear(x, ref_packed))
     assert torch.equal(cpu.linear(x.double(), cpu.pack_linear(w)), reference_linear(x.double(), w))
-    for fmt in undeclared:
+    for fmt in sorted(set(FORMATS) - {"q8_0"}):  # formats a backend does not declare: packed by the reference
         u = make_weight(fmt, 20, in_features_for(fmt, 64), seed=3)
-        packed = cpu.pack_linear(u)
+        packed = narrow.pack_linear(u)
         assert packed.packed is None
         xu = rand(3, u.in_features, dtype=torch.float32, seed=4)
-        assert torch.equal(cpu.linear(xu, packed), reference_linear(xu, u))
+        assert torch.equal(narrow.linear(xu, packed), reference_linear(xu, u))
     # a dense weight without a packed copy still goes to torch's linear
     dense = rand(8, 16, dtype=torch.float32, seed=5)
     xd = rand(2, 16, dtype=torch.float32, seed=6)
@@ -266,10 +272,11 @@ def test_other_packs_go_to_the_reference() -> None:
 
 
 def test_declared_formats() -> None:
-    assert {"q4_0", "q4_1", "q8_0", "int8"} <= CpuFusedOps.linear_formats <= set(FORMATS)
+    assert CpuFusedOps.linear_formats == set(KERNEL_FORMATS) == set(FORMATS)
     assert set(ops.QUANT_FORMATS) == set(FORMATS)
-    if ops.supported_isas()[0] in fused.QUANT_STREAM_MAX_ROWS:
-        assert fused.default_quant_stream_rows() == fused.QUANT_STREAM_MAX_ROWS[ops.supported_isas()[0]]
+    table = fused.QUANT_STREAM_MAX_ROWS.get(ops.supported_isas()[0], fused.QUANT_STREAM_DEFAULT)
+    assert fused.default_quant_stream_rows() == table and set(table) == set(FORMATS)
+    assert CpuFusedOps(quant_stream_rows={"q8_0": 0}).quant_stream_rows == {**table, "q8_0": 0}
 
 
 def test_inputs_are_never_modified() -> None:

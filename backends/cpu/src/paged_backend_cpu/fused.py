@@ -38,17 +38,22 @@ KERNEL_MAX_ROWS: dict[str, dict[torch.dtype, int]] = {
 sends to the native kernel, per weight dtype (a dtype or variant absent: torch's linear always)."""
 
 
-QUANT_STREAM_MAX_ROWS: dict[str, int] = {"avx2": 8}
-"""Measured defaults, by the best kernel variant of the CPU: the largest row count for which
-:func:`ops.quant_linear` streams the packed rows (dequantizing in registers, once per tile of 4
-rows); more rows dequantize each weight once into fp32 chunks and multiply every row against them."""
-QUANT_STREAM_DEFAULT = 8
-"""The same where no measurement was made (other variants)."""
+QUANT_STREAM_MAX_ROWS: dict[str, dict[str, int]] = {
+    "avx2": {"q4_0": 4, "q4_1": 4, "q4_k": 4, "q6_k": 4, "q8_0": 8, "int8": 8},
+}
+"""Measured defaults, by the best kernel variant of the CPU, per packed format: the largest row count
+for which :func:`ops.quant_linear` streams the packed rows (dequantizing them in registers once per
+tile of up to 4 rows); more rows dequantize each weight once into fp32 chunks that every row is
+multiplied against. The streaming tile covers 4 rows, so the 4-bit formats, whose decoding costs
+most, switch right above it; q8_0 and int8 decode cheaply enough to stream two tiles (README,
+"Packed weights")."""
+QUANT_STREAM_DEFAULT = QUANT_STREAM_MAX_ROWS["avx2"]
+"""The same where nothing was measured (other kernel variants): the AVX2 figures."""
 
 
-def default_quant_stream_rows() -> int:
+def default_quant_stream_rows() -> dict[str, int]:
     """:data:`QUANT_STREAM_MAX_ROWS` for this CPU's best kernel variant."""
-    return QUANT_STREAM_MAX_ROWS.get(ops.supported_isas()[0], QUANT_STREAM_DEFAULT)
+    return dict(QUANT_STREAM_MAX_ROWS.get(ops.supported_isas()[0], QUANT_STREAM_DEFAULT))
 
 
 @dataclass(frozen=True)
@@ -62,6 +67,8 @@ class CpuQuantWeight:
     fmt: int
     data: torch.Tensor
     scale: torch.Tensor | None
+    stream_rows: int
+    """Row counts up to this stream the packed rows, larger ones dequantize first (:data:`QUANT_STREAM_MAX_ROWS`)."""
 
 
 @dataclass(frozen=True)
@@ -121,14 +128,19 @@ class CpuFusedOps(FusedOps):
     """
 
     name = "cpu"
-    linear_formats = frozenset({"q4_0", "q4_1", "q8_0", "int8"})
+    linear_formats = frozenset({"q4_0", "q4_1", "q8_0", "q4_k", "q6_k", "int8"})
 
     def __init__(
-        self, max_rows: dict[torch.dtype, int] | None = None, onednn: bool = True, quant_stream_rows: int | None = None
+        self,
+        max_rows: dict[torch.dtype, int] | None = None,
+        onednn: bool = True,
+        quant_stream_rows: dict[str, int] | None = None,
     ) -> None:
         self.max_rows = default_max_rows() if max_rows is None else dict(max_rows)
         self.onednn = onednn
-        self.quant_stream_rows = default_quant_stream_rows() if quant_stream_rows is None else quant_stream_rows
+        self.quant_stream_rows = default_quant_stream_rows()
+        if quant_stream_rows is not None:
+            self.quant_stream_rows.update(quant_stream_rows)
 
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         """RMS normalisation of ``[T, H]`` over ``H``, times ``weight`` ``[H]``: one native pass."""
@@ -160,7 +172,8 @@ class CpuFusedOps(FusedOps):
             name = weight.format.name
             if name not in self.linear_formats or weight.device.type != "cpu":
                 return super().pack_linear(weight, bias)
-            return PackedLinear(weight, bias, CpuQuantWeight(ops.QUANT_FORMATS[name], weight.data, weight.scale))
+            rows = self.quant_stream_rows.get(name, 4)
+            return PackedLinear(weight, bias, CpuQuantWeight(ops.QUANT_FORMATS[name], weight.data, weight.scale, rows))
         if weight.dim() != 2 or weight.device.type != "cpu":
             return PackedLinear(weight, bias)
         rows = self.max_rows.get(weight.dtype, 0)
@@ -175,7 +188,7 @@ class CpuFusedOps(FusedOps):
         """``x @ weight.T + bias``: the native kernel for few rows of a packed weight, else torch's linear."""
         p = packed.packed
         if isinstance(p, CpuQuantWeight) and x.dim() == 2 and x.dtype in _QUANT_X_DTYPES:
-            return ops.quant_linear(x, p.data, p.scale, packed.bias, p.fmt, packed.out_features, self.quant_stream_rows)
+            return ops.quant_linear(x, p.data, p.scale, packed.bias, p.fmt, packed.out_features, p.stream_rows)
         if isinstance(p, CpuPackedWeight) and isinstance(packed.weight, torch.Tensor) and x.dim() == 2:
             if p.panels is not None and x.shape[0] <= p.max_rows:
                 return ops.linear(x, p.panels, packed.bias, packed.out_features)
