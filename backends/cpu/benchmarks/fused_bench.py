@@ -17,7 +17,8 @@ row counts across the crossover on every projection of the model.
 ``QuantizedWeight``, the kernel reading the packed bytes in place) per format,
 projection and row count: the packed bytes read per second, their share of the
 copy bandwidth measured in the same run (a 256 MB tensor copy, read + write bytes
-per second, as kernel_bench.py does), and the time of the dense fp32 path
+per second, as kernel_bench.py does) and of the read bandwidth (a 256 MB tensor
+summed: read bytes per second), and the time of the dense fp32 path
 (``CpuFusedOps.linear`` on the dequantized fp32 weight: the native kernel up to its
 rows, oneDNN's prepacked matmul above) against it. Weights are cold: each call
 reads the next of enough copies to fill ``--cold-mb`` (default 128 MB, four times
@@ -225,6 +226,18 @@ def copy_bandwidth(mbytes: int = 256) -> float:
     return 2 * src.numel() * 4 / best
 
 
+def read_bandwidth(mbytes: int = 256) -> float:
+    """Bytes per second read by summing a ``mbytes`` MB fp32 tensor with torch's threads (best of 5)."""
+    src = torch.ones(mbytes * 2**20 // 4)
+    src.sum()
+    best = math.inf
+    for _ in range(5):
+        start = time.perf_counter()
+        src.sum()
+        best = min(best, time.perf_counter() - start)
+    return src.numel() * 4 / best
+
+
 class Cycle:
     """Calls ``fn(item)`` for the next of ``items`` each time (cold weights: each call reads another copy)."""
 
@@ -240,15 +253,17 @@ def bench_quant(
     formats: list[str], rows_list: list[int], cold_mb: int, runs: int, rounds: int, round_ms: float
 ) -> None:
     """Packed linear per format, projection and M: packed GB/s, share of copy bandwidth, time vs dense fp32."""
-    copy_bw = copy_bandwidth()
+    copy_bw, read_bw = copy_bandwidth(), read_bandwidth()
     cpu = CpuFusedOps()
-    print(f"copy bandwidth (256 MB tensor copy, read + write): {copy_bw / 1e9:.1f} GB/s; "
+    print(f"copy bandwidth (256 MB tensor copy, read + write): {copy_bw / 1e9:.1f} GB/s; read bandwidth (sum of a "
+          f"256 MB tensor): {read_bw / 1e9:.1f} GB/s; "
           f"streaming up to {cpu.quant_stream_rows} rows; cold weights: {cold_mb} MB of copies per path; "
           f"{'fastest' if BEST else 'median'} timings")  # fmt: skip
     print(
-        "| format | projection | M | packed | packed (us) | packed GB/s | of copy | dense fp32 (us) | dense / packed |"
+        "| format | projection | M | packed | packed (us) | packed GB/s | of copy | of read | dense fp32 (us) "
+        "| dense / packed |"
     )
-    print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for fmt in formats:
         for name, (n, k) in QUANT_LINEARS.items():
             if k % FORMATS[fmt].block_size:  # q4_k, q6_k: blocks of 256 (the embedded model's 576 is not)
@@ -275,11 +290,12 @@ def bench_quant(
                 gbs = w.nbytes / t["packed"] / 1e9
                 print(
                     f"| {fmt} | {name} | {m} | {w.nbytes / 2**20:.2f} MB | {us(t['packed'])} | {gbs:.1f} "
-                    f"| {100 * gbs * 1e9 / copy_bw:.0f}% | {us(t['dense'])} | {t['dense'] / t['packed']:.2f}x |",
+                    f"| {100 * gbs * 1e9 / copy_bw:.0f}% | {100 * gbs * 1e9 / read_bw:.0f}% | {us(t['dense'])} "
+                    f"| {t['dense'] / t['packed']:.2f}x |",
                     flush=True,
                 )
             del packs, dense
-    print(f"copy bandwidth at the end: {copy_bandwidth() / 1e9:.1f} GB/s")
+    print(f"at the end: copy {copy_bandwidth() / 1e9:.1f} GB/s, read {read_bandwidth() / 1e9:.1f} GB/s")
 
 
 def main() -> None:

@@ -252,13 +252,13 @@ at::Tensor quant_linear(const at::Tensor& x_in, const at::Tensor& data, const st
   TORCH_CHECK(n >= 1, "paged_cpu.quant_linear: out_features must be positive, got ", n);
   const at::ScalarType data_type = format == QFormat::INT8 ? at::kChar : at::kByte;
   const int64_t row_bytes = k / info.block * info.bytes;
-  TORCH_CHECK(data.device().is_cpu() && data.scalar_type() == data_type, "paged_cpu.quant_linear: data must be a cpu ",
-              data_type, " tensor for ", info.name, ", got ", data.scalar_type(), " on ", data.device());
-  TORCH_CHECK(data.dim() == 2 && data.size(0) == n && data.size(1) == row_bytes, "paged_cpu.quant_linear: data must be [",
-              n, ", ", row_bytes, "] (out_features, ", k / info.block, " blocks of ", info.bytes, " bytes of ", info.name,
-              " per row for K = ", k, "), got shape ", data.sizes());
-  TORCH_CHECK(data.stride(1) == 1 || row_bytes == 1, "paged_cpu.quant_linear: data rows must be contiguous, got strides ",
-              data.strides());
+  TORCH_CHECK(data.device().is_cpu() && data.scalar_type() == data_type, "paged_cpu.quant_linear: data must be a ",
+              "cpu ", data_type, " tensor for ", info.name, ", got ", data.scalar_type(), " on ", data.device());
+  TORCH_CHECK(data.dim() == 2 && data.size(0) == n && data.size(1) == row_bytes, "paged_cpu.quant_linear: data must ",
+              "be [", n, ", ", row_bytes, "] (out_features, ", k / info.block, " blocks of ", info.bytes, " bytes of ",
+              info.name, " per row for K = ", k, "), got shape ", data.sizes());
+  TORCH_CHECK(data.stride(1) == 1 || row_bytes == 1, "paged_cpu.quant_linear: data rows must be contiguous, got ",
+              "strides ", data.strides());
   at::Tensor s;
   if (format == QFormat::INT8) {
     TORCH_CHECK(scale.has_value() && scale->defined(), "paged_cpu.quant_linear: int8 needs scale, an fp32 [", n,

@@ -40,8 +40,12 @@ PAGED_FORCE_INLINE inline float vsum(VF a) {
   s = _mm_add_ss(s, _mm_movehdup_ps(s));
   return _mm_cvtss_f32(s);
 }
-PAGED_FORCE_INLINE inline VI vu8(const uint8_t* p) { return _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))); }
-PAGED_FORCE_INLINE inline VI vi8(const uint8_t* p) { return _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))); }
+PAGED_FORCE_INLINE inline VI vu8(const uint8_t* p) {
+  return _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+}
+PAGED_FORCE_INLINE inline VI vi8(const uint8_t* p) {
+  return _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+}
 PAGED_FORCE_INLINE inline VI vand(VI a, int m) { return _mm256_and_si256(a, _mm256_set1_epi32(m)); }
 PAGED_FORCE_INLINE inline VI vsrl(VI a, int n) { return _mm256_srli_epi32(a, n); }
 PAGED_FORCE_INLINE inline VI vsll(VI a, int n) { return _mm256_slli_epi32(a, n); }

@@ -31,7 +31,12 @@ PAGED_FORCE_INLINE inline VF vzero() { VF r; PAGED_LANES r.v[j] = 0.0f; return r
 PAGED_FORCE_INLINE inline VF vset1(float s) { VF r; PAGED_LANES r.v[j] = s; return r; }
 PAGED_FORCE_INLINE inline VF vload(const float* p) { VF r; PAGED_LANES r.v[j] = p[j]; return r; }
 PAGED_FORCE_INLINE inline void vstore(float* p, const VF& a) { PAGED_LANES p[j] = a.v[j]; }
-PAGED_FORCE_INLINE inline VF vfma(const VF& a, const VF& b, const VF& c) { VF r; PAGED_LANES r.v[j] = a.v[j] * b.v[j] + c.v[j]; return r; }
+// Not fused here (the baseline x86-64 target has no FMA): every use rounds the same either way (quant_body.h).
+PAGED_FORCE_INLINE inline VF vfma(const VF& a, const VF& b, const VF& c) {
+  VF r;
+  PAGED_LANES r.v[j] = a.v[j] * b.v[j] + c.v[j];
+  return r;
+}
 PAGED_FORCE_INLINE inline VF vmul(const VF& a, const VF& b) { VF r; PAGED_LANES r.v[j] = a.v[j] * b.v[j]; return r; }
 PAGED_FORCE_INLINE inline VF vadd(const VF& a, const VF& b) { VF r; PAGED_LANES r.v[j] = a.v[j] + b.v[j]; return r; }
 PAGED_FORCE_INLINE inline float vsum(const VF& a) {

@@ -16,6 +16,12 @@ small-M sgemm is 1.2-4x slower there; from 32 rows on two threads MKL is faster,
 keeps those). Elsewhere (CPUs with AVX-512, where torch's own paths were not measured
 against these kernels, or with no AVX2) every linear goes to torch on the original weight
 unless ``max_rows`` says otherwise.
+
+Packed weights (:class:`~paged_core.quant.QuantizedWeight` in any of ``linear_formats``) are
+kept as they are, no copy, and multiplied by ``paged_cpu.quant_linear``, which reads the GGUF
+blocks (or int8 rows) in place, dequantizes them exactly in fp32 and sums in fp32: streaming the
+packed rows up to :data:`QUANT_STREAM_MAX_ROWS` rows of x, dequantizing chunks once for more
+(README, "Packed weights").
 """
 
 from __future__ import annotations
