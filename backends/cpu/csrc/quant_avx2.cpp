@@ -40,6 +40,10 @@ PAGED_FORCE_INLINE inline float vsum(VF a) {
   s = _mm_add_ss(s, _mm_movehdup_ps(s));
   return _mm_cvtss_f32(s);
 }
+PAGED_FORCE_INLINE inline void vsum4(VF a, VF b, VF c, VF d, float* out) {
+  const __m256 t = _mm256_hadd_ps(_mm256_hadd_ps(a, b), _mm256_hadd_ps(c, d));  // per half: a, b, c, d
+  _mm_storeu_ps(out, _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1)));
+}
 PAGED_FORCE_INLINE inline VI vu8(const uint8_t* p) {
   return _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
 }

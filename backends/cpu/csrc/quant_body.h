@@ -3,7 +3,8 @@
 // Included inside a per-ISA namespace (quant_scalar.cpp, quant_avx2.cpp) after fused_body.h and the
 // ISA's primitives on 8 lanes:
 //   VF (fp32) and VI (int32) vectors; vzero(), vset1(float), vload(const float*), vstore(float*, VF),
-//   vfma(a, b, c) = a * b + c, vmul(a, b), vadd(a, b), vsum(VF) -> float;
+//   vfma(a, b, c) = a * b + c, vmul(a, b), vadd(a, b), vsum(VF) -> float, vsum4(a, b, c, d, float* out)
+//   (the four sums to out[0 .. 3]);
 //   vu8(p) / vi8(p): 8 bytes at p zero- / sign-extended to int32; vand(VI, int), vsrl(VI, int)
 //   (logical), vsll(VI, int), vor(VI, VI), vsubi(VI, int), vcvt(VI) -> VF (exact: |values| < 2^24);
 //   f16_at(p): the fp16 at byte p as fp32; vset1_f16(p): the same in every lane.
@@ -242,11 +243,17 @@ inline void dot_tile(const QuantArgs& a, const uint8_t* w, int64_t ldw, int64_t 
       }
     }
   }
+  VF sums[R * NF];
   unroll<R * NF>([&](auto j) PAGED_FORCE_INLINE {
-    VF s = acc[j * U];
-    if constexpr (U == 2) s = vadd(s, acc[j * U + 1]);
-    out[j] = vsum(s);
+    sums[j] = acc[j * U];
+    if constexpr (U == 2) sums[j] = vadd(sums[j], acc[j * U + 1]);
   });
+  // Horizontal sums four at a time (one transposing reduction), then the rest one by one.
+  constexpr int kFours = R * NF / 4;
+  unroll<kFours>([&](auto q) PAGED_FORCE_INLINE {
+    vsum4(sums[4 * q], sums[4 * q + 1], sums[4 * q + 2], sums[4 * q + 3], out + 4 * q);
+  });
+  unroll<R * NF - 4 * kFours>([&](auto j) PAGED_FORCE_INLINE { out[4 * kFours + j] = vsum(sums[4 * kFours + j]); });
   if constexpr (F::kTail) {
     for (int64_t k = blocks * F::kBlock; k < kn; ++k)
       for (int f = 0; f < NF; ++f) {
@@ -257,19 +264,21 @@ inline void dot_tile(const QuantArgs& a, const uint8_t* w, int64_t ldw, int64_t 
 }
 
 // Rows r0 .. r0 + R, features n0 .. n0 + nf of the output from the sums v[R][NF] (+ bias), rounded once.
+template <Elem E, int R, int NF>
+inline void store_tile_as(const QuantArgs& a, const float* v, int nf, int64_t r0, int64_t n0) {
+  Store<E>* out = static_cast<Store<E>*>(a.out) + r0 * a.out_features + n0;
+  for (int r = 0; r < R; ++r)
+    for (int f = 0; f < nf; ++f)
+      out[r * a.out_features + f] = round_to<E>(v[r * NF + f] + (a.bias != nullptr ? a.bias[n0 + f] : 0.0f));
+}
+
 template <int R, int NF>
 inline void store_tile(const QuantArgs& a, const float* v, int nf, int64_t r0, int64_t n0) {
-  const int64_t n = a.out_features;
-  for (int r = 0; r < R; ++r)
-    for (int f = 0; f < nf; ++f) {
-      const float s = v[r * NF + f] + (a.bias != nullptr ? a.bias[n0 + f] : 0.0f);
-      const int64_t at = (r0 + r) * n + n0 + f;
-      switch (a.out_type) {
-        case Elem::F32: static_cast<float*>(a.out)[at] = s; break;
-        case Elem::BF16: static_cast<uint16_t*>(a.out)[at] = to_bf16(s); break;
-        case Elem::F16: static_cast<uint16_t*>(a.out)[at] = to_f16(s); break;
-      }
-    }
+  switch (a.out_type) {
+    case Elem::F32: store_tile_as<Elem::F32, R, NF>(a, v, nf, r0, n0); break;
+    case Elem::BF16: store_tile_as<Elem::BF16, R, NF>(a, v, nf, r0, n0); break;
+    case Elem::F16: store_tile_as<Elem::F16, R, NF>(a, v, nf, r0, n0); break;
+  }
 }
 
 // The tile of R rows and nf <= NF features (nf known at run time only at the end of a range).

@@ -42,6 +42,12 @@ PAGED_FORCE_INLINE inline VF vadd(const VF& a, const VF& b) { VF r; PAGED_LANES 
 PAGED_FORCE_INLINE inline float vsum(const VF& a) {
   return ((a.v[0] + a.v[4]) + (a.v[2] + a.v[6])) + ((a.v[1] + a.v[5]) + (a.v[3] + a.v[7]));
 }
+PAGED_FORCE_INLINE inline void vsum4(const VF& a, const VF& b, const VF& c, const VF& d, float* out) {
+  out[0] = vsum(a);
+  out[1] = vsum(b);
+  out[2] = vsum(c);
+  out[3] = vsum(d);
+}
 PAGED_FORCE_INLINE inline VI vu8(const uint8_t* p) { VI r; PAGED_LANES r.v[j] = p[j]; return r; }
 PAGED_FORCE_INLINE inline VI vi8(const uint8_t* p) { VI r; PAGED_LANES r.v[j] = static_cast<int8_t>(p[j]); return r; }
 PAGED_FORCE_INLINE inline VI vand(const VI& a, int m) { VI r; PAGED_LANES r.v[j] = a.v[j] & m; return r; }
