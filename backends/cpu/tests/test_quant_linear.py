@@ -20,8 +20,16 @@ import pytest
 import torch
 
 from paged_backend_cpu import CpuFusedOps, fused, ops
-from paged_core.api import FusedOps, PackedLinear
-from paged_core.quant import FORMATS, QuantizedWeight, dequantize, quantize_blocks, random_packed, reference_linear
+from paged_core.api import LINEAR_FORMATS as FORMATS
+from paged_core.api import (
+    FusedOps,
+    PackedLinear,
+    QuantizedWeight,
+    dequantize,
+    quantize_blocks,
+    random_packed,
+    reference_linear,
+)
 
 REF = FusedOps()
 RTOL_SUM = 1e-5

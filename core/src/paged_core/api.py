@@ -27,7 +27,7 @@ from paged_core.errors import (
 )
 from paged_core.graph import CompiledStrategy, DeviceGraphStrategy, GraphRunner, StaticInput
 from paged_core.quant import FORMATS as LINEAR_FORMATS
-from paged_core.quant import QuantizedWeight, WeightFormat, random_packed, reference_linear
+from paged_core.quant import QuantizedWeight, WeightFormat, dequantize, quantize_blocks, random_packed, reference_linear
 from paged_core.reference.backend import ReferenceBackend
 from paged_core.registry import hookimpl, load_registry
 
@@ -60,8 +60,10 @@ __all__ = [
     "WeightFormat",
     "WeightFormatError",
     "build_attention_metadata",
+    "dequantize",
     "hookimpl",
     "load_registry",
+    "quantize_blocks",
     "random_packed",
     "reference_linear",
 ]

@@ -77,6 +77,21 @@ def test_rows_cat_and_select_keep_values() -> None:
         QuantizedWeight.cat([a, random_packed(Q4_0, 2, 64, gen)])
 
 
+def test_merging_views_of_one_merge_again_is_a_view_not_a_copy() -> None:
+    gen = torch.Generator().manual_seed(3)
+    merged = QuantizedWeight.cat([random_packed(INT8, 4, 64, gen), random_packed(INT8, 2, 64, gen)])
+    parts = [merged.rows(0, 4), merged.rows(4, 6)]
+    again = QuantizedWeight.cat(parts)
+    assert again.data.data_ptr() == merged.data.data_ptr() and again.scale is not None and merged.scale is not None
+    assert again.scale.data_ptr() == merged.scale.data_ptr()
+    assert torch.equal(again.dequantize(), merged.dequantize())
+    swapped = QuantizedWeight.cat(parts[::-1])  # not in storage order: a real copy
+    assert swapped.data.data_ptr() != merged.data.data_ptr()
+    assert torch.equal(swapped.dequantize(), torch.cat([parts[1].dequantize(), parts[0].dequantize()]))
+    gap = QuantizedWeight.cat([merged.rows(0, 2), merged.rows(3, 6)])  # a row left out: a copy
+    assert gap.shape == (5, 64) and torch.equal(gap.dequantize(), merged.dequantize()[[0, 1, 3, 4, 5]])
+
+
 def test_bad_sizes_are_refused_naming_the_tensor() -> None:
     data = torch.zeros(4, 2 * Q4_1.block_bytes - 1, dtype=torch.uint8)
     with pytest.raises(WeightFormatError, match=r"blk\.3\.attn_q\.weight: data is \(4, 39\) \(156 bytes\), q4_1 "

@@ -31,8 +31,7 @@ from dataclasses import dataclass
 import torch
 
 from paged_backend_cpu import ops
-from paged_core.api import FusedOps, PackedLinear
-from paged_core.quant import QuantizedWeight
+from paged_core.api import FusedOps, PackedLinear, QuantizedWeight
 
 UNLIMITED = 1 << 62
 """A ``max_rows`` that sends every row count to the native kernel."""

@@ -108,7 +108,31 @@ class QuantizedWeight:
             if w.format != first.format or w.in_features != first.in_features:
                 raise WeightFormatError(f"cannot merge {w.name} ({w.format.name}, in {w.in_features}) with "
                                         f"{first.name} ({first.format.name}, in {first.in_features})")  # fmt: skip
-        data = torch.cat([w.data for w in weights])
-        scale = torch.cat([w.scale for w in weights if w.scale is not None]) if first.scale is not None else None
+        data = cat_rows([w.data for w in weights])
+        scale = cat_rows([w.scale for w in weights if w.scale is not None]) if first.scale is not None else None
         n = sum(w.out_features for w in weights)
         return QuantizedWeight(first.format, (n, first.in_features), data, scale, name or first.name)
+
+
+def cat_rows(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
+    """``torch.cat`` along dim 0, or a view when the tensors already are consecutive rows of one buffer.
+
+    Merging projections a second time (another engine configuration over the same
+    loaded model) then costs nothing and the modules keep sharing one copy of the bytes.
+    """
+    first = tensors[0]
+    rest = first.shape[1:]
+    adjacent = all(t.shape[1:] == rest and t.stride() == first.stride() and t.dtype == first.dtype
+                   and t.device == first.device and t.untyped_storage().data_ptr() == first.untyped_storage().data_ptr()
+                   for t in tensors)  # fmt: skip
+    if adjacent and first.dim() >= 1:
+        offset = first.storage_offset()
+        for t in tensors:
+            if t.storage_offset() != offset:
+                adjacent = False
+                break
+            offset += t.shape[0] * (t.stride(0) if t.dim() else 1)
+    if not adjacent:
+        return torch.cat(list(tensors))
+    rows = sum(t.shape[0] for t in tensors)
+    return first.as_strided((rows, *rest), first.stride(), first.storage_offset())

@@ -16,6 +16,7 @@ from paged_core.engine.fused.families import fused_refusal
 from paged_core.errors import UnsupportedConfigError
 from paged_core.quant import QuantizedWeight
 from paged_core.quant.module import PackedLinearModule, route_pack
+from paged_core.quant.weight import cat_rows
 
 
 @dataclass
@@ -51,7 +52,7 @@ def _merge(ops: FusedOps, linears: list[Any]) -> PackedLinear | list[PackedLinea
     if all(isinstance(w, QuantizedWeight) for w in weights):
         packed = [w for w in weights if isinstance(w, QuantizedWeight)]
         if len({w.format for w in packed}) == 1:
-            merged = QuantizedWeight.cat(packed, name="+".join(w.name for w in packed))
+            merged = QuantizedWeight.cat(packed, name="+".join(dict.fromkeys(w.name for w in packed)))
             start = 0
             for m in linears:
                 m.set_weight(merged.rows(start, start + m.out_features))
@@ -59,7 +60,7 @@ def _merge(ops: FusedOps, linears: list[Any]) -> PackedLinear | list[PackedLinea
             return route_pack(ops, merged, _merged_bias(linears))
     if any(isinstance(w, QuantizedWeight) for w in weights):
         return [route_pack(ops, _weight(m), m.bias) for m in linears]
-    weight = torch.cat([m.weight.detach() for m in linears])
+    weight = cat_rows([m.weight.detach() for m in linears])
     bias = _merged_bias(linears)
     start = 0
     for m in linears:
@@ -75,6 +76,8 @@ def _merged_bias(linears: list[Any]) -> torch.Tensor | None:
     biases = [m.bias for m in linears]
     if all(b is None for b in biases):
         return None
+    if all(b is not None for b in biases):
+        return cat_rows([b.detach() for b in biases if b is not None])
     return torch.cat([b.detach() if b is not None else torch.zeros(m.out_features, dtype=_dtype_of(linears))
                       for b, m in zip(biases, linears, strict=True)])  # fmt: skip
 
