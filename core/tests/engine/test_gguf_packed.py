@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from paged_core.engine.gguf_packed import load_packed_gguf
-from paged_core.engine.loader import ModelSource, load_model
+from paged_core.engine.loader import ModelSource, load_model, serves_packed
 from paged_core.errors import ConfigError, WeightFormatError
 from paged_core.quant import Q4_0, Q4_1, Q4_K, Q6_K, Q8_0
 from paged_core.quant.module import PackedLinearModule, packed_modules
@@ -82,3 +82,12 @@ def test_none_dequantizes_every_tensor(tmp_path: Path) -> None:
     ids = torch.tensor([[1, 2, 3, 4]])
     oracle = dense_oracle(config, values)
     torch.testing.assert_close(_logits(model.eval(), ids), _logits(oracle, ids), rtol=1e-4, atol=1e-4)
+
+
+def test_serves_packed_says_when_the_linears_stay_packed(tmp_path: Path) -> None:
+    config = tiny_config()
+    write_tiny_gguf(tmp_path / "tiny.gguf", config, Q4_1)
+    gguf = ModelSource(tmp_path, "tiny.gguf", "tiny")
+    dense = ModelSource(tmp_path, None, "tiny")
+    assert serves_packed(gguf, "auto") and not serves_packed(gguf, "none")
+    assert serves_packed(dense, "int8") and not serves_packed(dense, "auto")

@@ -19,7 +19,14 @@ from paged_core.engine.config import EngineConfig
 from paged_core.engine.dtype import resolve_dtype
 from paged_core.engine.forward import ModelForward, make_forward
 from paged_core.engine.kv_budget import default_budget
-from paged_core.engine.loader import ModelSource, check_gguf, load_model, load_tokenizer, resolve_source
+from paged_core.engine.loader import (
+    ModelSource,
+    check_gguf,
+    load_model,
+    load_tokenizer,
+    resolve_source,
+    serves_packed,
+)
 from paged_core.engine.model_runner import ModelRunner
 from paged_core.engine.profile import profile_peak_bytes
 from paged_core.engine.spec import Proposer, make_proposer
@@ -72,12 +79,13 @@ def _check(cls: type[AttentionBackend], specs: list[AttentionSpec], dtype: torch
 
 
 def choose_backend(
-    config: EngineConfig, specs: list[AttentionSpec]
+    config: EngineConfig, specs: list[AttentionSpec], packed_weights: bool = False
 ) -> tuple[type[AttentionBackend], torch.device, torch.dtype, int]:
     """The backend, device, dtype and block size to run with.
 
     An explicit backend must accept the model (else the error says why); the
     automatic choice takes the highest-priority available backend that does.
+    ``packed_weights``: the linear weights will stay packed (see :func:`resolve_dtype`).
     """
     m = config.model
     registry = load_registry()
@@ -88,7 +96,7 @@ def choose_backend(
     refusals = []
     for cls in candidates:
         device = torch.device(m.device or cls.availability().device)
-        dtype = resolve_dtype(m.dtype, device)
+        dtype = resolve_dtype(m.dtype, device, packed_weights)
         caps = cls.capabilities()
         if m.dtype == "auto" and dtype not in caps.dtypes and torch.float32 in caps.dtypes:
             dtype = torch.float32
@@ -169,7 +177,7 @@ def load(config: EngineConfig, group: TPGroup | None = None) -> LoadedModel:
                                      f"(quantization={quant!r}{' on a GGUF' if quant == 'auto' else ''}); pass "
                                      "--quantization none to split the dequantized model, or run one rank")  # fmt: skip
     specs = local_specs(specs, tp)
-    cls, device, dtype, _ = choose_backend(config, specs)
+    cls, device, dtype, _ = choose_backend(config, specs, serves_packed(source, quant))
     leader: Leader | None = None
     if tp > 1:
         if group is None:

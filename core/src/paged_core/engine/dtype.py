@@ -29,9 +29,18 @@ def cpu_has_fast_bf16() -> bool:
     return False
 
 
-def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
-    """Map a ``--dtype`` value to a torch dtype; ``auto`` picks bf16 on GPUs and on bf16-capable CPUs, else fp32."""
+def resolve_dtype(name: str, device: torch.device, packed_weights: bool = False) -> torch.dtype:
+    """Map a ``--dtype`` value to a torch dtype; ``auto`` picks bf16 on GPUs and on bf16-capable CPUs, else fp32.
+
+    On a CPU, ``auto`` is fp32 for a model whose linear weights stay packed
+    (``packed_weights``): those kernels dequantize and accumulate in fp32
+    whatever the activations are, so bf16 saves no weight bytes and only rounds
+    every activation (on the embedded model it flipped near-tied greedy tokens
+    away from the fp32 oracle's).
+    """
     if name == "auto":
+        if device.type == "cpu" and packed_weights:
+            return torch.float32
         if device.type != "cpu" or cpu_has_fast_bf16():
             return torch.bfloat16
         return torch.float32

@@ -164,6 +164,17 @@ def load_model(
     return moved.eval()
 
 
+def serves_packed(source: ModelSource, quantization: str) -> bool:
+    """Whether :func:`load_model` keeps linear weights packed: ``int8``, or ``auto`` on a GGUF with packed blocks."""
+    if quantization == "int8":
+        return True
+    if quantization != "auto" or source.gguf_file is None:
+        return False
+    from paged_core.quant import BY_GGML_TYPE
+
+    return any(int(t.tensor_type) in BY_GGML_TYPE for t in gguf_reader(source.directory / source.gguf_file).tensors)
+
+
 def _refuse_requantizing(path: Path) -> None:
     """``--quantization int8`` packs float weights; a GGUF whose weights are already blocks says why not."""
     from paged_core.quant import BY_GGML_TYPE
