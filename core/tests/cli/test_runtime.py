@@ -81,8 +81,21 @@ def test_search_dirs_start_with_this_environment_then_conda_then_ld_library_path
 
 
 @pytest.mark.parametrize("command", ["generate", "chat", "serve", "bench"])
-def test_heavy_subcommands_get_both_libraries_prepended(libs, command) -> None:
+def test_heavy_subcommands_get_the_allocator_prepended(libs, command) -> None:
     decided = plan([command, "--model", "x"], {"LD_PRELOAD": "/user/libfoo.so", "HOME": "/h"}, _dirs(libs))
+    tcmalloc = str(libs["system"] / "libtcmalloc_minimal.so.4")
+    assert decided.reason == "re-exec"
+    assert decided.preload == (tcmalloc,) and decided.openmp is None  # Intel OpenMP only on request
+    assert decided.env is not None
+    assert decided.env["LD_PRELOAD"] == f"{tcmalloc}:/user/libfoo.so"
+    assert json.loads(decided.env[ENV_MARKER]) == [tcmalloc]
+    assert decided.env["HOME"] == "/h"  # the rest of the environment is kept
+
+
+@pytest.mark.parametrize("value", ["iomp", "OpenMP", " intel-openmp "])
+def test_the_switch_asks_for_intel_openmp_beside_the_allocator(libs, value) -> None:
+    env = {"LD_PRELOAD": "/user/libfoo.so", "HOME": "/h", ENV_SWITCH: value}
+    decided = plan(["serve", "--model", "x"], env, _dirs(libs))
     tcmalloc, iomp = str(libs["system"] / "libtcmalloc_minimal.so.4"), str(libs["env"] / "libiomp5.so")
     assert decided.reason == "re-exec"
     assert decided.preload == (tcmalloc, iomp)
@@ -99,8 +112,16 @@ def test_no_user_preload_means_only_ours(libs) -> None:
 
 @pytest.mark.parametrize(
     "argv",
-    [[], ["backends"], ["backends", "--json"], ["--version"], ["--help"], ["bench", "--help"], ["serve", "-h"],
-     ["frobnicate"]],
+    [
+        [],
+        ["backends"],
+        ["backends", "--json"],
+        ["--version"],
+        ["--help"],
+        ["bench", "--help"],
+        ["serve", "-h"],
+        ["frobnicate"],
+    ],
 )
 def test_light_invocations_are_left_alone(libs, argv) -> None:
     decided = plan(argv, {}, _dirs(libs))
@@ -128,16 +149,19 @@ def test_a_re_executed_process_never_plans_another(libs) -> None:
 def test_libraries_already_loaded_are_not_added_again(libs) -> None:
     iomp = str(libs["env"] / "libiomp5.so")
     user_allocator = ["/usr/lib/x86_64-linux-gnu/libjemalloc.so.2"]  # the user's allocator wins
-    assert plan(["chat"], {}, _dirs(libs), loaded=user_allocator).preload == (iomp,)
+    mine = plan(["chat"], {}, _dirs(libs), loaded=user_allocator)
+    assert mine.env is None and mine.reason == "nothing left to preload"
+    assert plan(["chat"], {ENV_SWITCH: "iomp"}, _dirs(libs), loaded=user_allocator).preload == (iomp,)
     both = [*user_allocator, "/opt/intel/lib/libiomp5.so"]
-    decided = plan(["chat"], {}, _dirs(libs), loaded=both)
+    decided = plan(["chat"], {ENV_SWITCH: "iomp"}, _dirs(libs), loaded=both)
     assert decided.env is None and decided.reason == "nothing left to preload"
 
 
 def test_missing_libraries_mean_no_re_exec(libs) -> None:
     decided = plan(["bench"], {}, [str(libs["empty"])])
     assert decided.env is None and decided.reason == "nothing found"
-    only_iomp = plan(["bench"], {}, [str(libs["env"])])
+    assert plan(["bench"], {}, [str(libs["env"])]).env is None  # Intel OpenMP alone is not the default
+    only_iomp = plan(["bench"], {ENV_SWITCH: "iomp"}, [str(libs["env"])])
     assert only_iomp.allocator is None and only_iomp.preload == (str(libs["env"] / "libiomp5.so"),)
 
 
@@ -146,8 +170,14 @@ def test_missing_libraries_mean_no_re_exec(libs) -> None:
 
 def test_exec_argv_reproduces_how_the_cli_was_started(monkeypatch) -> None:
     monkeypatch.setattr(sys, "orig_argv", ["python3", "-X", "dev", "/venv/bin/paged", "bench", "decode-1"])
-    assert runtime.exec_argv(["bench", "decode-1"]) == [sys.executable, "-X", "dev", "/venv/bin/paged", "bench",
-                                                        "decode-1"]
+    assert runtime.exec_argv(["bench", "decode-1"]) == [
+        sys.executable,
+        "-X",
+        "dev",
+        "/venv/bin/paged",
+        "bench",
+        "decode-1",
+    ]
     monkeypatch.setattr(sys, "orig_argv", ["python3", "-m", "pytest", "-q"])  # embedded: the module form
     assert runtime.exec_argv(["serve"]) == [sys.executable, "-m", "paged_core.cli.main", "serve"]
 
@@ -173,7 +203,7 @@ def test_maybe_reexec_execs_the_interpreter_with_the_planned_env(fake_exec, monk
     runtime.maybe_reexec(["generate", "hi"])
     [(path, args, env)] = fake_exec
     assert path == sys.executable and args == [sys.executable, "/venv/bin/paged", "generate", "hi"]
-    assert env["LD_PRELOAD"].endswith("libiomp5.so") and ENV_MARKER in env
+    assert env["LD_PRELOAD"].endswith("libtcmalloc_minimal.so.4") and ENV_MARKER in env
 
 
 def test_no_exec_when_the_program_cannot_be_read_again(fake_exec, monkeypatch) -> None:
@@ -226,7 +256,7 @@ def test_main_re_execs_only_when_started_from_the_command_line(monkeypatch, caps
 
 # --- the real thing: a child process that re-executes itself ---------------------------------------------------
 
-_PROBE = '''
+_PROBE = """
 import atexit, json, os, sys
 started = {"pid": os.getpid(), "marker": os.environ.get("PAGED_RUNTIME_REEXEC"),
            "ld_preload": os.environ.get("LD_PRELOAD")}
@@ -239,7 +269,7 @@ def report():
         f.write(json.dumps({**started, "mapped": mapped}) + "\\n")
 
 atexit.register(report)
-'''
+"""
 
 
 def _found() -> tuple[str | None, str | None]:
@@ -261,8 +291,9 @@ def _run_probed(tmp_path: Path, cmd: list[str], **env: str) -> tuple[int, int, s
     child_env = {k: v for k, v in os.environ.items() if k not in (ENV_SWITCH, ENV_MARKER, "LD_PRELOAD")}
     python_path = [str(probe_dir), *([child_env["PYTHONPATH"]] if child_env.get("PYTHONPATH") else [])]
     child_env.update(PYTHONPATH=os.pathsep.join(python_path), PAGED_TEST_PROBE_OUT=str(out), **env)
-    with subprocess.Popen(cmd, env=child_env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                          stderr=subprocess.PIPE, text=True) as proc:
+    with subprocess.Popen(
+        cmd, env=child_env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    ) as proc:
         _, stderr = proc.communicate(timeout=300)
     reports = [json.loads(line) for line in out.read_text().splitlines()] if out.exists() else []
     return proc.pid, proc.returncode, stderr, reports
@@ -277,8 +308,8 @@ _FAILS_FAST = ["bench", "decode-1", "--output-len", "not-a-number"]  # a heavy s
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("how", ["module", "console script"])
-def test_the_child_really_runs_with_the_libraries_preloaded(tmp_path, how) -> None:
+@pytest.mark.parametrize(("how", "switch"), [("module", None), ("console script", None), ("module", "iomp")])
+def test_the_child_really_runs_with_the_libraries_preloaded(tmp_path, how, switch) -> None:
     allocator, openmp = _found()
     if allocator is None or openmp is None:
         pytest.skip(f"runtime libraries absent (allocator {allocator}, openmp {openmp}); bash ci/setup installs them")
@@ -289,22 +320,24 @@ def test_the_child_really_runs_with_the_libraries_preloaded(tmp_path, how) -> No
         if script is None:
             pytest.skip("no paged console script next to this interpreter")
         cmd = [script, *_FAILS_FAST]
-    pid, rc, stderr, reports = _run_probed(tmp_path, cmd)
+    pid, rc, stderr, reports = _run_probed(tmp_path, cmd, **({ENV_SWITCH: switch} if switch else {}))
     assert rc == 2, stderr  # argparse's error in the child: it was given the same arguments
     assert "invalid int value: 'not-a-number'" in stderr
     assert len(reports) == 1, reports  # one process ran to its end
     [child] = reports
     assert child["pid"] == pid  # the process started became the child (execve), not its parent
     assert child["marker"] is not None, "the process that ran to its end was not re-executed"
-    assert json.loads(child["marker"]) == child["ld_preload"].split(":")[:2]
+    added = json.loads(child["marker"])
+    assert added == child["ld_preload"].split(":")[: len(added)]
     real = {os.path.realpath(p) for p in child["mapped"]}
     assert os.path.realpath(allocator) in real
-    assert os.path.realpath(openmp) in real
+    assert (os.path.realpath(openmp) in real) == (switch == "iomp")
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("argv", "env"), [(_FAILS_FAST, {ENV_SWITCH: "0"}), (["--version"], {})],
-                         ids=["switched off", "light command"])
+@pytest.mark.parametrize(
+    ("argv", "env"), [(_FAILS_FAST, {ENV_SWITCH: "0"}), (["--version"], {})], ids=["switched off", "light command"]
+)
 def test_no_re_exec_when_switched_off_or_light(tmp_path, argv, env) -> None:
     allocator, openmp = _found()
     if allocator is None and openmp is None:

@@ -1,4 +1,4 @@
-"""The process runtime of the heavy subcommands: tcmalloc and Intel OpenMP, preloaded by a re-exec.
+"""The process runtime of the heavy subcommands: tcmalloc (and, on request, Intel OpenMP), preloaded by a re-exec.
 
 vLLM's CPU guide has users preload tcmalloc (in place of glibc's allocator) and Intel OpenMP
 (``libiomp5.so``, which also exports the ``GOMP_*`` entry points that torch's CPU build calls).
@@ -8,12 +8,18 @@ once, same interpreter, same arguments, same open file descriptors and pid (``os
 the libraries that it found prepended to ``LD_PRELOAD``. No OpenMP variables are set (vLLM's
 ``KMP_BLOCKTIME``/``KMP_AFFINITY`` showed no gain here); those that the user sets pass through.
 
+By default only the allocator is preloaded. Intel OpenMP is opt-in (``PAGED_RUNTIME=iomp``): on
+the machines measured, torch's own GNU OpenMP with the cpu backend's many short parallel regions
+ran faster everywhere (an AVX-512 Zen machine, 64 ``throughput`` requests: 292 against 181 output
+tok/s dense, 163 against 116 packed; ``decode-1`` packed 108 against 57 tok/s; README, Performance).
+
 The re-exec costs one more interpreter start: as long as importing :mod:`paged_core` imports torch,
 that is one more ``import torch`` (about 1.7 s on a 2-core machine) before the command runs.
 
 Rules, in the order they are checked (see :func:`plan`):
 
-* ``PAGED_RUNTIME=0`` (or ``false``/``no``/``off``) turns it off;
+* ``PAGED_RUNTIME=0`` (or ``false``/``no``/``off``) turns it off; ``PAGED_RUNTIME=iomp`` adds
+  Intel OpenMP to the allocator; any other value (or none) is the default, the allocator alone;
 * only ``generate``, ``chat``, ``serve`` and ``bench`` get it; ``--help``/``--version`` never do;
 * a process started by the re-exec carries :data:`ENV_MARKER` and never re-executes again, even
   when the loader ignored a library (so it cannot loop);
@@ -41,7 +47,7 @@ from dataclasses import dataclass, field
 logger = logging.getLogger(__name__)
 
 ENV_SWITCH = "PAGED_RUNTIME"
-"""Set to 0/false/no/off to run every subcommand with the plain glibc allocator and GNU OpenMP."""
+"""Set to 0/false/no/off to run every subcommand with the plain glibc allocator; to ``iomp`` to add Intel OpenMP."""
 
 ENV_MARKER = "PAGED_RUNTIME_REEXEC"
 """Set by the re-exec, for the re-executed process only: a JSON list of the paths it prepended."""
@@ -53,6 +59,7 @@ OPENMP_NAMES = ("libiomp5.so",)
 _ALLOCATOR_PREFIXES = ("libtcmalloc", "libjemalloc", "libmimalloc")
 _OPENMP_PREFIXES = ("libiomp5",)
 _FALSE = frozenset({"0", "false", "no", "off"})
+_WITH_OPENMP = frozenset({"iomp", "openmp", "intel-openmp"})
 
 
 def library_dirs(environ: Mapping[str, str] | None = None) -> list[str]:
@@ -159,7 +166,8 @@ def plan(
     dirs = library_dirs(environ) if dirs is None else list(dirs)
     loaded = list(loaded)
     allocator = find_library(ALLOCATOR_NAMES, dirs)
-    openmp = find_library(OPENMP_NAMES, dirs)
+    wants_openmp = switch is not None and switch.strip().lower() in _WITH_OPENMP
+    openmp = find_library(OPENMP_NAMES, dirs) if wants_openmp else None
     preload = []
     if allocator is not None and _loaded(_ALLOCATOR_PREFIXES, loaded) is None:
         preload.append(allocator)
@@ -215,7 +223,9 @@ def maybe_reexec(argv: Sequence[str] | None = None) -> None:
         decided = plan(args, os.environ, loaded=mapped_objects())
         _state.reason = decided.reason
         logger.debug(
-            "runtime: %s (allocator %s, openmp %s)", decided.reason, decided.allocator or "not found",
+            "runtime: %s (allocator %s, openmp %s)",
+            decided.reason,
+            decided.allocator or "not found",
             decided.openmp or "not found",
         )
         if decided.env is None:
