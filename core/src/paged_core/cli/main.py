@@ -88,8 +88,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI; returns the exit status instead of exiting (the console script exits with it).
 
     Started from the command line (``argv`` None), the heavy subcommands first re-execute the
-    process with tcmalloc and Intel OpenMP preloaded (:mod:`paged_core.cli.runtime`;
-    ``PAGED_RUNTIME=0`` turns that off).
+    process with tcmalloc preloaded (:mod:`paged_core.cli.runtime`; ``PAGED_RUNTIME=0`` turns
+    that off, ``PAGED_RUNTIME=iomp`` adds Intel OpenMP).
     """
     if argv is None:
         runtime.maybe_reexec()
