@@ -123,6 +123,7 @@ struct QuantKernels {
 
 const QuantKernels* scalar_quant_kernels();
 const QuantKernels* avx2_quant_kernels();  // nullptr when not built (non-x86 or not GCC)
+const QuantKernels* avx512_quant_kernels();  // likewise
 
 using RmsFn = void (*)(const RmsArgs&, int64_t begin, int64_t end);
 using SiluFn = void (*)(const SiluArgs&, int64_t begin, int64_t end);

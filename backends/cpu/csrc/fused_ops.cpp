@@ -1,8 +1,12 @@
 // paged_cpu layer ops (rms_norm, add_rms_norm, silu_and_mul, rotary, pack_linear, linear): checks,
 // new outputs, and the split over torch's threads; the arithmetic is in the per-ISA fused kernels.
 #include <ATen/Parallel.h>
+#include <c10/util/StringUtil.h>
 
 #include <algorithm>
+#include <atomic>
+#include <string>
+#include <vector>
 #include <cstring>
 
 #include "fused_api.h"
@@ -224,7 +228,15 @@ at::Tensor linear(const at::Tensor& x_in, const at::Tensor& packed, const std::o
 
 namespace {
 
+// set_quant_isa's choice; nullptr = auto.
+std::atomic<const QuantKernels*> g_quant_forced{nullptr};
+
+// The packed-weight kernels: by default they follow the layer kernels (avx2, or the portable build for
+// `scalar`). The 16-lane AVX-512 build is chosen only by set_quant_isa("avx512"): on the AVX-512 Zen 4
+// machine it was measured on (512-bit operations run as two 256-bit halves there) it gave no decode
+// gain and a slower dequantize path (README, "Packed weights").
 const QuantKernels& quant() {
+  if (const QuantKernels* forced = g_quant_forced.load(std::memory_order_relaxed)) return *forced;
   const QuantKernels* avx2 = avx2_quant_kernels();
   if (avx2 != nullptr && std::strcmp(fused().name, "avx2") == 0) return *avx2;
   return *scalar_quant_kernels();
@@ -321,5 +333,29 @@ at::Tensor quant_linear(const at::Tensor& x_in, const at::Tensor& data, const st
 }
 
 std::string fused_isa() { return fused().name; }
+
+std::string quant_isa() { return quant().name; }
+
+std::string set_quant_isa(const std::string& name) {
+  if (name == "auto") {
+    g_quant_forced.store(nullptr);
+    return quant_isa();
+  }
+  std::vector<std::string> usable;
+  const std::vector<std::string> isas = supported_isas();
+  auto has = [&](const char* isa) { return std::find(isas.begin(), isas.end(), isa) != isas.end(); };
+  const QuantKernels* builds[] = {has("avx512") ? avx512_quant_kernels() : nullptr,
+                                  has("avx2") ? avx2_quant_kernels() : nullptr, scalar_quant_kernels()};
+  for (const QuantKernels* k : builds) {
+    if (k == nullptr) continue;
+    if (name == k->name) {
+      g_quant_forced.store(k);
+      return quant_isa();
+    }
+    usable.emplace_back(k->name);
+  }
+  TORCH_CHECK(false, "paged_cpu: packed-weight kernels '", name, "' are not available here (available: auto, ",
+              c10::Join(", ", usable), ")");
+}
 
 }  // namespace paged_cpu

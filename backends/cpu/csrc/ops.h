@@ -49,5 +49,9 @@ at::Tensor quant_linear(const at::Tensor& x, const at::Tensor& data, const std::
                         const std::optional<at::Tensor>& bias, int64_t fmt, int64_t out_features, int64_t stream_rows);
 // The variant of the layer kernels in use (follows set_isa: `scalar`, else `avx2` where the CPU has it).
 std::string fused_isa();
+// The packed-weight linear kernels in use: avx512, avx2 or scalar (by default those of the layer kernels).
+std::string quant_isa();
+// Force the packed-weight kernels (auto, avx512, avx2, scalar); returns the ones now in use.
+std::string set_quant_isa(const std::string& name);
 
 }  // namespace paged_cpu

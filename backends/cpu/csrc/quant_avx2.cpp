@@ -24,6 +24,8 @@ namespace avx2_quant {
 
 #define PAGED_FORCE_INLINE __attribute__((always_inline))
 
+constexpr int kLanes = 8;
+
 using VF = __m256;
 using VI = __m256i;
 

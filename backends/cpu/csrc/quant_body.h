@@ -1,11 +1,11 @@
 // Linear products over packed weights (q4_0, q4_1, q8_0, q4_k, q6_k, int8) as one portable algorithm.
 //
-// Included inside a per-ISA namespace (quant_scalar.cpp, quant_avx2.cpp) after fused_body.h and the
-// ISA's primitives on 8 lanes:
+// Included inside a per-ISA namespace (quant_scalar.cpp, quant_avx2.cpp, quant_avx512.cpp) after
+// fused_body.h and the ISA's primitives on kLanes lanes (8 or 16; a constexpr int the ISA defines):
 //   VF (fp32) and VI (int32) vectors; vzero(), vset1(float), vload(const float*), vstore(float*, VF),
 //   vfma(a, b, c) = a * b + c, vmul(a, b), vadd(a, b), vsum(VF) -> float, vsum4(a, b, c, d, float* out)
 //   (the four sums to out[0 .. 3]);
-//   vu8(p) / vi8(p): 8 bytes at p zero- / sign-extended to int32; vand(VI, int), vsrl(VI, int)
+//   vu8(p) / vi8(p): kLanes bytes at p zero- / sign-extended to int32; vand(VI, int), vsrl(VI, int)
 //   (logical), vsll(VI, int), vor(VI, VI), vsubi(VI, int), vcvt(VI) -> VF (exact: |values| < 2^24);
 //   f16_at(p): the fp16 at byte p as fp32; vset1_f16(p): the same in every lane.
 //
@@ -13,7 +13,7 @@
 // d * q (+ m) with an fp16 (or fp16 x 6-bit, fp16 x int8) scale and a small integer q, so the products
 // are exact and the one addition of q4_1 / q4_k rounds the same with or without a fused multiply-add;
 // int8's scale * q is one fp32 product, rounded as torch rounds it. The dot products are fp32 sums of
-// weight x activation in an order of their own (8 lanes, then a horizontal sum). No activation is
+// weight x activation in an order of their own (kLanes lanes, then a horizontal sum). No activation is
 // rounded to a lower precision.
 //
 
@@ -37,11 +37,11 @@ PAGED_FORCE_INLINE inline void unroll(const F& f) {
 // ---- formats ----
 //
 // A format's block (kBlock weights in kBytes) is read in steps of kStep weights (k = s * kStep .. of the
-// block, step s), each decoded as kStep / 8 vectors in k order:
+// block, step s), each decoded as kStep / kLanes vectors in k order:
 //   prepare(block, args, n, state)   once per block and feature (q4_k, q6_k: the sub-block scales);
 //   scales(block, state, s)          per step, right before its vectors (a few registers: the fp16 scale
 //                                    broadcast and converted, or a reference to the prepared state);
-//   decode<V>(block, scales, s)      vector V of step s.
+//   decode<V>(block, scales, s)      vector V of step s: weights kLanes * V .. of the step.
 // Steps whose vectors share bytes (low and high nibbles of the same bytes) are one step, so that the
 // compiler loads those bytes once.
 
@@ -57,8 +57,9 @@ struct FmtQ4_0 {  // f16 d, 16 bytes: w[j] = d * ((qs[j] & 15) - 8), w[j + 16] =
   }
   template <int V>
   PAGED_FORCE_INLINE static VF decode(const uint8_t* b, const Scales& s, int) {
-    const VI q = vu8(b + 2 + 8 * (V & 1));
-    return vfma(vcvt(V < 2 ? vand(q, 15) : vsrl(q, 4)), s.d, s.m);
+    constexpr int w0 = kLanes * V;  // weights 0-15: low nibbles of bytes 0-15; 16-31: high nibbles
+    const VI q = vu8(b + 2 + w0 % 16);
+    return vfma(vcvt(w0 < 16 ? vand(q, 15) : vsrl(q, 4)), s.d, s.m);
   }
 };
 
@@ -73,8 +74,9 @@ struct FmtQ4_1 {  // f16 d, f16 m, 16 bytes: w = d * q + m
   }
   template <int V>
   PAGED_FORCE_INLINE static VF decode(const uint8_t* b, const Scales& s, int) {
-    const VI q = vu8(b + 4 + 8 * (V & 1));
-    return vfma(vcvt(V < 2 ? vand(q, 15) : vsrl(q, 4)), s.d, s.m);
+    constexpr int w0 = kLanes * V;
+    const VI q = vu8(b + 4 + w0 % 16);
+    return vfma(vcvt(w0 < 16 ? vand(q, 15) : vsrl(q, 4)), s.d, s.m);
   }
 };
 
@@ -87,7 +89,7 @@ struct FmtQ8_0 {  // f16 d, 32 int8: w = d * q
   PAGED_FORCE_INLINE static Scales scales(const uint8_t* b, const State&, int) { return {vset1_f16(b)}; }
   template <int V>
   PAGED_FORCE_INLINE static VF decode(const uint8_t* b, const Scales& s, int) {
-    return vmul(vcvt(vi8(b + 2 + 8 * V)), s.d);
+    return vmul(vcvt(vi8(b + 2 + kLanes * V)), s.d);
   }
 };
 
@@ -109,14 +111,17 @@ struct FmtQ4_K {
                            u[1] & 0x3f3f3f3fu, ((u[2] >> 4) & 0x0f0f0f0fu) | ((u[1] >> 2) & 0x30303030u)};
     uint8_t bytes[16];
     std::memcpy(bytes, f, 16);
-    vstore(s.scale, vmul(vcvt(vu8(bytes)), vset1_f16(b)));
-    vstore(s.neg_min, vmul(vcvt(vu8(bytes + 8)), vmul(vset1_f16(b + 2), vset1(-1.0f))));
+    const float d = f16_at(b), neg_dmin = -f16_at(b + 2);
+    for (int j = 0; j < 8; ++j) {  // (d * sc) and (-dmin * m): one rounded fp32 product each, as the reference
+      s.scale[j] = static_cast<float>(bytes[j]) * d;
+      s.neg_min[j] = static_cast<float>(bytes[8 + j]) * neg_dmin;
+    }
   }
   PAGED_FORCE_INLINE static Scales scales(const uint8_t*, const State& st, int) { return st; }
   template <int V>
   PAGED_FORCE_INLINE static VF decode(const uint8_t* b, const State& st, int s) {
-    constexpr int high = V >> 2;  // vectors 0-3: sub-block 2s (low nibbles), 4-7: 2s + 1 (high)
-    const VI q = vu8(b + 16 + 32 * s + 8 * (V & 3));
+    constexpr int w0 = kLanes * V, high = w0 >= 32;  // weights 0-31: sub-block 2s (low nibbles), 32-63: 2s + 1
+    const VI q = vu8(b + 16 + 32 * s + w0 % 32);
     const int j = 2 * s + high;
     return vfma(vcvt(high ? vsrl(q, 4) : vand(q, 15)), vset1(st.scale[j]), vset1(st.neg_min[j]));
   }
@@ -132,19 +137,18 @@ struct FmtQ6_K {
   struct State { float scale[16]; };
   using Scales = const State&;
   PAGED_FORCE_INLINE static void prepare(const uint8_t* b, const QuantArgs&, int64_t, State& s) {
-    const VF d = vset1_f16(b + 208);
-    vstore(s.scale, vmul(vcvt(vi8(b + 192)), d));
-    vstore(s.scale + 8, vmul(vcvt(vi8(b + 200)), d));
+    const float d = f16_at(b + 208);
+    for (int j = 0; j < 16; ++j) s.scale[j] = static_cast<float>(static_cast<int8_t>(b[192 + j])) * d;
   }
   PAGED_FORCE_INLINE static Scales scales(const uint8_t*, const State& st, int) { return st; }
   template <int V>
   PAGED_FORCE_INLINE static VF decode(const uint8_t* b, const State& st, int h) {
-    constexpr int i = V >> 2, v = V & 3;  // quarter, vector within the quarter
-    const VI ql = vu8(b + 64 * h + 32 * (i & 1) + 8 * v);
+    constexpr int i = kLanes * V / 32, l0 = kLanes * V % 32;  // quarter, first weight within the quarter
+    const VI ql = vu8(b + 64 * h + 32 * (i & 1) + l0);
     const VI low = i >= 2 ? vsrl(ql, 4) : vand(ql, 15);
-    const VI high = vand(vsrl(vu8(b + 128 + 32 * h + 8 * v), 2 * i), 3);
+    const VI high = vand(vsrl(vu8(b + 128 + 32 * h + l0), 2 * i), 3);
     const VI q = vsubi(vor(low, vsll(high, 4)), 32);
-    return vmul(vcvt(q), vset1(st.scale[8 * h + 2 * i + (v >> 1)]));
+    return vmul(vcvt(q), vset1(st.scale[8 * h + 2 * i + l0 / 16]));  // 16 weights per scale: one per vector
   }
 };
 
@@ -158,7 +162,7 @@ struct FmtInt8 {
   PAGED_FORCE_INLINE static Scales scales(const uint8_t*, const State& st, int) { return {vset1(st.s)}; }
   template <int V>
   PAGED_FORCE_INLINE static VF decode(const uint8_t* b, const Scales& s, int) {
-    return vmul(vcvt(vi8(b + 8 * V)), s.s);
+    return vmul(vcvt(vi8(b + kLanes * V)), s.s);
   }
   PAGED_FORCE_INLINE static float weight(const uint8_t* row, const QuantArgs& a, int64_t n, int64_t k) {
     return static_cast<float>(static_cast<int8_t>(row[k])) * a.scale[n];
@@ -175,7 +179,7 @@ struct FmtF32 {
   PAGED_FORCE_INLINE static Scales scales(const uint8_t*, const State&, int) { return {}; }
   template <int V>
   PAGED_FORCE_INLINE static VF decode(const uint8_t* b, const Scales&, int) {
-    return vload(reinterpret_cast<const float*>(b) + 8 * V);
+    return vload(reinterpret_cast<const float*>(b) + kLanes * V);
   }
   PAGED_FORCE_INLINE static float weight(const uint8_t* row, const QuantArgs&, int64_t, int64_t k) {
     return reinterpret_cast<const float*>(row)[k];
@@ -190,6 +194,7 @@ constexpr int kPrefetchTiles = 1;
 // out[r * NF + f] = sum_k x[r][k] * w_f[k] for the NF rows at w (feature n0 + f at w + f * ldw bytes).
 // One decode of each weight vector serves all R rows; with one row, each output keeps two accumulators
 // so that 8 FMA chains are in flight.
+static_assert(kLanes == 8 || kLanes == 16, "the decoders cut blocks into vectors of 8 or 16 weights");
 template <class F, int R, int NF>
 inline void dot_tile(const QuantArgs& a, const uint8_t* w, int64_t ldw, int64_t n0, const float* x, int64_t ldx,
                      float* out) {
@@ -217,23 +222,23 @@ inline void dot_tile(const QuantArgs& a, const uint8_t* w, int64_t ldw, int64_t 
         unroll<NF>([&](auto f) PAGED_FORCE_INLINE {
           const uint8_t* fb = wb + f * ldw;
           const auto sc = F::scales(fb, st[f], s);
-          unroll<F::kStep / 8>([&](auto i) PAGED_FORCE_INLINE {
+          unroll<F::kStep / kLanes>([&](auto i) PAGED_FORCE_INLINE {
             const VF wv = F::template decode<i>(fb, sc, s);
             unroll<R>([&](auto r) PAGED_FORCE_INLINE {
               VF& sum = acc[(r * NF + f) * U + i % U];
-              sum = vfma(wv, vload(xk + r * ldx + 8 * i), sum);
+              sum = vfma(wv, vload(xk + r * ldx + kLanes * i), sum);
             });
           });
         });
       } else {
         // Vector by vector: NF weight vectors in registers, then each row's activations once.
-        unroll<F::kStep / 8>([&](auto i) PAGED_FORCE_INLINE {
+        unroll<F::kStep / kLanes>([&](auto i) PAGED_FORCE_INLINE {
           VF wv[NF];
           unroll<NF>([&](auto f) PAGED_FORCE_INLINE {
             wv[f] = F::template decode<i>(wb + f * ldw, F::scales(wb + f * ldw, st[f], s), s);
           });
           unroll<R>([&](auto r) PAGED_FORCE_INLINE {
-            const VF xv = vload(xk + r * ldx + 8 * i);
+            const VF xv = vload(xk + r * ldx + kLanes * i);
             unroll<NF>([&](auto f) PAGED_FORCE_INLINE {
               VF& sum = acc[(r * NF + f) * U + i % U];
               sum = vfma(wv[f], xv, sum);
@@ -355,7 +360,9 @@ inline void dequant_row(const QuantArgs& a, int64_t n, float* dst) {
     for (int s = 0; s < F::kBlock / F::kStep; ++s) {
       float* d = dst + blk * F::kBlock + s * F::kStep;
       const auto sc = F::scales(wb, st, s);
-      unroll<F::kStep / 8>([&](auto i) PAGED_FORCE_INLINE { vstore(d + 8 * i, F::template decode<i>(wb, sc, s)); });
+      unroll<F::kStep / kLanes>([&](auto i) PAGED_FORCE_INLINE {
+        vstore(d + kLanes * i, F::template decode<i>(wb, sc, s));
+      });
     }
   }
   if constexpr (F::kTail)

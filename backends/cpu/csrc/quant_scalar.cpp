@@ -19,6 +19,8 @@ namespace scalar_quant {
 
 #define PAGED_FORCE_INLINE __attribute__((always_inline))
 
+constexpr int kLanes = 8;
+
 struct VF {
   float v[8];
 };

@@ -22,6 +22,8 @@ TORCH_LIBRARY(paged_cpu, m) {
   m.def("quant_linear(Tensor x, Tensor data, Tensor? scale, Tensor? bias, int fmt, int out_features, "
         "int stream_rows) -> Tensor");
   m.def("fused_isa() -> str", &paged_cpu::fused_isa);
+  m.def("quant_isa() -> str", &paged_cpu::quant_isa);
+  m.def("set_quant_isa(str name) -> str", &paged_cpu::set_quant_isa);
 }
 
 TORCH_LIBRARY_IMPL(paged_cpu, CPU, m) {

@@ -37,18 +37,21 @@ DECLARED = sorted(CpuFusedOps.linear_formats)
 KERNEL_FORMATS = ["q4_0", "q4_1", "q8_0", "q4_k", "q6_k", "int8"]
 """Formats the op has kernels for (the declared ones among them)."""
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
-VARIANTS = [v for v in ("avx2", "scalar") if v == "scalar" or v in ops.supported_isas()]
+VARIANTS = [v for v in ("avx512", "avx2", "scalar") if v == "scalar" or v in ops.supported_isas()]
+"""The packed-weight kernel builds this CPU runs (16 lanes, 8 lanes, portable), each forced by set_quant_isa."""
 ROWS = [1, 2, 3, 5, 8, 16, 17, 33, 64, 300, 512]
 STREAM_ALL, DEQUANT_ALL = 1 << 30, 0
 """``stream_rows`` that send every row count to the streaming path, or to the dequantize path."""
 
 
 @pytest.fixture(params=VARIANTS)
-def variant(request: pytest.FixtureRequest, use_isa: Callable[[str], str]) -> str:
+def variant(request: pytest.FixtureRequest, use_isa: Callable[[str], str]) -> Iterator[str]:
     name: str = request.param
-    use_isa(name)
-    assert ops.fused_isa() == name
-    return name
+    use_isa(name if name != "avx512" else "auto")
+    ops.set_quant_isa(name)
+    assert ops.quant_isa() == name
+    yield name
+    ops.set_quant_isa("auto")
 
 
 @pytest.fixture
@@ -365,3 +368,13 @@ BAD_CALLS: list[tuple[Callable[[], object], str]] = [
 def test_bad_input_is_refused_with_a_message_naming_it(call: Callable[[], object], message: str) -> None:
     with pytest.raises(RuntimeError, match=message):
         call()
+
+
+def test_packed_weight_kernels_follow_the_layer_kernels_unless_forced(use_isa: Callable[[str], str]) -> None:
+    use_isa("scalar")
+    assert ops.quant_isa() == "scalar"
+    use_isa("auto")
+    assert ops.quant_isa() == ops.fused_isa()  # never the 16-lane build by default
+    with pytest.raises(RuntimeError, match=r"packed-weight kernels 'neon' are not available here \(available: auto, "):
+        ops.set_quant_isa("neon")
+    assert ops.quant_isa() == ops.fused_isa()

@@ -196,6 +196,22 @@ def fused_isa() -> str:
     return name
 
 
+def quant_isa() -> str:
+    """The packed-weight kernels in use (:func:`quant_linear`): ``avx2`` or ``scalar`` by default, ``avx512`` if set."""
+    name: str = torch.ops.paged_cpu.quant_isa()
+    return name
+
+
+def set_quant_isa(name: str) -> str:
+    """Choose the packed-weight kernels: ``auto`` (those of the layer kernels), ``avx512``, ``avx2``, ``scalar``.
+
+    The 16-lane ``avx512`` build is never chosen automatically (measured no faster on AVX-512 Zen 4);
+    one the CPU lacks is refused naming the available ones. Returns the kernels now in use.
+    """
+    chosen: str = torch.ops.paged_cpu.set_quant_isa(name)
+    return chosen
+
+
 def isa() -> str:
     """The kernel variant in use: ``avx512bf16``, ``avx512``, ``avx2`` or ``scalar``."""
     name: str = torch.ops.paged_cpu.isa()
