@@ -1,6 +1,6 @@
 // AVX-512 (F, BW, VL, DQ) + FMA + F16C build of the packed-weight linear (quant_body.h): 16-lane vectors
 // as zmm registers, so every decoded weight vector and every fused multiply-add covers twice the AVX2
-// build's weights. Chosen for the avx512 and avx512bf16 kernel variants (fused_ops.cpp).
+// build's weights. Used only when set_quant_isa("avx512") asks for it (fused_ops.cpp says why).
 #include <algorithm>
 #include <cmath>
 #include <cstdint>

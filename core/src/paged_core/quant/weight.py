@@ -121,18 +121,14 @@ def cat_rows(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
     loaded model) then costs nothing and the modules keep sharing one copy of the bytes.
     """
     first = tensors[0]
-    rest = first.shape[1:]
-    adjacent = all(t.shape[1:] == rest and t.stride() == first.stride() and t.dtype == first.dtype
-                   and t.device == first.device and t.untyped_storage().data_ptr() == first.untyped_storage().data_ptr()
-                   for t in tensors)  # fmt: skip
-    if adjacent and first.dim() >= 1:
-        offset = first.storage_offset()
-        for t in tensors:
-            if t.storage_offset() != offset:
-                adjacent = False
-                break
-            offset += t.shape[0] * (t.stride(0) if t.dim() else 1)
-    if not adjacent:
-        return torch.cat(list(tensors))
+    offset = first.storage_offset()
+    for t in tensors:
+        same_layout = (t.dim() >= 1 and t.shape[1:] == first.shape[1:] and t.stride() == first.stride()
+                       and t.dtype == first.dtype and t.device == first.device)  # fmt: skip
+        if not same_layout or t.untyped_storage().data_ptr() != first.untyped_storage().data_ptr():
+            return torch.cat(list(tensors))
+        if t.storage_offset() != offset:
+            return torch.cat(list(tensors))
+        offset += t.shape[0] * t.stride(0)
     rows = sum(t.shape[0] for t in tensors)
-    return first.as_strided((rows, *rest), first.stride(), first.storage_offset())
+    return first.as_strided((rows, *first.shape[1:]), first.stride(), first.storage_offset())
