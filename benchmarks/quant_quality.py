@@ -5,7 +5,8 @@
 Ours: the engine on the GGUF with its blocks packed (``--quantization auto``). The dequantized
 model: transformers' own ``from_pretrained(gguf_file=...)`` in fp32 (its dequantizing path),
 run with its own attention. NLL is per predicted token of the repository's LICENSE (~2,200
-tokens, scored by :mod:`paged_core.bench.nll`); greedy agreement runs the 32 mixed prompts of
+tokens, scored by :mod:`paged_core.bench.nll`), once in chunks of 256 tokens (the many-row kernels)
+and once one token per forward as decoding runs (the streaming kernels); greedy agreement runs the 32 mixed prompts of
 ``tests/e2e`` (``mixed_prompts``) through both and counts prompts whose whole continuation
 matches, and tokens matching before the first difference.
 """
@@ -47,6 +48,9 @@ def main() -> None:
     ids = llm.tokenizer.encode((ROOT / "LICENSE").read_text())
     t0 = time.perf_counter()
     ours = engine_nll(llm, ids)
+    # One token per forward, as decoding runs: the streaming kernels (on the cpu backend, int8 activations
+    # unless PAGED_CPU_LINEAR_ACTIVATIONS=fp32) instead of the many-row path the chunks above take.
+    ours_rows = engine_nll(llm, ids, chunk=1)
     theirs = transformers_nll(dense, ids)
     nll_s = time.perf_counter() - t0
 
@@ -66,6 +70,8 @@ def main() -> None:
     result = {
         "model": src.name, "backend": llm.engine.loaded.backend.name, "tokens": len(ids),
         "nll_packed": ours, "nll_dequantized_fp32": theirs, "nll_relative_difference": (ours - theirs) / theirs,
+        "nll_packed_one_token_per_step": ours_rows, "nll_one_token_relative_difference": (ours_rows - theirs) / theirs,
+        "linear_activations": _linear_activations(),
         "greedy_prompts": len(prompts), "greedy_max_tokens": args.max_tokens,
         "greedy_identical": same, "greedy_agreement_rate": same / len(prompts),
         "greedy_tokens_before_first_difference": sum(prefix) / (len(prompts) * args.max_tokens),
@@ -76,6 +82,15 @@ def main() -> None:
         print(f"{k:40s} {v}")
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
+
+
+def _linear_activations() -> str | None:
+    """The cpu backend's activation mode for packed linears (``None`` where it is not installed)."""
+    try:
+        from paged_backend_cpu import ops
+    except ImportError:
+        return None
+    return f"{ops.linear_activations()} ({ops.quant_q8_isa()})"
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 
 import pytest
 
@@ -12,7 +13,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 from paged_core import LLM
 from paged_core.registry import load_registry
 
-from .e2e_helpers import GREEDY, hf_greedy, mixed_prompts
+from .e2e_helpers import GREEDY, cpu_linear_activations, hf_greedy, mixed_prompts
 
 # The fastest installed CPU backend runs the parity tests; the reference backend checks the single-prompt case.
 PREFERRED = ("cpu", "example")
@@ -39,6 +40,19 @@ SMOL_VARIANTS = ("fused-eager", "transformers-eager") + (
 """The embedded model's battery skips ``compiled`` by default: inductor takes minutes for its 30 layers on two
 cores, too long for CI; the tiny Qwen3 and Mistral models run the whole battery compiled instead.
 ``PAGED_E2E_SMOL_COMPILED=1`` adds it (a manual run: ``pytest tests/e2e/test_greedy_parity.py``)."""
+
+
+@pytest.fixture(scope="session", autouse=True)
+def exact_activations() -> Iterator[None]:
+    """Parity means token for token whatever the batch: the cpu backend's packed linears keep fp32 activations.
+
+    By default it rounds them to int8 for few rows (decode) and not for many (prefill, big batches), so a
+    request's tokens would depend on what it is batched with, and transformers' one-prompt-at-a-time
+    ``generate`` on the same kernels would take the other path. test_packed_weights.py measures the int8
+    path itself (its decoding NLL against the dequantized model).
+    """
+    with cpu_linear_activations("fp32"):
+        yield
 
 
 @pytest.fixture(scope="session")

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
 import random
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -62,3 +65,28 @@ def mixed_prompts(tokenizer: Any, count: int, seed: int = 0, longest: int = 300)
         start = rng.randint(0, len(ids) - n)
         prompts.append(ids[start : start + n])
     return prompts
+
+
+ACTIVATIONS_ENV = "PAGED_CPU_LINEAR_ACTIVATIONS"
+
+
+@contextlib.contextmanager
+def cpu_linear_activations(mode: str) -> Iterator[bool]:
+    """The cpu backend's packed-linear activations set to ``mode`` here and in engine processes started meanwhile
+    (yields whether the cpu backend is installed; without it, nothing to set)."""
+    try:
+        from paged_backend_cpu import ops
+    except ImportError:
+        yield False
+        return
+    before, before_env = ops.linear_activations(), os.environ.get(ACTIVATIONS_ENV)
+    ops.set_linear_activations(mode)
+    os.environ[ACTIVATIONS_ENV] = mode
+    try:
+        yield True
+    finally:
+        ops.set_linear_activations(before)
+        if before_env is None:
+            os.environ.pop(ACTIVATIONS_ENV, None)
+        else:
+            os.environ[ACTIVATIONS_ENV] = before_env

@@ -16,7 +16,7 @@ from paged_core import LLM
 from paged_core.bench.nll import engine_nll, transformers_nll
 from paged_core.quant.module import PackedLinearModule, packed_modules
 
-from .e2e_helpers import GREEDY, assert_same_tokens, hf_greedy
+from .e2e_helpers import GREEDY, assert_same_tokens, cpu_linear_activations, hf_greedy
 
 LICENSE = Path(__file__).resolve().parents[2] / "LICENSE"
 
@@ -42,10 +42,16 @@ def test_nll_of_a_fixed_text_is_within_half_a_percent_of_the_dequantized_model(s
     ids = smol_base.tokenizer.encode(LICENSE.read_text())
     assert len(ids) >= 2000
     ours = engine_nll(smol_base, ids)
+    # One token per forward, as decoding runs: the backend's streaming kernels, with the cpu backend's default
+    # int8 activations (conftest keeps them exact for the parity tests), score every token.
+    with cpu_linear_activations("int8"):
+        ours_decoding = engine_nll(smol_base, ids[:1024], chunk=1)
     src = smol_base.engine.loaded.source
     dense = AutoModelForCausalLM.from_pretrained(str(src.directory), gguf_file=src.gguf_file, dtype=torch.float32)
     theirs = transformers_nll(dense.eval(), ids)
     assert abs(ours - theirs) / theirs < 0.005, (ours, theirs)
+    theirs_1k = transformers_nll(dense, ids[:1024])
+    assert abs(ours_decoding - theirs_1k) / theirs_1k < 0.005, (ours_decoding, theirs_1k)
 
 
 @pytest.fixture(scope="module")

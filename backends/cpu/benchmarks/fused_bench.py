@@ -257,7 +257,8 @@ def bench_quant(
     cpu = CpuFusedOps()
     print(f"copy bandwidth (256 MB tensor copy, read + write): {copy_bw / 1e9:.1f} GB/s; read bandwidth (sum of a "
           f"256 MB tensor): {read_bw / 1e9:.1f} GB/s; "
-          f"streaming up to {cpu.quant_stream_rows} rows; cold weights: {cold_mb} MB of copies per path; "
+          f"streaming up to {cpu.quant_stream_rows} rows, activations there {ops.linear_activations()} (q4_0, q4_1, "
+          f"q8_0; kernels {ops.quant_q8_isa()}); cold weights: {cold_mb} MB of copies per path; "
           f"{'fastest' if BEST else 'median'} timings")  # fmt: skip
     print(
         "| format | projection | M | packed | packed (us) | packed GB/s | of copy | of read | dense fp32 (us) "
@@ -313,12 +314,16 @@ def main() -> None:
     parser.add_argument("--formats", nargs="+", default=["q4_0", "q8_0", "int8"])
     parser.add_argument("--quant-rows", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32, 64, 128, 512])
     parser.add_argument("--best", action="store_true", help="report the fastest timing, not the median")
+    parser.add_argument("--activations", choices=["int8", "fp32"], default=None,
+                        help="the packed linear's activations at streaming row counts (default: the backend's)")
     parser.add_argument("--cold-mb", type=int, default=128, help="MB of weight copies each path cycles through")
     args = parser.parse_args()
     global BEST
     BEST = args.best
     if args.threads > 0:
         torch.set_num_threads(args.threads)
+    if args.activations is not None:
+        ops.set_linear_activations(args.activations)
     dtypes = [getattr(torch, d) for d in args.dtypes]
     print(
         f"torch {torch.__version__}, {torch.get_num_threads()} threads, kernels: {ops.fused_isa()} "

@@ -108,6 +108,10 @@ struct QuantArgs {
   void* out;              // [M, N] contiguous
   Elem out_type;
   int64_t chunk;          // dequantize path: output features dequantized into one fp32 scratch at a time
+  // Q8Kernels::stream only: x rounded to int8 per 32-wide block (quant_q8_body.h), [M, K] contiguous, with each
+  // block's scale d and d * sum(q) side by side, [M, K / 32, 2].
+  const int8_t* xq;
+  const float* xds;
 };
 
 // Output features [begin, end) of every row. `stream` reads each packed row once per tile of up to 4
@@ -119,11 +123,24 @@ struct QuantKernels {
   const char* name;
   QuantFn stream;
   QuantFn dequant_dot;
+  const struct Q8Kernels* q8;  // the int8-activation path of this build (nullptr: none of its own)
+};
+
+// The int8-activation path (quant_q8_body.h): `round` rounds rows of x [rows, k] (fp32, row stride ldx) into
+// xq [rows, k] and the per-block scales d and d * sum(q), side by side in xds [rows, k / 32, 2]; `stream` is
+// QuantKernels::stream over them (a.xq, a.xds), for q4_0, q4_1 and q8_0 only.
+using Q8RoundFn = void (*)(const float* x, int64_t ldx, int64_t rows, int64_t k, int8_t* xq, float* xds);
+struct Q8Kernels {
+  const char* name;
+  Q8RoundFn round;
+  QuantFn stream;
 };
 
 const QuantKernels* scalar_quant_kernels();
 const QuantKernels* avx2_quant_kernels();  // nullptr when not built (non-x86 or not GCC)
 const QuantKernels* avx512_quant_kernels();  // likewise
+// The q8 path with AVX-512 VNNI dot products on 256-bit vectors; nullptr when not built or the CPU lacks it.
+const Q8Kernels* vnni_q8_kernels();
 
 using RmsFn = void (*)(const RmsArgs&, int64_t begin, int64_t end);
 using SiluFn = void (*)(const SiluArgs&, int64_t begin, int64_t end);

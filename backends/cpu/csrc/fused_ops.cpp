@@ -7,7 +7,10 @@
 #include <atomic>
 #include <string>
 #include <vector>
+#include <cmath>
+#include <cstdlib>
 #include <cstring>
+#include <utility>
 
 #include "fused_api.h"
 #include "ops.h"
@@ -242,6 +245,32 @@ const QuantKernels& quant() {
   return *scalar_quant_kernels();
 }
 
+// Whether streaming calls round activations to int8 for the formats of q8_format (quant_q8_body.h):
+// on unless PAGED_CPU_LINEAR_ACTIVATIONS=fp32 or set_linear_activations("fp32").
+std::atomic<bool>& g_q8_activations() {
+  static std::atomic<bool> on{[] {
+    const char* env = std::getenv("PAGED_CPU_LINEAR_ACTIVATIONS");
+    if (env == nullptr || *env == '\0') return true;
+    const std::string mode(env);
+    TORCH_CHECK(mode == "int8" || mode == "fp32", "paged_cpu: PAGED_CPU_LINEAR_ACTIVATIONS must be int8 or fp32, got '",
+                mode, "'");
+    return mode == "int8";
+  }()};
+  return on;
+}
+
+bool q8_format(QFormat f) { return f == QFormat::Q4_0 || f == QFormat::Q4_1 || f == QFormat::Q8_0; }
+
+// The q8 path's kernels: those of a forced avx2 or scalar build; otherwise (auto, avx512) the VNNI build where
+// the CPU has it, else those of quant() (the avx512 build has none of its own, and implies AVX2).
+const Q8Kernels& q8_kernels() {
+  const QuantKernels* forced = g_quant_forced.load(std::memory_order_relaxed);
+  if (forced != nullptr && forced->q8 != nullptr) return *forced->q8;
+  if (std::strcmp(quant().name, "scalar") != 0)
+    if (const Q8Kernels* vnni = vnni_q8_kernels()) return *vnni;
+  return quant().q8 != nullptr ? *quant().q8 : *avx2_quant_kernels()->q8;
+}
+
 // Packed bytes one thread should have before a streaming call forks (a k/v projection of the
 // embedded model in q4_0, 62 KB, still splits in two).
 constexpr int64_t kQuantParallelBytes = 24 * 1024;
@@ -310,10 +339,24 @@ at::Tensor quant_linear(const at::Tensor& x_in, const at::Tensor& data, const st
   a.out_type = out_type;
   const QuantKernels& kernels = quant();
   if (rows <= stream_rows) {
+    QuantFn fn = kernels.stream;
+    if (q8_format(format) && g_q8_activations().load(std::memory_order_relaxed)) {
+      // Round x once here, before the threads split the features (quant_q8_body.h). Grow-only buffers per
+      // calling thread: no allocation per call in a decode loop.
+      const int64_t blocks = k / 32;
+      thread_local std::vector<int8_t> xq;
+      thread_local std::vector<float> scales;
+      if (xq.size() < static_cast<size_t>(rows * k)) xq.resize(static_cast<size_t>(rows * k));
+      if (scales.size() < static_cast<size_t>(2 * rows * blocks)) scales.resize(static_cast<size_t>(2 * rows * blocks));
+      const Q8Kernels& q8 = q8_kernels();
+      q8.round(a.x, a.ldx, rows, k, xq.data(), scales.data());
+      a.xq = xq.data();
+      a.xds = scales.data();
+      fn = q8.stream;
+    }
     // Units of kQuantGroup features; a thread streams at least kQuantParallelBytes of packed rows.
     const int64_t units = (n + kQuantGroup - 1) / kQuantGroup;
     const int64_t unit_bytes = kQuantGroup * row_bytes * ((rows + 3) / 4);
-    const QuantFn fn = kernels.stream;
     at::parallel_for(0, units, std::max<int64_t>(1, kQuantParallelBytes / unit_bytes), [&](int64_t begin, int64_t end) {
       fn(a, begin * kQuantGroup, std::min(n, end * kQuantGroup));
     });
@@ -335,6 +378,16 @@ at::Tensor quant_linear(const at::Tensor& x_in, const at::Tensor& data, const st
 std::string fused_isa() { return fused().name; }
 
 std::string quant_isa() { return quant().name; }
+
+std::string quant_q8_isa() { return q8_kernels().name; }
+
+std::string linear_activations() { return g_q8_activations().load() ? "int8" : "fp32"; }
+
+std::string set_linear_activations(const std::string& mode) {
+  TORCH_CHECK(mode == "int8" || mode == "fp32", "paged_cpu: linear activations must be int8 or fp32, got '", mode, "'");
+  g_q8_activations().store(mode == "int8");
+  return linear_activations();
+}
 
 std::string set_quant_isa(const std::string& name) {
   if (name == "auto") {

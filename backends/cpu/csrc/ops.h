@@ -53,5 +53,9 @@ std::string fused_isa();
 std::string quant_isa();
 // Force the packed-weight kernels (auto, avx512, avx2, scalar); returns the ones now in use.
 std::string set_quant_isa(const std::string& name);
+// The q8 path's kernels (vnni, avx2 or scalar) and whether streaming calls use it (int8 or fp32).
+std::string quant_q8_isa();
+std::string linear_activations();
+std::string set_linear_activations(const std::string& mode);
 
 }  // namespace paged_cpu

@@ -73,7 +73,8 @@ PAGED_FORCE_INLINE inline VF vset1_f16(const uint8_t* p) { return vset1(f16_at(p
 
 #include "quant_body.h"
 
-const QuantKernels kKernels{"avx512", &quant_stream, &quant_dequant_dot};
+// No q8 path of its own: the VNNI build of quant_avx2.cpp runs it on 256-bit vectors (fused_ops.cpp).
+const QuantKernels kKernels{"avx512", &quant_stream, &quant_dequant_dot, nullptr};
 
 }  // namespace avx512_quant
 }  // namespace paged_cpu

@@ -75,9 +75,67 @@ PAGED_FORCE_INLINE inline float f16_at(const uint8_t* p) {
 
 PAGED_FORCE_INLINE inline VF vset1_f16(const uint8_t* p) { return vset1(f16_at(p)); }
 
-#include "quant_body.h"
+// Bytes (quant_q8_body.h), as the AVX2 instructions define them.
+struct VB {
+  uint8_t v[32];
+};
+PAGED_FORCE_INLINE inline VB vbytes(const uint8_t* p) { VB r; std::memcpy(r.v, p, 32); return r; }
+PAGED_FORCE_INLINE inline VB vnib(const uint8_t* p) {
+  VB r;
+  for (int j = 0; j < 16; ++j) {
+    r.v[j] = p[j] & 15;
+    r.v[j + 16] = p[j] >> 4;
+  }
+  return r;
+}
+PAGED_FORCE_INLINE inline int8_t s8(uint8_t b) { return static_cast<int8_t>(b); }
+PAGED_FORCE_INLINE inline VB vabs8(const VB& w) {  // |-128| = 128 as an unsigned byte, as vpsignb
+  VB r;
+  for (int j = 0; j < 32; ++j) r.v[j] = static_cast<uint8_t>(s8(w.v[j]) < 0 ? -s8(w.v[j]) : s8(w.v[j]));
+  return r;
+}
+PAGED_FORCE_INLINE inline VB vsign8(const VB& a, const VB& w) {
+  VB r;
+  for (int j = 0; j < 32; ++j)
+    r.v[j] = static_cast<uint8_t>(s8(w.v[j]) < 0 ? -s8(a.v[j]) : s8(w.v[j]) == 0 ? 0 : s8(a.v[j]));
+  return r;
+}
+PAGED_FORCE_INLINE inline VI vdot(const VB& u, const VB& s) {
+  VI r;
+  for (int j = 0; j < 8; ++j) {
+    int32_t sum = 0;
+    for (int i = 4 * j; i < 4 * j + 4; ++i) sum += static_cast<int32_t>(u.v[i]) * s8(s.v[i]);
+    r.v[j] = sum;
+  }
+  return r;
+}
 
-const QuantKernels kKernels{"scalar", &quant_stream, &quant_dequant_dot};
+template <int N>
+PAGED_FORCE_INLINE inline VF vf16_words(const uint8_t* p, int64_t ld) {
+  VF r = vzero();
+  for (int f = 0; f < N; ++f) {
+    r.v[2 * f] = f16_at(p + f * ld);
+    r.v[2 * f + 1] = f16_at(p + f * ld + 2);
+  }
+  return r;
+}
+template <int N>
+PAGED_FORCE_INLINE inline VF vf16_halves(const uint8_t* p, int64_t ld) {
+  VF r = vzero();
+  for (int f = 0; f < N; ++f) r.v[f] = f16_at(p + f * ld);
+  return r;
+}
+PAGED_FORCE_INLINE inline VF vpair(const float* p) {
+  VF r;
+  for (int j = 0; j < 8; ++j) r.v[j] = p[j & 1];
+  return r;
+}
+
+#include "quant_body.h"
+#include "quant_q8_body.h"
+
+const Q8Kernels kQ8{"scalar", &round_q8_rows, &quant_stream_q8};
+const QuantKernels kKernels{"scalar", &quant_stream, &quant_dequant_dot, &kQ8};
 
 }  // namespace scalar_quant
 }  // namespace paged_cpu

@@ -29,6 +29,7 @@ from paged_core.api import (
     quantize_blocks,
     random_packed,
     reference_linear,
+    round_activations_q8,
 )
 
 REF = FusedOps()
@@ -42,6 +43,15 @@ VARIANTS = [v for v in ("avx512", "avx2", "scalar") if v == "scalar" or v in ops
 ROWS = [1, 2, 3, 5, 8, 16, 17, 33, 64, 300, 512]
 STREAM_ALL, DEQUANT_ALL = 1 << 30, 0
 """``stream_rows`` that send every row count to the streaming path, or to the dequantize path."""
+
+
+@pytest.fixture(autouse=True)
+def exact_activations() -> Iterator[None]:
+    """These tests hold the fp32-activation path to the exact oracle; the int8 one has test_quant_linear_q8.py."""
+    before = ops.linear_activations()
+    ops.set_linear_activations("fp32")
+    yield
+    ops.set_linear_activations(before)
 
 
 @pytest.fixture(params=VARIANTS)
@@ -378,3 +388,145 @@ def test_packed_weight_kernels_follow_the_layer_kernels_unless_forced(use_isa: C
     with pytest.raises(RuntimeError, match=r"packed-weight kernels 'neon' are not available here \(available: auto, "):
         ops.set_quant_isa("neon")
     assert ops.quant_isa() == ops.fused_isa()
+
+
+# ---- the int8-activation path (q4_0, q4_1, q8_0 at streaming row counts) ----
+#
+# Oracle: the exact product of the dequantized weight with round_activations_q8(x) (each 32-wide block of each
+# row rounded to int8 times an fp32 scale), in float64, with the tolerance above over the rounded activations.
+# A wrong nibble, scale or min, or an activation rounded differently, moves an output far beyond it
+# (test_q8_a_corrupted_byte_is_caught; test_q8_activations_are_rounded_bit_for_bit for the rounding itself).
+
+Q8_FORMATS = ["q4_0", "q4_1", "q8_0"]
+BUILDS = {"avx512": "vnni", "avx2": "avx2", "scalar": "scalar"}
+"""set_quant_isa's build -> the q8 kernels it runs (avx512 and auto: AVX-512 VNNI where the CPU has it)."""
+HAS_VNNI = "avx512" in ops.supported_isas() and ops.quant_q8_isa() == "vnni"
+VARIANTS = [b for b in BUILDS if b == "scalar" or (b == "avx2" and "avx2" in ops.supported_isas()) or
+            (b == "avx512" and HAS_VNNI)]  # fmt: skip
+
+
+@pytest.fixture
+def int8_activations() -> Iterator[None]:
+    """The int8 path (requested after the module's exact_activations, so it wins)."""
+    before = ops.linear_activations()
+    assert ops.set_linear_activations("int8") == "int8"
+    yield
+    ops.set_linear_activations(before)
+
+
+@pytest.fixture(params=VARIANTS)
+def q8_variant(request: pytest.FixtureRequest, use_isa: Callable[[str], str]) -> Iterator[str]:
+    name: str = request.param
+    use_isa(name if name != "avx512" else "auto")
+    ops.set_quant_isa(name)
+    assert ops.quant_q8_isa() == BUILDS[name]
+    yield name
+    ops.set_quant_isa("auto")
+
+
+def check_q8(got: torch.Tensor, x: torch.Tensor, wd: torch.Tensor, bias: torch.Tensor | None) -> None:
+    """``got`` within the tolerance of the exact product over the rounded activations (in ``x.dtype``'s ulps)."""
+    rounded = round_activations_q8(x).double()
+    exact, tol = tolerance(rounded, wd, bias)
+    if x.dtype != torch.float32:  # the output's rounding, as for x itself
+        tol = tol + torch.finfo(x.dtype).eps * exact.abs() + (2.0**-24 if x.dtype == torch.float16 else 0.0)
+    check(got, x, wd, bias, (exact, tol))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("fmt", Q8_FORMATS)
+def test_q8_matches_the_rounded_oracle(int8_activations: None, q8_variant: str, fmt: str, dtype: torch.dtype) -> None:
+    fid = ops.QUANT_FORMATS[fmt]
+    for n, k in ((192, 576), (37, 64), (13, 1536)):
+        w = make_weight(fmt, n, k, seed=n + k)
+        wd = dequantize(w).double()
+        for rows in (1, 2, 3, 4, 5, 8, 9):
+            x = rand(rows, k, dtype=dtype, seed=rows)
+            bias = rand(n, dtype=dtype, seed=n) * 0.1 if rows % 2 else None
+            got = ops.quant_linear(x, w.data, None, bias, fid, n, STREAM_ALL)
+            check_q8(got, x, wd, bias)
+            assert torch.equal(ops.quant_linear(strided_rows(x), w.data, None, bias, fid, n, STREAM_ALL), got)
+
+
+def test_q8_builds_agree(int8_activations: None, use_isa: Callable[[str], str]) -> None:
+    """Integer dot products are exact, so every build sums the same per-block terms: results within fp32 noise."""
+    w = make_weight("q4_1", 64, 576, seed=1)
+    x = rand(3, 576, dtype=torch.float32, seed=2)
+    outs = {}
+    for name in VARIANTS:
+        use_isa(name if name != "avx512" else "auto")
+        ops.set_quant_isa(name)
+        outs[name] = ops.quant_linear(x, w.data, None, None, ops.QUANT_FORMATS["q4_1"], 64, STREAM_ALL)
+    ops.set_quant_isa("auto")
+    for name, out in outs.items():
+        torch.testing.assert_close(out, outs["scalar"], rtol=1e-5, atol=1e-5, msg=name)
+
+
+def test_q8_activations_are_rounded_bit_for_bit(int8_activations: None, q8_variant: str) -> None:
+    """A q8_0 weight whose row j is 1.0 at column j: output column j is the rounded activation j, exactly."""
+    k = 96
+    data = torch.zeros(k, k // 32, 34, dtype=torch.uint8)
+    one = torch.tensor([1.0], dtype=torch.float16).view(torch.uint8)
+    data[:, :, 0:2] = one
+    for j in range(k):
+        data[j, j // 32, 2 + j % 32] = 1
+    w = QuantizedWeight(FORMATS["q8_0"], (k, k), data.reshape(k, -1))
+    x = torch.randn(4, k, generator=torch.Generator().manual_seed(7)) * torch.logspace(-3, 3, k)
+    x[1, :32] = 0.0  # a zero block: scale 0, every q 0
+    got = ops.quant_linear(x, w.data, None, None, ops.QUANT_FORMATS["q8_0"], k, STREAM_ALL)
+    want = round_activations_q8(x)
+    assert torch.equal(got, want)
+    assert not torch.equal(want, x)
+
+
+@pytest.mark.parametrize("fmt", Q8_FORMATS)
+def test_q8_a_corrupted_byte_is_caught(int8_activations: None, fmt: str) -> None:
+    n, k = 24, 64
+    w = make_weight(fmt, n, k, seed=5)
+    x = rand(2, k, dtype=torch.float32, seed=6).abs() + 0.5
+    wd = dequantize(w).double()
+    for pos, flip in ((2 if fmt != "q4_1" else 4, 0x44), (1, 0x04), (3 if fmt == "q4_1" else None, 0x04)):
+        if pos is None:
+            continue
+        data = w.data.clone()
+        data[7, pos] ^= flip
+        bad = QuantizedWeight(FORMATS[fmt], w.shape, data)
+        got = ops.quant_linear(x, bad.data, None, None, ops.QUANT_FORMATS[fmt], n, STREAM_ALL)
+        check_q8(got, x, dequantize(bad).double(), None)
+        with pytest.raises(AssertionError, match="outside the tolerance"):
+            check_q8(got, x, wd, None)
+
+
+def test_q8_mode_switch_and_what_it_covers(int8_activations: None) -> None:
+    """fp32 mode is the exact path again; formats without a q8 kernel, and the dequantize path, are always exact."""
+    w = make_weight("q4_1", 40, 128, seed=1)
+    x = rand(2, 128, dtype=torch.float32, seed=2)
+    fid = ops.QUANT_FORMATS["q4_1"]
+    rounded = ops.quant_linear(x, w.data, None, None, fid, 40, STREAM_ALL)
+    assert ops.set_linear_activations("fp32") == "fp32" == ops.linear_activations()
+    exact = ops.quant_linear(x, w.data, None, None, fid, 40, STREAM_ALL)
+    check(exact, x, dequantize(w).double(), None)
+    assert not torch.equal(rounded, exact)
+    ops.set_linear_activations("int8")
+    check(ops.quant_linear(x, w.data, None, None, fid, 40, 0), x, dequantize(w).double(), None)  # dequantize path
+    k4 = make_weight("q4_k", 40, 256, seed=3)
+    xk = rand(2, 256, dtype=torch.float32, seed=4)
+    check(ops.quant_linear(xk, k4.data, None, None, ops.QUANT_FORMATS["q4_k"], 40, STREAM_ALL), xk,
+          dequantize(k4).double(), None)  # fmt: skip
+    with pytest.raises(RuntimeError, match="linear activations must be int8 or fp32, got 'int4'"):
+        ops.set_linear_activations("int4")
+    assert ops.linear_activations() == "int8"
+
+
+def test_q8_declared(int8_activations: None) -> None:
+    assert CpuFusedOps.q8_activation_formats == set(Q8_FORMATS) <= CpuFusedOps.linear_formats
+
+
+def test_q8_results_do_not_depend_on_threads(int8_activations: None, threads: Callable[[int], None]) -> None:
+    w = make_weight("q8_0", 1000, 576, seed=1)
+    outs = []
+    for t in (1, 2):
+        threads(t)
+        outs.append(ops.quant_linear(rand(3, 576, dtype=torch.float32, seed=3), w.data, None, None,
+                                     ops.QUANT_FORMATS["q8_0"], 1000, STREAM_ALL))  # fmt: skip
+    assert torch.equal(*outs)

@@ -27,7 +27,15 @@ from paged_core.errors import (
 )
 from paged_core.graph import CompiledStrategy, DeviceGraphStrategy, GraphRunner, StaticInput
 from paged_core.quant import FORMATS as LINEAR_FORMATS
-from paged_core.quant import QuantizedWeight, WeightFormat, dequantize, quantize_blocks, random_packed, reference_linear
+from paged_core.quant import (
+    QuantizedWeight,
+    WeightFormat,
+    dequantize,
+    quantize_blocks,
+    random_packed,
+    reference_linear,
+    round_activations_q8,
+)
 from paged_core.reference.backend import ReferenceBackend
 from paged_core.registry import hookimpl, load_registry
 
@@ -66,4 +74,5 @@ __all__ = [
     "quantize_blocks",
     "random_packed",
     "reference_linear",
+    "round_activations_q8",
 ]

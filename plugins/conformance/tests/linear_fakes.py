@@ -203,6 +203,71 @@ class RefusesReferencePacked(LinearFake):
     OPS = RefusesReferencePackedOps
 
 
+def _rounded_per_block(x: torch.Tensor, block: int = 32) -> torch.Tensor:
+    """``x`` rounded as the contract's int8 activations are (written here, not imported): per block of 32,
+    ``q = round(x * (1 / (max|x| / 127)))`` in float32, returned as ``q * d``."""
+    xf = x.float().reshape(*x.shape[:-1], -1, block)
+    d = xf.abs().amax(-1, keepdim=True) / 127.0
+    inv = torch.where(d == 0, torch.zeros_like(d), 1.0 / d)
+    return (torch.round(xf * inv) * d).reshape(x.shape)
+
+
+class Q8KernelOps(KernelOps):
+    """Correct: rounds activations to int8 per block for the three formats it declares doing so for."""
+
+    q8_activation_formats: ClassVar[frozenset[str]] = frozenset({"q4_0", "q4_1", "q8_0"})
+
+    def linear(self, x: torch.Tensor, packed: PackedLinear) -> torch.Tensor:
+        if packed.packed is not None and isinstance(packed.weight, QuantizedWeight) and \
+                packed.weight.format.name in self.q8_activation_formats:  # fmt: skip
+            return self.own(_rounded_per_block(x), packed).to(x.dtype)
+        return super().linear(x, packed)
+
+
+class Q8Kernel(LinearFake):
+    OPS = Q8KernelOps
+
+
+class UndeclaredQ8Ops(Q8KernelOps):
+    """Bug: rounds activations to int8 without declaring it."""
+
+    q8_activation_formats = frozenset()
+
+    def linear(self, x: torch.Tensor, packed: PackedLinear) -> torch.Tensor:
+        if packed.packed is not None and isinstance(packed.weight, QuantizedWeight) and \
+                packed.weight.format.name in {"q4_0", "q4_1", "q8_0"}:  # fmt: skip
+            return self.own(_rounded_per_block(x), packed).to(x.dtype)
+        return super().linear(x, packed)
+
+
+class UndeclaredQ8(LinearFake):
+    OPS = UndeclaredQ8Ops
+
+
+class Q8PerRowOps(Q8KernelOps):
+    """Bug: declares the per-block rounding but rounds each row with one scale (the whole row's max)."""
+
+    def linear(self, x: torch.Tensor, packed: PackedLinear) -> torch.Tensor:
+        if packed.packed is not None and isinstance(packed.weight, QuantizedWeight) and \
+                packed.weight.format.name in self.q8_activation_formats:  # fmt: skip
+            return self.own(_rounded_per_block(x, block=x.shape[-1]), packed).to(x.dtype)
+        return KernelOps.linear(self, x, packed)
+
+
+class Q8PerRow(LinearFake):
+    OPS = Q8PerRowOps
+
+
+class StrayQ8Ops(KernelOps):
+    """Bug: declares int8 activations for ``q6_k``, a format it does not multiply itself."""
+
+    q8_activation_formats = frozenset({"q8_0", "q6_k"})
+
+
+class StrayQ8(LinearFake):
+    OPS = StrayQ8Ops
+
+
 class MisspelledFormatOps(KernelOps):
     """Bug: declares ``Q4_0`` (GGUF's spelling), which names no format, next to ``q8_0``."""
 

@@ -124,6 +124,26 @@ def test_a_misspelled_format_fails_the_declaration_check(run_suite) -> None:
     assert report["backend"]["fused_ops"]["linear_formats"] == ["q8_0", "Q4_0"]
 
 
+def test_int8_activations_pass_when_declared(run_suite) -> None:
+    """A kernel rounding activations to int8 per block passes for the formats it declares doing so for."""
+    code, report = run_suite("linear_fakes:Q8Kernel", "-k", SECTION)
+    assert code == 0, _messages(report)
+    assert report["backend"]["fused_ops"]["q8_activation_formats"] == ["q4_0", "q4_1", "q8_0"]
+
+
+@pytest.mark.parametrize(("fake", "tests", "fragment"), [
+    ("UndeclaredQ8", {f"test_linear_format[{f}-float32]" for f in ("q4_0", "q4_1", "q8_0")}, "mismatch"),
+    ("Q8PerRow", {f"test_linear_format[{f}-float32]" for f in ("q4_0", "q4_1", "q8_0")},
+     "against exact activations and, failing too, int8-rounded ones"),
+    ("StrayQ8", {"test_linear_formats_declaration"}, "names ['q6_k'], which are not in its linear_formats"),
+], ids=["undeclared", "one-scale-per-row", "stray-declaration"])  # fmt: skip
+def test_int8_activations_outside_the_declared_rule_fail(run_suite, fake: str, tests: set[str], fragment: str) -> None:
+    code, report = run_suite(f"linear_fakes:{fake}", "-k", SECTION)
+    assert code != 0
+    assert _failed(report) == tests, _failed(report)
+    assert all(fragment in m for m in _messages(report)), _messages(report)
+
+
 # --- the building blocks -----------------------------------------------------------------------------------------
 
 

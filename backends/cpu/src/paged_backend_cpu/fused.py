@@ -74,6 +74,8 @@ class CpuQuantWeight:
     scale: torch.Tensor | None
     stream_rows: int
     """Row counts up to this stream the packed rows, larger ones dequantize first (:data:`QUANT_STREAM_MAX_ROWS`)."""
+    out_features: int
+    """The weight's rows, kept here: ``linear`` runs per projection per step, where a property call shows."""
 
 
 @dataclass(frozen=True)
@@ -134,6 +136,9 @@ class CpuFusedOps(FusedOps):
 
     name = "cpu"
     linear_formats = frozenset({"q4_0", "q4_1", "q8_0", "q4_k", "q6_k", "int8"})
+    q8_activation_formats = frozenset({"q4_0", "q4_1", "q8_0"})
+    """At streaming row counts these round ``x`` to int8 unless ``ops.set_linear_activations('fp32')``
+    (or ``PAGED_CPU_LINEAR_ACTIVATIONS=fp32``) says not to (README, "Packed weights")."""
 
     def __init__(
         self,
@@ -178,7 +183,8 @@ class CpuFusedOps(FusedOps):
             if name not in self.linear_formats or weight.device.type != "cpu":
                 return super().pack_linear(weight, bias)
             rows = self.quant_stream_rows.get(name, 4)
-            return PackedLinear(weight, bias, CpuQuantWeight(ops.QUANT_FORMATS[name], weight.data, weight.scale, rows))
+            quant = CpuQuantWeight(ops.QUANT_FORMATS[name], weight.data, weight.scale, rows, weight.out_features)
+            return PackedLinear(weight, bias, quant)
         if weight.dim() != 2 or weight.device.type != "cpu":
             return PackedLinear(weight, bias)
         rows = self.max_rows.get(weight.dtype, 0)
@@ -193,7 +199,7 @@ class CpuFusedOps(FusedOps):
         """``x @ weight.T + bias``: the native kernel for few rows of a packed weight, else torch's linear."""
         p = packed.packed
         if isinstance(p, CpuQuantWeight) and x.dim() == 2 and x.dtype in _QUANT_X_DTYPES:
-            return ops.quant_linear(x, p.data, p.scale, packed.bias, p.fmt, packed.out_features, p.stream_rows)
+            return ops.quant_linear(x, p.data, p.scale, packed.bias, p.fmt, p.out_features, p.stream_rows)
         if isinstance(p, CpuPackedWeight) and isinstance(packed.weight, torch.Tensor) and x.dim() == 2:
             if p.panels is not None and x.shape[0] <= p.max_rows:
                 return ops.linear(x, p.panels, packed.bias, packed.out_features)

@@ -190,6 +190,30 @@ def quant_linear(
     return out
 
 
+def linear_activations() -> str:
+    """How :func:`quant_linear` multiplies q4_0, q4_1 and q8_0 weights at streaming row counts: ``int8`` or ``fp32``.
+
+    ``int8`` (the default) rounds each row of ``x`` to int8 per 32-wide block
+    (:func:`paged_core.api.round_activations_q8`) and multiplies the blocks' integers in integer dot
+    products; ``fp32`` keeps the activations exact. ``PAGED_CPU_LINEAR_ACTIVATIONS`` sets it at load time.
+    """
+    mode: str = torch.ops.paged_cpu.linear_activations()
+    return mode
+
+
+def set_linear_activations(mode: str) -> str:
+    """Choose :func:`linear_activations` (``int8`` or ``fp32``) for every later call; returns it."""
+    chosen: str = torch.ops.paged_cpu.set_linear_activations(mode)
+    return chosen
+
+
+def quant_q8_isa() -> str:
+    """The kernels of the int8-activation path: ``vnni`` (AVX-512 VNNI, chosen where the CPU has it), ``avx2``
+    or ``scalar`` (a build forced by :func:`set_quant_isa` uses its own)."""
+    name: str = torch.ops.paged_cpu.quant_q8_isa()
+    return name
+
+
 def fused_isa() -> str:
     """The layer kernels in use: ``scalar`` when :func:`set_isa` chose it (or no AVX2), else ``avx2``."""
     name: str = torch.ops.paged_cpu.fused_isa()

@@ -34,8 +34,11 @@ receives :class:`PackedLinear` objects it did not make (the reference's, of
 any format) and must pass those to ``super().linear``. The reference
 multiplies a packed weight by dequantizing it exactly in fp32
 (:func:`paged_core.quant.reference_linear`): the oracle of the conformance
-suite's linear section. A kernel may sum in another order, or round the
-activations to another precision when it says so in its tolerance.
+suite's linear section. A kernel may sum in another order. It may also round
+the activations to int8 per 32-wide block
+(:func:`paged_core.quant.round_activations_q8`) for the formats it names in
+``q8_activation_formats``: the suite then accepts the exact product with
+either the activations given or those rounded ones.
 
 Like attention, these are called inside captured or compiled steps: an
 override must be a torch custom op with a fake (meta) implementation, must
@@ -90,6 +93,13 @@ class FusedOps:
     subclass that overrides ``pack_linear`` or ``linear`` without declaring
     (nor inheriting from a class between it and this one) gets ``frozenset()``:
     a dense-only port never claims the reference's formats by inheritance."""
+
+    q8_activation_formats: ClassVar[frozenset[str]] = frozenset()
+    """Formats (of ``linear_formats``) whose :meth:`linear` may round ``x`` first, per row and 32-wide
+    block, to int8 with an fp32 scale exactly as :func:`paged_core.quant.round_activations_q8` does
+    (at any row count it chooses; the reference never does). Integer dot products over the blocks'
+    small integers are what makes one stream over q4 weights fast on CPUs (llama.cpp's q8
+    activations); a backend that does so says it here so that its conformance tolerance says so too."""
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)

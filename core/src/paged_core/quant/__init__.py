@@ -4,6 +4,7 @@ The reference :func:`reference_linear` (dequantize in fp32, then matmul) is the
 oracle for every backend's packed-linear kernel (:meth:`FusedOps.linear`).
 """
 
+from paged_core.quant.activations import round_activations_q8
 from paged_core.quant.dequant import dequantize, reference_linear
 from paged_core.quant.formats import (
     BY_GGML_TYPE,
@@ -36,5 +37,6 @@ __all__ = [
     "quantize_int8",
     "random_packed",
     "reference_linear",
+    "round_activations_q8",
     "weight_format",
 ]

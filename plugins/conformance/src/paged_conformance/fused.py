@@ -265,7 +265,8 @@ def linear_weight(gen: torch.Generator, out_features: int, in_features: int) -> 
 
 def fused_ops_info(make_backend: Callable[[], AttentionBackend]) -> dict[str, object]:
     """What the report says of a backend's ``fused_ops()``: ``name``, ``class``, ``overrides``, ``linear_formats``
-    (the packed formats it declares, in the core's order, then any unknown names sorted); or ``error``."""
+    (the packed formats it declares, in the core's order, then any unknown names sorted) and
+    ``q8_activation_formats`` (likewise); or ``error``."""
     try:
         ops = make_backend().fused_ops()
     except Exception as exc:
@@ -276,5 +277,8 @@ def fused_ops_info(make_backend: Callable[[], AttentionBackend]) -> dict[str, ob
     # Anything but a collection declares nothing here (and fails the declaration check).
     names = {str(f) for f in declared} if isinstance(declared, (set, frozenset, list, tuple)) else set()
     formats = [f for f in LINEAR_FORMATS if f in names] + sorted(names - set(LINEAR_FORMATS))
+    q8: object = getattr(ops, "q8_activation_formats", frozenset())
+    q8_names = {str(f) for f in q8} if isinstance(q8, (set, frozenset, list, tuple)) else set()
+    q8_formats = [f for f in LINEAR_FORMATS if f in q8_names] + sorted(q8_names - set(LINEAR_FORMATS))
     return {"name": str(getattr(ops, "name", "")), "class": f"{cls.__module__}:{cls.__qualname__}",
-            "overrides": overrides, "linear_formats": formats}
+            "overrides": overrides, "linear_formats": formats, "q8_activation_formats": q8_formats}

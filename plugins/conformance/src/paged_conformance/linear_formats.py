@@ -25,6 +25,12 @@ two correct roundings of nearly equal numbers land up to one ulp apart
 (half an ulp each side). Rounding activations or weights to a narrower type
 than ``x.dtype`` (e.g. quantizing ``x`` to int8, or dequantizing to
 bfloat16 for float32 inputs) does not fit in it.
+
+The one rounding a backend may declare: for the formats in its
+``q8_activation_formats``, a result also passes when it is within the same
+bound of the oracle computed on ``round_activations_q8(x)`` (each 32-wide
+block of ``x`` as int8 times an fp32 scale, bit for bit), with ``S`` over
+those activations. A wrong nibble, scale or min still fails both.
 """
 
 from __future__ import annotations
@@ -40,7 +46,7 @@ from paged_conformance.fused import Untouched, column_view, generator, randn
 from paged_conformance.grid import LinearWeight, dtype_name
 from paged_conformance.tracing import first_line
 from paged_core.api import LINEAR_FORMATS as FORMATS
-from paged_core.api import FusedOps, PackedLinear, QuantizedWeight, random_packed
+from paged_core.api import FusedOps, PackedLinear, QuantizedWeight, random_packed, round_activations_q8
 
 SUM_ORDER = 1e-4
 """Relative to ``|x| @ |W|.T + |bias|``: room for any summation order."""
@@ -62,8 +68,15 @@ def declared_formats(ops: FusedOps) -> frozenset[str]:
     return frozenset(str(f) for f in formats) if isinstance(formats, (set, frozenset, list, tuple)) else frozenset()
 
 
+def rounds_activations(ops: FusedOps, fmt: str) -> bool:
+    """Whether ``ops`` declares that its ``linear`` may round activations to int8 for ``fmt``."""
+    formats: object = getattr(ops, "q8_activation_formats", frozenset())
+    return isinstance(formats, (set, frozenset)) and fmt in formats
+
+
 def check_declaration(ops: FusedOps) -> None:
-    """``linear_formats`` is a set of known format names (a typo would silently turn a kernel off)."""
+    """``linear_formats`` is a set of known format names (a typo would silently turn a kernel off), and
+    ``q8_activation_formats`` a subset of it."""
     formats = getattr(ops, "linear_formats", None)
     cls = type(ops).__name__
     if not isinstance(formats, (set, frozenset)) or not all(isinstance(f, str) for f in formats):
@@ -72,6 +85,13 @@ def check_declaration(ops: FusedOps) -> None:
     unknown = sorted(set(formats) - set(FORMATS))
     if unknown:
         raise AssertionError(f"{cls}.linear_formats names unknown formats {unknown}; known: {', '.join(FORMATS)}")
+    q8: object = getattr(ops, "q8_activation_formats", frozenset())
+    if not isinstance(q8, (set, frozenset)) or not all(isinstance(f, str) for f in q8):
+        raise AssertionError(f"{cls}.q8_activation_formats is {q8!r}: it must be a frozenset of format names")
+    stray = sorted(set(q8) - set(formats))
+    if stray:
+        raise AssertionError(f"{cls}.q8_activation_formats names {stray}, which are not in its linear_formats "
+                             f"({', '.join(sorted(formats)) or 'none'})")
 
 
 @functools.lru_cache(maxsize=8)
@@ -130,6 +150,13 @@ def tolerance(x: torch.Tensor, w_abs: torch.Tensor, bias: torch.Tensor | None, r
     if bias is not None:
         s = s + bias.float().abs()
     return SUM_ORDER * s + ABS_FLOOR + OUTPUT_ULP.get(dtype, 2.0**-7) * ref.float().abs()
+
+
+def _oracle(x: torch.Tensor, w32: torch.Tensor, w_abs: torch.Tensor, bias: torch.Tensor | None,
+            dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    """The reference output for activations ``x`` (any float dtype, on the CPU) in ``dtype``, and its bound."""
+    ref = torch.nn.functional.linear(x.float(), w32, None if bias is None else bias.float()).to(dtype)
+    return ref, tolerance(x, w_abs, bias, ref, dtype)
 
 
 def assert_within(got: torch.Tensor, ref: torch.Tensor, tol: torch.Tensor, dtype: torch.dtype, what: str) -> None:
@@ -211,9 +238,19 @@ def check_weight(
         x = randn(gen, m, spec.k).to(dtype)
         what = f"linear(x [{m}, {spec.k}]{LAYOUT_LABELS[layout]}, {label})"
         out = _linear(ops, strided_x(x.to(device), layout), packed, (m, spec.n), what)
-        ref = torch.nn.functional.linear(x.float(), w32, None if bias_cpu is None else bias_cpu.float()).to(dtype)
-        tol = tolerance(x, w_abs, bias_cpu, ref, dtype)
-        assert_within(out, ref, tol, dtype, what)
+        ref, tol = _oracle(x, w32, w_abs, bias_cpu, dtype)
+        if rounds_activations(ops, fmt):
+            rounded = round_activations_q8(x)
+            ref_q8, tol_q8 = _oracle(rounded, w32, w_abs, bias_cpu, dtype)
+            try:
+                assert_within(out, ref_q8, tol_q8, dtype, what + " (against int8-rounded activations)")
+            except AssertionError:
+                assert_within(out, ref, tol, dtype, what + " (against exact activations and, failing too, "
+                              "int8-rounded ones)")
+            else:
+                ref, tol = ref_q8, tol_q8
+        else:
+            assert_within(out, ref, tol, dtype, what)
         assert_bytes_unchanged(weight, original, what)
         done.append(_Call(what, out, ref, tol))
     for call in done:
