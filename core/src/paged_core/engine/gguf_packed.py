@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from paged_core.errors import ConfigError, WeightFormatError
-from paged_core.quant import BY_GGML_TYPE, QuantizedWeight
+from paged_core.quant import BY_GGML_TYPE, QuantizedWeight, arena
 from paged_core.quant.module import PackedLinearModule, replace_module
 
 log = logging.getLogger("paged.engine")
@@ -150,6 +150,7 @@ def load_packed_gguf(path: Path, config: Any, dtype: torch.dtype) -> Any:
         with torch.no_grad():
             param.copy_(torch.from_numpy(np.array(values, copy=True)))
         loaded.add(hf_name)
+    packed, embed_packed = _gathered(linears, packed, embed_packed)
     _install(model, linears, packed, loaded, config, embed_packed)
     missing = [n for n in dict(model.named_parameters()) if n not in loaded]
     if missing:
@@ -170,6 +171,17 @@ def _packed(
     weight = QuantizedWeight(fmt, (n, k), data, None, tensor.name)
     order = _row_permutation(processor, tensor.name, n, extra)
     return weight if order is None else weight.select_rows(torch.from_numpy(order))
+
+
+def _gathered(
+    linears: dict[str, torch.nn.Linear], packed: dict[str, QuantizedWeight], embed_packed: QuantizedWeight | None
+) -> tuple[dict[str, QuantizedWeight], QuantizedWeight | None]:  # fmt: skip
+    """The packed weights moved into one huge-page buffer (:mod:`paged_core.quant.arena`) in the model's module
+    order (a layer's q, k, v, o, gate, up, down, then the next layer; the packed embedding, the tied LM head
+    read last, at the end): decoding streams them front to back, and q/k/v and gate/up end up adjacent."""
+    order = [n for n in linears if n in packed]
+    moved = arena.gather([packed[n] for n in order] + ([embed_packed] if embed_packed is not None else []))
+    return dict(zip(order, moved, strict=False)), moved[-1] if embed_packed is not None else None
 
 
 def _install(

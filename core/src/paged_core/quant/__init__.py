@@ -4,6 +4,7 @@ The reference :func:`reference_linear` (dequantize in fp32, then matmul) is the
 oracle for every backend's packed-linear kernel (:meth:`FusedOps.linear`).
 """
 
+from paged_core.quant import arena
 from paged_core.quant.activations import round_activations_q8
 from paged_core.quant.dequant import dequantize, reference_linear
 from paged_core.quant.formats import (
@@ -32,6 +33,7 @@ __all__ = [
     "Q8_0",
     "QuantizedWeight",
     "WeightFormat",
+    "arena",
     "dequantize",
     "quantize_blocks",
     "quantize_int8",
