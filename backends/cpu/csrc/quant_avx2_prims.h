@@ -83,3 +83,4 @@ PAGED_FORCE_INLINE inline VF vpair(const float* p) {
   std::memcpy(&pair, p, 8);
   return _mm256_castpd_ps(_mm256_set1_pd(pair));
 }
+PAGED_FORCE_INLINE inline VF vround(VF v) { return _mm256_round_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }

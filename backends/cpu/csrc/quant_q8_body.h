@@ -7,7 +7,7 @@
 //   bytewise (signed); vdot(u, s) -> VI: 8 sums of 4 products of unsigned bytes u and signed bytes s;
 //   vf16_words<N>(p, ld): the two fp16 of the 4 bytes at p + f * ld, f < N <= 4, as fp32 lanes 2f, 2f + 1
 //   (the rest 0); vf16_halves<N>(p, ld): the fp16 at p + f * ld, f < N <= 8, as lane f; vpair(p): the two
-//   floats at p in every pair of lanes.
+//   floats at p in every pair of lanes; vround(v): each lane rounded to the nearest integer, ties to even.
 //
 // Why: at one to a few rows the products are bound by decoding weights, not by memory. An fp32 lane holds
 // one weight, a byte lane four, so multiplying the small integers of the blocks by 8-bit activations in
@@ -151,8 +151,8 @@ void q8_stream_rows(const QuantArgs& a, int64_t begin, int64_t end) {
 }
 
 // The rows of x rounded for the q8 path (Q8RoundFn), per 32-wide block: d = max|x| / 127, q = round(x * (1 / d))
-// to nearest, ties to even (nearbyint in the default rounding mode: the x86 builds inline it as one
-// vroundps), in fp32, exactly as paged_core.quant.round_activations_q8. Plain loops that the build's target
+// to nearest, ties to even (vround: one vroundps on x86; nearbyint in the default rounding mode in the
+// portable build), in fp32, exactly as paged_core.quant.round_activations_q8. Plain loops that the build's target
 // vectorises: the max over |x| as unsigned bit patterns (ordered as the values are, for non-negative
 // floats), so no NaN rule keeps it scalar. A block with an inf or NaN gets q = 0 and d = that value, so
 // the products it enters are NaN, as the reference's would be.
@@ -178,7 +178,9 @@ inline void round_q8_rows(const float* x, int64_t ldx, int64_t rows, int64_t k, 
       }
       const float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
       float v[32];
-      for (int j = 0; j < 32; ++j) v[j] = std::nearbyint(xb[j] * id);  // |v| <= 127: |x| <= amax
+      unroll<32 / kLanes>([&](auto i) PAGED_FORCE_INLINE {  // |v| <= 127: |x| <= amax
+        vstore(v + kLanes * i, vround(vmul(vload(xb + kLanes * i), vset1(id))));
+      });
       int32_t sum = 0;
       for (int j = 0; j < 32; ++j) {
         const int32_t qi = static_cast<int32_t>(v[j]);

@@ -125,6 +125,11 @@ PAGED_FORCE_INLINE inline VF vf16_halves(const uint8_t* p, int64_t ld) {
   for (int f = 0; f < N; ++f) r.v[f] = f16_at(p + f * ld);
   return r;
 }
+PAGED_FORCE_INLINE inline VF vround(const VF& v) {  // the default rounding mode: to nearest, ties to even
+  VF r;
+  for (int j = 0; j < 8; ++j) r.v[j] = std::nearbyint(v.v[j]);
+  return r;
+}
 PAGED_FORCE_INLINE inline VF vpair(const float* p) {
   VF r;
   for (int j = 0; j < 8; ++j) r.v[j] = p[j & 1];
