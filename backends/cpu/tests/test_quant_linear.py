@@ -15,6 +15,7 @@ hundred times the tolerance; ``test_a_corrupted_byte_is_caught`` checks that the
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 import torch
@@ -47,21 +48,31 @@ STREAM_ALL, DEQUANT_ALL = 1 << 30, 0
 
 @pytest.fixture(autouse=True)
 def exact_activations() -> Iterator[None]:
-    """These tests hold the fp32-activation path to the exact oracle; the int8 one has test_quant_linear_q8.py."""
+    """These tests hold the fp32-activation path to the exact oracle; the int8 path's (test_q8_*) ask for
+    ``int8_activations``, which runs after this and wins."""
     before = ops.linear_activations()
     ops.set_linear_activations("fp32")
     yield
     ops.set_linear_activations(before)
 
 
-@pytest.fixture(params=VARIANTS)
-def variant(request: pytest.FixtureRequest, use_isa: Callable[[str], str]) -> Iterator[str]:
-    name: str = request.param
-    use_isa(name if name != "avx512" else "auto")
-    ops.set_quant_isa(name)
-    assert ops.quant_isa() == name
-    yield name
-    ops.set_quant_isa("auto")
+def build_fixture(builds: list[str], in_use: Callable[[], str], expected: Callable[[str], str]) -> Any:
+    """A fixture over ``builds`` (set_quant_isa names), each forced in turn; ``in_use()`` must then give
+    ``expected(build)``."""
+
+    @pytest.fixture(params=builds)
+    def fixture(request: pytest.FixtureRequest, use_isa: Callable[[str], str]) -> Iterator[str]:
+        name: str = request.param
+        use_isa(name if name != "avx512" else "auto")
+        ops.set_quant_isa(name)
+        assert in_use() == expected(name)
+        yield name
+        ops.set_quant_isa("auto")
+
+    return fixture
+
+
+variant = build_fixture(VARIANTS, ops.quant_isa, lambda name: name)
 
 
 @pytest.fixture
@@ -401,8 +412,8 @@ Q8_FORMATS = ["q4_0", "q4_1", "q8_0"]
 BUILDS = {"avx512": "vnni", "avx2": "avx2", "scalar": "scalar"}
 """set_quant_isa's build -> the q8 kernels it runs (avx512 and auto: AVX-512 VNNI where the CPU has it)."""
 HAS_VNNI = "avx512" in ops.supported_isas() and ops.quant_q8_isa() == "vnni"
-VARIANTS = [b for b in BUILDS if b == "scalar" or (b == "avx2" and "avx2" in ops.supported_isas()) or
-            (b == "avx512" and HAS_VNNI)]  # fmt: skip
+Q8_VARIANTS = [b for b in BUILDS if b == "scalar" or (b == "avx2" and "avx2" in ops.supported_isas()) or
+               (b == "avx512" and HAS_VNNI)]  # fmt: skip
 
 
 @pytest.fixture
@@ -414,14 +425,7 @@ def int8_activations() -> Iterator[None]:
     ops.set_linear_activations(before)
 
 
-@pytest.fixture(params=VARIANTS)
-def q8_variant(request: pytest.FixtureRequest, use_isa: Callable[[str], str]) -> Iterator[str]:
-    name: str = request.param
-    use_isa(name if name != "avx512" else "auto")
-    ops.set_quant_isa(name)
-    assert ops.quant_q8_isa() == BUILDS[name]
-    yield name
-    ops.set_quant_isa("auto")
+q8_variant = build_fixture(Q8_VARIANTS, ops.quant_q8_isa, BUILDS.__getitem__)
 
 
 def check_q8(got: torch.Tensor, x: torch.Tensor, wd: torch.Tensor, bias: torch.Tensor | None) -> None:
@@ -453,7 +457,7 @@ def test_q8_builds_agree(int8_activations: None, use_isa: Callable[[str], str]) 
     w = make_weight("q4_1", 64, 576, seed=1)
     x = rand(3, 576, dtype=torch.float32, seed=2)
     outs = {}
-    for name in VARIANTS:
+    for name in Q8_VARIANTS:
         use_isa(name if name != "avx512" else "auto")
         ops.set_quant_isa(name)
         outs[name] = ops.quant_linear(x, w.data, None, None, ops.QUANT_FORMATS["q4_1"], 64, STREAM_ALL)
