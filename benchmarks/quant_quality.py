@@ -8,7 +8,9 @@ run with its own attention. NLL is per predicted token of the repository's LICEN
 tokens, scored by :mod:`paged_core.bench.nll`), once in chunks of 256 tokens (the many-row kernels)
 and once one token per forward as decoding runs (the streaming kernels); greedy agreement runs the 32 mixed prompts of
 ``tests/e2e`` (``mixed_prompts``) through both and counts prompts whose whole continuation
-matches, and tokens matching before the first difference.
+matches, and tokens matching before the first difference, once batched (32 rows per step: the
+many-row kernels for most steps) and once one prompt at a time (one row per step: the streaming
+kernels, with the cpu backend's int8 activations by default).
 """
 
 from __future__ import annotations
@@ -57,6 +59,9 @@ def main() -> None:
     prompts = mixed_prompts(llm.tokenizer, args.prompts)
     params = SamplingParams(temperature=0.0, max_tokens=args.max_tokens, ignore_eos=True)
     outs = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
+    # One prompt at a time: every decode step is one row, the streaming kernels' case (the batch above runs
+    # its 32 rows through the many-row path for most steps).
+    alone = [llm.generate([p], params, use_tqdm=False)[0].outputs[0].token_ids for p in prompts]
     ref = []
     with torch.inference_mode():
         for p in prompts:
@@ -65,8 +70,8 @@ def main() -> None:
                                eos_token_id=None, pad_token_id=0)  # fmt: skip
             ref.append(y[0, len(p) :].tolist())
     same = sum(a == b for a, b in zip(outs, ref, strict=True))
-    prefix = [next((i for i, (x, y) in enumerate(zip(a, b, strict=True)) if x != y), len(a))
-              for a, b in zip(outs, ref, strict=True)]  # fmt: skip
+    same_alone = sum(a == b for a, b in zip(alone, ref, strict=True))
+    prefix = [_agree(a, b) for a, b in zip(outs, ref, strict=True)]
     result = {
         "model": src.name, "backend": llm.engine.loaded.backend.name, "tokens": len(ids),
         "nll_packed": ours, "nll_dequantized_fp32": theirs, "nll_relative_difference": (ours - theirs) / theirs,
@@ -76,12 +81,21 @@ def main() -> None:
         "greedy_identical": same, "greedy_agreement_rate": same / len(prompts),
         "greedy_tokens_before_first_difference": sum(prefix) / (len(prompts) * args.max_tokens),
         "divergent_prompts": [i for i, (a, b) in enumerate(zip(outs, ref, strict=True)) if a != b],
+        "greedy_identical_one_at_a_time": same_alone,
+        "greedy_tokens_before_first_difference_one_at_a_time":
+            sum(_agree(a, b) for a, b in zip(alone, ref, strict=True)) / (len(prompts) * args.max_tokens),
+        "divergent_prompts_one_at_a_time": [i for i, (a, b) in enumerate(zip(alone, ref, strict=True)) if a != b],
         "nll_seconds": nll_s,
     }  # fmt: skip
     for k, v in result.items():
         print(f"{k:40s} {v}")
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
+
+
+def _agree(a: list[int], b: list[int]) -> int:
+    """Tokens before the first difference."""
+    return next((i for i, (x, y) in enumerate(zip(a, b, strict=True)) if x != y), len(a))
 
 
 def _linear_activations() -> str | None:
