@@ -6,13 +6,13 @@
 //   first (weights 0-15 of a 4-bit block, then 16-31); vabs8(w) = |w| and vsign8(a, w) = a * sign(w)
 //   bytewise (signed); vdot(u, s) -> VI: 8 sums of 4 products of unsigned bytes u and signed bytes s;
 //   vf16_words<N>(p, ld): the two fp16 of the 4 bytes at p + f * ld, f < N <= 4, as fp32 lanes 2f, 2f + 1
-//   (the rest 0); vf16_halves<N>(p, ld): the fp16 at p + f * ld, f < N <= 8, as lane f; vpair(p): the two
+//   (the rest 0); vf16_halves<N>(p, ld): the fp16 at p + f * ld, f < N <= 4, as lane f; vpair(p): the two
 //   floats at p in every pair of lanes; vround(v): each lane rounded to the nearest integer, ties to even.
 //
 // Why: at one to a few rows the products are bound by decoding weights, not by memory. An fp32 lane holds
 // one weight, a byte lane four, so multiplying the small integers of the blocks by 8-bit activations in
 // integer dot products decodes and multiplies four times the weights per instruction (llama.cpp's and
-// vLLM's GGUF kernels do the same). The activations are rounded first, once per call (quantize_rows):
+// vLLM's GGUF kernels do the same). The activations are rounded first, once per call (round_q8_rows):
 // each 32-wide block of a row to q = round(x / d), |q| <= 127, d = max|x| / 127, exactly as
 // paged_core.quant.round_activations_q8 does, so the result is the exact product with those rounded
 // activations up to the order of the fp32 sums (the contract's q8_activation_formats, and the
@@ -28,8 +28,8 @@
 
 // kWidth: weight rows a tile interleaves at one row of x. Four share each activation load and each scale
 // conversion, but are four streams through memory; q8_0's rows, read one at a time as one sequential
-// stream, measured twice as fast on cold weights (2-core Zen 4, q8_0 LM head: 9 against 18 GB/s on one
-// thread, 18 against 31 on two) while the 4-bit formats, which cost more arithmetic per byte, gained
+// stream, measured much faster on cold weights (2-core Zen 4, a q8_0 LM head in a standalone test: 24
+// against 9 GB/s on one thread, 31 against 18 on two) while the 4-bit formats, which cost more arithmetic per byte, gained
 // nothing clear from fewer than four.
 struct Q8Q4_0 {  // f16 d, 16 bytes of nibbles
   static constexpr int kBytes = 18, kWidth = 4;
