@@ -128,7 +128,7 @@ struct QuantKernels {
 
 // The int8-activation path (quant_q8_body.h): `round` rounds rows of x [rows, k] (fp32, row stride ldx) into
 // xq [rows, k] and the per-block scales d and d * sum(q), side by side in xds [rows, k / 32, 2]; `stream` is
-// QuantKernels::stream over them (a.xq, a.xds), for q4_0, q4_1 and q8_0 only.
+// QuantKernels::stream over them (a.xq, a.xds), for q4_0 and q4_1 only.
 using Q8RoundFn = void (*)(const float* x, int64_t ldx, int64_t rows, int64_t k, int8_t* xq, float* xds);
 struct Q8Kernels {
   const char* name;

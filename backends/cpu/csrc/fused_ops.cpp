@@ -259,7 +259,7 @@ std::atomic<bool>& g_q8_activations() {
   return on;
 }
 
-bool q8_format(QFormat f) { return f == QFormat::Q4_0 || f == QFormat::Q4_1 || f == QFormat::Q8_0; }
+bool q8_format(QFormat f) { return f == QFormat::Q4_0 || f == QFormat::Q4_1; }
 
 // The q8 path's kernels: those of a forced avx2 or scalar build; otherwise (auto, avx512) the VNNI build where
 // the CPU has it, else those of quant() (the avx512 build has none of its own, and implies AVX2).

@@ -26,7 +26,7 @@ namespace avx2_quant {
 
 #include "quant_avx2_prims.h"
 
-// vpmaddubsw (pairs into int16) + vpmaddwd. No int16 sum saturates: |u| <= 128, |s| <= 127 (pairs <= 32,512).
+// vpmaddubsw (pairs into int16) + vpmaddwd. No int16 sum saturates: nibbles <= 15, |s| <= 127.
 PAGED_FORCE_INLINE inline VI vdot(VB u, VB s) {
   return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
 }

@@ -54,8 +54,6 @@ PAGED_FORCE_INLINE inline VB vnib(const uint8_t* p) {
   const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
   return _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(b, 4), b), _mm256_set1_epi8(0x0f));
 }
-PAGED_FORCE_INLINE inline VB vabs8(VB w) { return _mm256_sign_epi8(w, w); }
-PAGED_FORCE_INLINE inline VB vsign8(VB a, VB w) { return _mm256_sign_epi8(a, w); }
 
 // Scales of up to 4 weight rows at once (quant_q8_body.h): inserted at constant lanes, one conversion.
 template <int N>

@@ -80,8 +80,8 @@ struct FmtQ4_1 {  // f16 d, f16 m, 16 bytes: w = d * q + m
   }
 };
 
-struct FmtQ8_0 {  // f16 d, 32 int8: w = d * q
-  static constexpr int kBlock = 32, kBytes = 34, kStep = 32;
+struct FmtQ8_0 {  // f16 d, 32 int8: w = d * q; streamed one weight row at a time (stream_width)
+  static constexpr int kBlock = 32, kBytes = 34, kStep = 32, kWidth = 1;
   static constexpr bool kTail = false, kFeatureOuter = true, kPrefetch = true;
   struct State {};
   struct Scales { VF d; };
@@ -305,16 +305,28 @@ inline void tile_any(const QuantArgs& a, const uint8_t* w, int64_t ldw, int nf, 
     if (nf == 3) run(Int<3>());
     else if (nf == 2) run(Int<2>());
     else run(Int<1>());
-  } else {
+  } else if constexpr (NF == 3) {
     if (nf == 2) run(Int<2>());
     else run(Int<1>());
+  } else if constexpr (NF == 2) {
+    run(Int<1>());
   }
   store_tile<R, NF>(a, v, nf, r0, n0);
 }
 
-// Output features per tile for R rows: 8 (one row: 4 features x 2) to 12 accumulators.
-template <int R>
-constexpr int stream_width() { return R <= 3 ? 4 : 3; }
+// Output features per tile for R rows: 8 (one row: 4 features x 2) to 12 accumulators; q8_0 one (one
+// sequential stream through its rows, as in quant_q8_body.h: its decoding is cheap enough for the
+// interleaved rows' memory streams to be what limits it).
+template <class F>
+constexpr int format_width() {
+  if constexpr (requires { F::kWidth; }) return F::kWidth;
+  else return 4;
+}
+template <class F, int R>
+constexpr int stream_width() {
+  constexpr int fit = R <= 3 ? 4 : 3;
+  return format_width<F>() < fit ? format_width<F>() : fit;
+}
 constexpr int kStreamRows = 4;
 
 // The rows of x cut into tiles of at most kStreamRows, as even as possible; fn(Int<rows>, first row).
@@ -341,7 +353,7 @@ void stream_rows(const QuantArgs& a, int64_t begin, int64_t end) {
   for (int64_t g = begin; g < end; g += kQuantGroup) {
     const int64_t ge = g + kQuantGroup < end ? g + kQuantGroup : end;
     for_stream_row_tiles(a.rows, [&](auto rows, int64_t r0) {
-      constexpr int R = decltype(rows)::value, NF = stream_width<R>();
+      constexpr int R = decltype(rows)::value, NF = stream_width<F, R>();
       for (int64_t n0 = g; n0 < ge; n0 += NF)
         tile_any<F, R, NF>(a, a.w + n0 * a.ldw, a.ldw, static_cast<int>(ge - n0), n0, r0);
     });

@@ -1,10 +1,10 @@
-// Linear products over packed q4_0, q4_1 and q8_0 weights with int8 activations, as one portable algorithm.
+// Linear products over packed q4_0 and q4_1 weights with int8 activations, as one portable algorithm.
 //
 // Included inside a per-ISA namespace (quant_scalar.cpp, quant_avx2.cpp and its VNNI build) after the
 // 8-lane primitives of quant_body.h (VF, VI, vzero, vset1, vfma, vcvt, vsum, vsum4, f16_at) and these:
 //   VB: 32 bytes; vbytes(p): the 32 bytes at p; vnib(p): the 16 bytes at p as 32 nibbles, low nibbles
-//   first (weights 0-15 of a 4-bit block, then 16-31); vabs8(w) = |w| and vsign8(a, w) = a * sign(w)
-//   bytewise (signed); vdot(u, s) -> VI: 8 sums of 4 products of unsigned bytes u and signed bytes s;
+//   first (weights 0-15 of a 4-bit block, then 16-31); vdot(u, s) -> VI: 8 sums of 4 products of
+//   unsigned bytes u and signed bytes s;
 //   vf16_words<N>(p, ld): the two fp16 of the 4 bytes at p + f * ld, f < N <= 4, as fp32 lanes 2f, 2f + 1
 //   (the rest 0); vf16_halves<N>(p, ld): the fp16 at p + f * ld, f < N <= 4, as lane f; vpair(p): the two
 //   floats at p in every pair of lanes; vround(v): each lane rounded to the nearest integer, ties to even.
@@ -21,32 +21,26 @@
 // A weight block is d * q (+ m): its dot product with an activation block (da, qa) is
 // d * da * sum(q * qa) + m * (da * sum(qa)); the integer sum is exact, and the last factor is per
 // activation block (round_q8_rows stores da and da * sum(qa) side by side). q4_0 is d * q - 8d, so
-// m = -8d. q8_0's signed q multiplies as |q| times qa with q's sign (vdot wants one unsigned side).
+// m = -8d. q8_0 is not rounded here: with 8-bit weights the activations' rounding is the larger error,
+// and a GGUF's q8_0 tensor is often the tied LM head, where it decides tokens directly (the embedded
+// model's "What is the capital of France?" answered "L'Étoile" instead of "Paris" with it); q8_0 streams
+// exactly in quant_body.h, one weight row at a time.
 // The scales of a tile's NF weight rows are converted together, one vector per block (their fp16s
 // gathered, one conversion, one product with the activation scales), not one by one: per weight
 // block the integer dot product is a handful of instructions, and scalar scale arithmetic was as many.
 
-// kWidth: weight rows a tile interleaves at one row of x. Four share each activation load and each scale
-// conversion, but are four streams through memory; q8_0's rows, read one at a time as one sequential
-// stream, measured much faster on cold weights (2-core Zen 4, a q8_0 LM head in a standalone test: 24
-// against 9 GB/s on one thread, 31 against 18 on two) while the 4-bit formats, which cost more arithmetic per byte, gained
-// nothing clear from fewer than four.
+// kWidth: weight rows a tile interleaves at one row of x (four share each activation load and each scale
+// conversion; fewer measured no faster for the 4-bit formats, which cost more arithmetic per byte).
 struct Q8Q4_0 {  // f16 d, 16 bytes of nibbles
   static constexpr int kBytes = 18, kWidth = 4;
-  static constexpr bool kSigned = false, kPairs = false, kMin = true;  // m = -8d, from d's vector
+  static constexpr bool kPairs = false;  // m = -8d, from d's vector
   PAGED_FORCE_INLINE static VB quants(const uint8_t* b) { return vnib(b + 2); }
 };
 
 struct Q8Q4_1 {  // f16 d, f16 m, 16 bytes of nibbles
   static constexpr int kBytes = 20, kWidth = 4;
-  static constexpr bool kSigned = false, kPairs = true, kMin = true;  // (d, m) converted as pairs
+  static constexpr bool kPairs = true;  // (d, m) converted as pairs
   PAGED_FORCE_INLINE static VB quants(const uint8_t* b) { return vnib(b + 4); }
-};
-
-struct Q8Q8_0 {  // f16 d, 32 int8
-  static constexpr int kBytes = 34, kWidth = 1;
-  static constexpr bool kSigned = true, kPairs = false, kMin = false;
-  PAGED_FORCE_INLINE static VB quants(const uint8_t* b) { return vbytes(b + 2); }
 };
 
 // out[r * NF + f] = the R rows of x (rounded: a.xq) against the NF packed rows at w, n0 the first feature.
@@ -77,16 +71,15 @@ inline void q8_dot_tile(const QuantArgs& a, const uint8_t* w, int64_t n0, int64_
         vstore(scale[r], p);
       } else {
         vstore(scale[r], vmul(ws, vset1(ds[0])));
-        if constexpr (F::kMin) mins[r] = vfma(ws, vset1(-8.0f * ds[1]), mins[r]);
+        mins[r] = vfma(ws, vset1(-8.0f * ds[1]), mins[r]);
       }
     });
     unroll<NF>([&](auto f) PAGED_FORCE_INLINE {
       const uint8_t* fb = wb + f * ldw;
       __builtin_prefetch(fb + ahead);
-      const VB q = F::quants(fb);
-      const VB u = F::kSigned ? vabs8(q) : q;
+      const VB u = F::quants(fb);
       unroll<R>([&](auto r) PAGED_FORCE_INLINE {
-        const VI dot = vdot(u, F::kSigned ? vsign8(xa[r], q) : xa[r]);
+        const VI dot = vdot(u, xa[r]);
         acc[r * NF + f] = vfma(vcvt(dot), vset1(scale[r][F::kPairs ? 2 * f : f]), acc[r * NF + f]);
       });
     });
@@ -94,13 +87,11 @@ inline void q8_dot_tile(const QuantArgs& a, const uint8_t* w, int64_t n0, int64_
   constexpr int kFours = R * NF / 4;
   unroll<kFours>([&](auto q) PAGED_FORCE_INLINE { vsum4(acc[4 * q], acc[4 * q + 1], acc[4 * q + 2], acc[4 * q + 3], out + 4 * q); });
   unroll<R * NF - 4 * kFours>([&](auto j) PAGED_FORCE_INLINE { out[4 * kFours + j] = vsum(acc[4 * kFours + j]); });
-  if constexpr (F::kMin) {
-    unroll<R>([&](auto r) PAGED_FORCE_INLINE {
-      float m[kLanes];
-      vstore(m, mins[r]);
-      for (int f = 0; f < NF; ++f) out[r * NF + f] += m[F::kPairs ? 2 * f + 1 : f];
-    });
-  }
+  unroll<R>([&](auto r) PAGED_FORCE_INLINE {
+    float m[kLanes];
+    vstore(m, mins[r]);
+    for (int f = 0; f < NF; ++f) out[r * NF + f] += m[F::kPairs ? 2 * f + 1 : f];
+  });
 }
 
 // Features per tile for R rows: R * NF accumulators + R activation blocks + 2 weight registers fit in 16;
@@ -192,12 +183,11 @@ inline void round_q8_rows(const float* x, int64_t ldx, int64_t rows, int64_t k, 
     }
 }
 
-// Output features [begin, end) of every row, for q4_0, q4_1 and q8_0; a.xq and a.xds set by round_q8_rows.
+// Output features [begin, end) of every row, for q4_0 and q4_1; a.xq and a.xds set by round_q8_rows.
 inline void quant_stream_q8(const QuantArgs& a, int64_t begin, int64_t end) {
   switch (a.format) {
     case QFormat::Q4_0: q8_stream_rows<Q8Q4_0>(a, begin, end); break;
     case QFormat::Q4_1: q8_stream_rows<Q8Q4_1>(a, begin, end); break;
-    case QFormat::Q8_0: q8_stream_rows<Q8Q8_0>(a, begin, end); break;
     default: break;  // never called for other formats (fused_ops.cpp: q8_format)
   }
 }

@@ -89,17 +89,6 @@ PAGED_FORCE_INLINE inline VB vnib(const uint8_t* p) {
   return r;
 }
 PAGED_FORCE_INLINE inline int8_t s8(uint8_t b) { return static_cast<int8_t>(b); }
-PAGED_FORCE_INLINE inline VB vabs8(const VB& w) {  // |-128| = 128 as an unsigned byte, as vpsignb
-  VB r;
-  for (int j = 0; j < 32; ++j) r.v[j] = static_cast<uint8_t>(s8(w.v[j]) < 0 ? -s8(w.v[j]) : s8(w.v[j]));
-  return r;
-}
-PAGED_FORCE_INLINE inline VB vsign8(const VB& a, const VB& w) {
-  VB r;
-  for (int j = 0; j < 32; ++j)
-    r.v[j] = static_cast<uint8_t>(s8(w.v[j]) < 0 ? -s8(a.v[j]) : s8(w.v[j]) == 0 ? 0 : s8(a.v[j]));
-  return r;
-}
 PAGED_FORCE_INLINE inline VI vdot(const VB& u, const VB& s) {
   VI r;
   for (int j = 0; j < 8; ++j) {

@@ -401,14 +401,14 @@ def test_packed_weight_kernels_follow_the_layer_kernels_unless_forced(use_isa: C
     assert ops.quant_isa() == ops.fused_isa()
 
 
-# ---- the int8-activation path (q4_0, q4_1, q8_0 at streaming row counts) ----
+# ---- the int8-activation path (q4_0, q4_1 at streaming row counts) ----
 #
 # Oracle: the exact product of the dequantized weight with round_activations_q8(x) (each 32-wide block of each
 # row rounded to int8 times an fp32 scale), in float64, with the tolerance above over the rounded activations.
 # A wrong nibble, scale or min, or an activation rounded differently, moves an output far beyond it
 # (test_q8_a_corrupted_byte_is_caught; test_q8_activations_are_rounded_bit_for_bit for the rounding itself).
 
-Q8_FORMATS = ["q4_0", "q4_1", "q8_0"]
+Q8_FORMATS = ["q4_0", "q4_1"]
 BUILDS = {"avx512": "vnni", "avx2": "avx2", "scalar": "scalar"}
 """set_quant_isa's build -> the q8 kernels it runs (avx512 and auto: AVX-512 VNNI where the CPU has it)."""
 HAS_VNNI = "avx512" in ops.supported_isas() and ops.quant_q8_isa() == "vnni"
@@ -467,17 +467,18 @@ def test_q8_builds_agree(int8_activations: None, use_isa: Callable[[str], str]) 
 
 
 def test_q8_activations_are_rounded_bit_for_bit(int8_activations: None, q8_variant: str) -> None:
-    """A q8_0 weight whose row j is 1.0 at column j: output column j is the rounded activation j, exactly."""
+    """A q4_1 weight (d = 1, m = 0) whose row j is 1 at column j: output column j is the rounded activation j."""
     k = 96
-    data = torch.zeros(k, k // 32, 34, dtype=torch.uint8)
-    one = torch.tensor([1.0], dtype=torch.float16).view(torch.uint8)
-    data[:, :, 0:2] = one
+    data = torch.zeros(k, k // 32, 20, dtype=torch.uint8)
+    data[:, :, 0:2] = torch.tensor([1.0], dtype=torch.float16).view(torch.uint8)
     for j in range(k):
-        data[j, j // 32, 2 + j % 32] = 1
-    w = QuantizedWeight(FORMATS["q8_0"], (k, k), data.reshape(k, -1))
+        b, i = divmod(j, 32)
+        data[j, b, 4 + i % 16] = 1 if i < 16 else 16  # weight i: low nibble of byte i, or high of byte i - 16
+    w = QuantizedWeight(FORMATS["q4_1"], (k, k), data.reshape(k, -1))
+    assert torch.equal(dequantize(w), torch.eye(k))
     x = torch.randn(4, k, generator=torch.Generator().manual_seed(7)) * torch.logspace(-3, 3, k)
     x[1, :32] = 0.0  # a zero block: scale 0, every q 0
-    got = ops.quant_linear(x, w.data, None, None, ops.QUANT_FORMATS["q8_0"], k, STREAM_ALL)
+    got = ops.quant_linear(x, w.data, None, None, ops.QUANT_FORMATS["q4_1"], k, STREAM_ALL)
     want = round_activations_q8(x)
     assert torch.equal(got, want)
     assert not torch.equal(want, x)
@@ -489,7 +490,7 @@ def test_q8_a_corrupted_byte_is_caught(int8_activations: None, fmt: str) -> None
     w = make_weight(fmt, n, k, seed=5)
     x = rand(2, k, dtype=torch.float32, seed=6).abs() + 0.5
     wd = dequantize(w).double()
-    for pos, flip in ((2 if fmt != "q4_1" else 4, 0x44), (1, 0x04), (3 if fmt == "q4_1" else None, 0x04)):
+    for pos, flip in ((2 if fmt == "q4_0" else 4, 0x44), (1, 0x04), (3 if fmt == "q4_1" else None, 0x04)):
         if pos is None:
             continue
         data = w.data.clone()
@@ -502,7 +503,7 @@ def test_q8_a_corrupted_byte_is_caught(int8_activations: None, fmt: str) -> None
 
 
 def test_q8_mode_switch_and_what_it_covers(int8_activations: None) -> None:
-    """fp32 mode is the exact path again; formats without a q8 kernel, and the dequantize path, are always exact."""
+    """fp32 mode is the exact path again; q8_0, q4_k, and the dequantize path are always exact."""
     w = make_weight("q4_1", 40, 128, seed=1)
     x = rand(2, 128, dtype=torch.float32, seed=2)
     fid = ops.QUANT_FORMATS["q4_1"]
@@ -513,6 +514,9 @@ def test_q8_mode_switch_and_what_it_covers(int8_activations: None) -> None:
     assert not torch.equal(rounded, exact)
     ops.set_linear_activations("int8")
     check(ops.quant_linear(x, w.data, None, None, fid, 40, 0), x, dequantize(w).double(), None)  # dequantize path
+    q8 = make_weight("q8_0", 40, 128, seed=5)  # 8-bit weights keep exact activations
+    check(ops.quant_linear(x, q8.data, None, None, ops.QUANT_FORMATS["q8_0"], 40, STREAM_ALL), x,
+          dequantize(q8).double(), None)  # fmt: skip
     k4 = make_weight("q4_k", 40, 256, seed=3)
     xk = rand(2, 256, dtype=torch.float32, seed=4)
     check(ops.quant_linear(xk, k4.data, None, None, ops.QUANT_FORMATS["q4_k"], 40, STREAM_ALL), xk,
@@ -527,10 +531,10 @@ def test_q8_declared(int8_activations: None) -> None:
 
 
 def test_q8_results_do_not_depend_on_threads(int8_activations: None, threads: Callable[[int], None]) -> None:
-    w = make_weight("q8_0", 1000, 576, seed=1)
+    w = make_weight("q4_0", 1000, 576, seed=1)
     outs = []
     for t in (1, 2):
         threads(t)
         outs.append(ops.quant_linear(rand(3, 576, dtype=torch.float32, seed=3), w.data, None, None,
-                                     ops.QUANT_FORMATS["q8_0"], 1000, STREAM_ALL))  # fmt: skip
+                                     ops.QUANT_FORMATS["q4_0"], 1000, STREAM_ALL))  # fmt: skip
     assert torch.equal(*outs)

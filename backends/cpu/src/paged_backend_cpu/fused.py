@@ -21,7 +21,7 @@ Packed weights (:class:`~paged_core.quant.QuantizedWeight` in any of ``linear_fo
 kept as they are, no copy, and multiplied by ``paged_cpu.quant_linear``, which reads the GGUF
 blocks (or int8 rows) in place, dequantizes them exactly in fp32 and sums in fp32: streaming the
 packed rows up to :data:`QUANT_STREAM_MAX_ROWS` rows of x, dequantizing chunks once for more
-(README, "Packed weights"). When streaming ``q4_0``, ``q4_1`` and ``q8_0`` it rounds ``x`` to int8 per
+(README, "Packed weights"). When streaming ``q4_0`` and ``q4_1`` it rounds ``x`` to int8 per
 32-wide block first and multiplies in integer dot products (``q8_activation_formats``; off with
 ``ops.set_linear_activations("fp32")`` or ``PAGED_CPU_LINEAR_ACTIVATIONS=fp32``).
 """
@@ -138,7 +138,7 @@ class CpuFusedOps(FusedOps):
 
     name = "cpu"
     linear_formats = frozenset({"q4_0", "q4_1", "q8_0", "q4_k", "q6_k", "int8"})
-    q8_activation_formats = frozenset({"q4_0", "q4_1", "q8_0"})
+    q8_activation_formats = frozenset({"q4_0", "q4_1"})
     """At streaming row counts these round ``x`` to int8 unless ``ops.set_linear_activations('fp32')``
     (or ``PAGED_CPU_LINEAR_ACTIVATIONS=fp32``) says not to (README, "Packed weights")."""
 

@@ -191,7 +191,7 @@ def quant_linear(
 
 
 def linear_activations() -> str:
-    """How :func:`quant_linear` multiplies q4_0, q4_1 and q8_0 weights at streaming row counts: ``int8`` or ``fp32``.
+    """How :func:`quant_linear` multiplies q4_0 and q4_1 weights at streaming row counts: ``int8`` or ``fp32``.
 
     ``int8`` (the default) rounds each row of ``x`` to int8 per 32-wide block
     (:func:`paged_core.api.round_activations_q8`) and multiplies the blocks' integers in integer dot
