@@ -286,22 +286,22 @@ inline void store_tile(const QuantArgs& a, const float* v, int nf, int64_t r0, i
   }
 }
 
-// The tile of R rows and nf <= NF features (nf known at run time only at the end of a range).
-template <class F, int R, int NF>
-inline void tile_any(const QuantArgs& a, const uint8_t* w, int64_t ldw, int nf, int64_t n0, int64_t r0) {
-  float v[R * NF];
-  const float* x = a.x + r0 * a.ldx;
+// A tile of R rows and nf <= NF features into v[R * NF] (nf known at run time only at the end of a range):
+// dot(Int<C>(), out) computes C features into out[R * C]; returns the features computed.
+template <int R, int NF, typename Dot>
+inline int partial_tile(int nf, float* v, const Dot& dot) {
   auto run = [&](auto cols) {
     constexpr int C = decltype(cols)::value;
     float t[R * C];
-    dot_tile<F, R, C>(a, w, ldw, n0, x, a.ldx, t);
+    dot(cols, t);
     for (int r = 0; r < R; ++r)
       for (int f = 0; f < C; ++f) v[r * NF + f] = t[r * C + f];
   };
   if (nf >= NF) {
-    dot_tile<F, R, NF>(a, w, ldw, n0, x, a.ldx, v);
-    nf = NF;
-  } else if constexpr (NF >= 4) {
+    dot(Int<NF>(), v);
+    return NF;
+  }
+  if constexpr (NF >= 4) {
     if (nf == 3) run(Int<3>());
     else if (nf == 2) run(Int<2>());
     else run(Int<1>());
@@ -311,6 +311,16 @@ inline void tile_any(const QuantArgs& a, const uint8_t* w, int64_t ldw, int nf, 
   } else if constexpr (NF == 2) {
     run(Int<1>());
   }
+  return nf;
+}
+
+template <class F, int R, int NF>
+inline void tile_any(const QuantArgs& a, const uint8_t* w, int64_t ldw, int nf, int64_t n0, int64_t r0) {
+  float v[R * NF];
+  const float* x = a.x + r0 * a.ldx;
+  nf = partial_tile<R, NF>(nf, v, [&](auto cols, float* out) {
+    dot_tile<F, R, decltype(cols)::value>(a, w, ldw, n0, x, a.ldx, out);
+  });
   store_tile<R, NF>(a, v, nf, r0, n0);
 }
 

@@ -107,26 +107,9 @@ template <class F, int R, int NF>
 inline void q8_tile_any(const QuantArgs& a, int nf, int64_t n0, int64_t r0) {
   float v[R * NF];
   const uint8_t* w = a.w + n0 * a.ldw;
-  auto run = [&](auto cols) {
-    constexpr int C = decltype(cols)::value;
-    float t[R * C];
-    q8_dot_tile<F, R, C>(a, w, n0, r0, t);
-    for (int r = 0; r < R; ++r)
-      for (int f = 0; f < C; ++f) v[r * NF + f] = t[r * C + f];
-  };
-  if (nf >= NF) {
-    q8_dot_tile<F, R, NF>(a, w, n0, r0, v);
-    nf = NF;
-  } else if constexpr (NF == 4) {
-    if (nf == 3) run(Int<3>());
-    else if (nf == 2) run(Int<2>());
-    else run(Int<1>());
-  } else if constexpr (NF == 3) {
-    if (nf == 2) run(Int<2>());
-    else run(Int<1>());
-  } else if constexpr (NF == 2) {
-    run(Int<1>());
-  }
+  nf = partial_tile<R, NF>(nf, v, [&](auto cols, float* out) {
+    q8_dot_tile<F, R, decltype(cols)::value>(a, w, n0, r0, out);
+  });
   store_tile<R, NF>(a, v, nf, r0, n0);
 }
 
