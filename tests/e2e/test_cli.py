@@ -7,11 +7,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+from .e2e_helpers import ACTIVATIONS_ENV
+
 PAGED = str(Path(sys.executable).parent / "paged")
 
 
 def _run(args: list[str], stdin: str | None = None) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "TOKENIZERS_PARALLELISM": "false"}
+    # Without the exact-activation switch the parity battery sets (conftest): the CLI runs as a user's does.
+    env = {k: v for k, v in os.environ.items() if k != ACTIVATIONS_ENV} | {"TOKENIZERS_PARALLELISM": "false"}
     return subprocess.run([PAGED, *args], input=stdin, capture_output=True, text=True, timeout=600, env=env)
 
 
