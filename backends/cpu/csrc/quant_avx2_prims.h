@@ -13,11 +13,11 @@ PAGED_FORCE_INLINE inline void vstore(float* p, VF a) { _mm256_storeu_ps(p, a); 
 PAGED_FORCE_INLINE inline VF vfma(VF a, VF b, VF c) { return _mm256_fmadd_ps(a, b, c); }
 PAGED_FORCE_INLINE inline VF vmul(VF a, VF b) { return _mm256_mul_ps(a, b); }
 PAGED_FORCE_INLINE inline VF vadd(VF a, VF b) { return _mm256_add_ps(a, b); }
+// vsum and vsum4 add the lanes by one tree, ((0 + 1) + (2 + 3)) + ((4 + 5) + (6 + 7)), so an output
+// summed by either has the same bits (batch invariance, quant_body.h).
 PAGED_FORCE_INLINE inline float vsum(VF a) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
+  const __m256 t = _mm256_hadd_ps(_mm256_hadd_ps(a, a), _mm256_hadd_ps(a, a));
+  return _mm_cvtss_f32(_mm_add_ss(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1)));
 }
 PAGED_FORCE_INLINE inline void vsum4(VF a, VF b, VF c, VF d, float* out) {
   const __m256 t = _mm256_hadd_ps(_mm256_hadd_ps(a, b), _mm256_hadd_ps(c, d));  // per half: a, b, c, d

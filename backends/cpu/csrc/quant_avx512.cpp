@@ -41,12 +41,12 @@ PAGED_FORCE_INLINE inline VF vadd(VF a, VF b) { return _mm512_add_ps(a, b); }
 PAGED_FORCE_INLINE inline __m256 fold(VF a) {
   return _mm256_add_ps(_mm512_castps512_ps256(a), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a), 1)));
 }
+// vsum and vsum4 reduce the folded 8 lanes by one tree (as the AVX2 build's), so an output summed by
+// either has the same bits (batch invariance, quant_body.h).
 PAGED_FORCE_INLINE inline float vsum(VF v) {
   const __m256 a = fold(v);
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
+  const __m256 t = _mm256_hadd_ps(_mm256_hadd_ps(a, a), _mm256_hadd_ps(a, a));
+  return _mm_cvtss_f32(_mm_add_ss(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1)));
 }
 PAGED_FORCE_INLINE inline void vsum4(VF a, VF b, VF c, VF d, float* out) {
   const __m256 t = _mm256_hadd_ps(_mm256_hadd_ps(fold(a), fold(b)), _mm256_hadd_ps(fold(c), fold(d)));

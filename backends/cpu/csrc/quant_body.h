@@ -81,7 +81,7 @@ struct FmtQ4_1 {  // f16 d, f16 m, 16 bytes: w = d * q + m
 };
 
 struct FmtQ8_0 {  // f16 d, 32 int8: w = d * q; streamed one weight row at a time (stream_width)
-  static constexpr int kBlock = 32, kBytes = 34, kStep = 32, kWidth = 1;
+  static constexpr int kBlock = 32, kBytes = 34, kStep = 32, kWidth = 1, kAccSplit = 2;
   static constexpr bool kTail = false, kFeatureOuter = true, kPrefetch = true;
   struct State {};
   struct Scales { VF d; };
@@ -192,13 +192,16 @@ constexpr int kPrefetchTiles = 1;
 // ---- the register tile: R rows of x against NF weight rows, dot products along K ----
 
 // out[r * NF + f] = sum_k x[r][k] * w_f[k] for the NF rows at w (feature n0 + f at w + f * ldw bytes).
-// One decode of each weight vector serves all R rows; with one row, each output keeps two accumulators
-// so that 8 FMA chains are in flight.
+// One decode of each weight vector serves all R rows. Every output has U accumulators (vector i of a step
+// into accumulator i % U, each added to in k order, then to each other and summed across lanes by one
+// tree). U is the format's (acc_split) on every path, whatever R and NF are, so that a row's result does
+// not depend on how many rows share the call or which path serves them (batch invariance: the e2e parity
+// tests and in- against out-of-process equality rely on it).
 static_assert(kLanes == 8 || kLanes == 16, "the decoders cut blocks into vectors of 8 or 16 weights");
-template <class F, int R, int NF>
+template <class F, int R, int NF, int U>
 inline void dot_tile(const QuantArgs& a, const uint8_t* w, int64_t ldw, int64_t n0, const float* x, int64_t ldx,
                      float* out) {
-  constexpr int U = R == 1 ? 2 : 1;
+  static_assert(U == 1 || U == 2);
   VF acc[R * NF * U];
   unroll<R * NF * U>([&](auto j) PAGED_FORCE_INLINE { acc[j] = vzero(); });
   const int64_t kn = a.in_features, blocks = kn / F::kBlock;
@@ -263,7 +266,8 @@ inline void dot_tile(const QuantArgs& a, const uint8_t* w, int64_t ldw, int64_t 
     for (int64_t k = blocks * F::kBlock; k < kn; ++k)
       for (int f = 0; f < NF; ++f) {
         const float wk = F::weight(w + f * ldw, a, n0 + f, k);
-        for (int r = 0; r < R; ++r) out[r * NF + f] += wk * x[r * ldx + k];
+        // One rounding, whatever the compiler would contract in this instantiation (batch invariance).
+        for (int r = 0; r < R; ++r) out[r * NF + f] = std::fma(wk, x[r * ldx + k], out[r * NF + f]);
       }
   }
 }
@@ -290,47 +294,45 @@ inline void store_tile(const QuantArgs& a, const float* v, int nf, int64_t r0, i
 // dot(Int<C>(), out) computes C features into out[R * C]; returns the features computed.
 template <int R, int NF, typename Dot>
 inline int partial_tile(int nf, float* v, const Dot& dot) {
-  auto run = [&](auto cols) {
-    constexpr int C = decltype(cols)::value;
-    float t[R * C];
-    dot(cols, t);
-    for (int r = 0; r < R; ++r)
-      for (int f = 0; f < C; ++f) v[r * NF + f] = t[r * C + f];
-  };
   if (nf >= NF) {
     dot(Int<NF>(), v);
     return NF;
   }
-  if constexpr (NF >= 4) {
-    if (nf == 3) run(Int<3>());
-    else if (nf == 2) run(Int<2>());
-    else run(Int<1>());
-  } else if constexpr (NF == 3) {
-    if (nf == 2) run(Int<2>());
-    else run(Int<1>());
-  } else if constexpr (NF == 2) {
-    run(Int<1>());
-  }
+  unroll<NF - 1>([&](auto c) PAGED_FORCE_INLINE {
+    constexpr int C = decltype(c)::value + 1;
+    if (nf != C) return;
+    float t[R * C];
+    dot(Int<C>(), t);
+    for (int r = 0; r < R; ++r)
+      for (int f = 0; f < C; ++f) v[r * NF + f] = t[r * C + f];
+  });
   return nf;
 }
 
-template <class F, int R, int NF>
+template <class F, int R, int NF, int U>
 inline void tile_any(const QuantArgs& a, const uint8_t* w, int64_t ldw, int nf, int64_t n0, int64_t r0) {
   float v[R * NF];
   const float* x = a.x + r0 * a.ldx;
   nf = partial_tile<R, NF>(nf, v, [&](auto cols, float* out) {
-    dot_tile<F, R, decltype(cols)::value>(a, w, ldw, n0, x, a.ldx, out);
+    dot_tile<F, R, decltype(cols)::value, U>(a, w, ldw, n0, x, a.ldx, out);
   });
   store_tile<R, NF>(a, v, nf, r0, n0);
 }
 
-// Output features per tile for R rows: 8 (one row: 4 features x 2) to 12 accumulators; q8_0 one (one
+// Output features per tile for R rows: 4 to 12 accumulators (one row: 4 FMA chains; against 8 from split
+// sums the AVX2 build's one-row time moved within the machine's noise, decoding being what limits it). q8_0's width is one (one
 // sequential stream through its rows, as in quant_q8_body.h: its decoding is cheap enough for the
-// interleaved rows' memory streams to be what limits it).
+// interleaved rows' memory streams to be what limits it), so it splits each output's sum in two
+// (kAccSplit) for the chains of one row, on every path.
 template <class F>
 constexpr int format_width() {
   if constexpr (requires { F::kWidth; }) return F::kWidth;
   else return 4;
+}
+template <class F>
+constexpr int acc_split() {
+  if constexpr (requires { F::kAccSplit; }) return F::kAccSplit;
+  else return 1;
 }
 template <class F, int R>
 constexpr int stream_width() {
@@ -365,7 +367,7 @@ void stream_rows(const QuantArgs& a, int64_t begin, int64_t end) {
     for_stream_row_tiles(a.rows, [&](auto rows, int64_t r0) {
       constexpr int R = decltype(rows)::value, NF = stream_width<F, R>();
       for (int64_t n0 = g; n0 < ge; n0 += NF)
-        tile_any<F, R, NF>(a, a.w + n0 * a.ldw, a.ldw, static_cast<int>(ge - n0), n0, r0);
+        tile_any<F, R, NF, acc_split<F>()>(a, a.w + n0 * a.ldw, a.ldw, static_cast<int>(ge - n0), n0, r0);
     });
   }
 }
@@ -392,11 +394,14 @@ inline void dequant_row(const QuantArgs& a, int64_t n, float* dst) {
 }
 
 // The dequantize path's tile: 4 rows x 3 features, 12 accumulators + 3 weight vectors + 1 activation
-// (4 x 2, 6 x 2 and 5 x 2 measured slower on one core, 3 x 3 about the same).
-constexpr int kDotRows = 4, kDotWidth = 3;
+// (4 x 2, 6 x 2 and 5 x 2 measured slower on one core, 3 x 3 about the same); a format that splits its
+// sums (acc_split) keeps its split here too, in 4 x 1 tiles (8 accumulators).
+constexpr int kDotRows = 4;
+template <class F>
+constexpr int dot_width() {
+  return acc_split<F>() == 1 ? 3 : 1;
+}
 
-// Dequantize path: a.chunk features at a time into an fp32 scratch (kept in L2), then every tile of
-// 4 rows of x (kept in L1) against it.
 template <class F>
 void dequant_dot(const QuantArgs& a, int64_t begin, int64_t end) {
   const int64_t kn = a.in_features, chunk = a.chunk;
@@ -413,13 +418,14 @@ void dequant_dot(const QuantArgs& a, int64_t begin, int64_t end) {
     // Feature n0 is scratch row n0 - c.
     auto rows_at = [&](int64_t n0) { return reinterpret_cast<const uint8_t*>(scratch + (n0 - c) * kn); };
     int64_t r0 = 0;
+    constexpr int NF = dot_width<F>(), U = acc_split<F>();
     for (; r0 + kDotRows <= a.rows; r0 += kDotRows)
-      for (int64_t n0 = c; n0 < ce; n0 += kDotWidth)
-        tile_any<FmtF32, kDotRows, kDotWidth>(a, rows_at(n0), ldw, static_cast<int>(ce - n0), n0, r0);
+      for (int64_t n0 = c; n0 < ce; n0 += NF)
+        tile_any<FmtF32, kDotRows, NF, U>(a, rows_at(n0), ldw, static_cast<int>(ce - n0), n0, r0);
     if (r0 < a.rows) {
       auto rest = [&](auto rows) {
-        for (int64_t n0 = c; n0 < ce; n0 += kDotWidth)
-          tile_any<FmtF32, decltype(rows)::value, kDotWidth>(a, rows_at(n0), ldw, static_cast<int>(ce - n0), n0, r0);
+        for (int64_t n0 = c; n0 < ce; n0 += NF)
+          tile_any<FmtF32, decltype(rows)::value, NF, U>(a, rows_at(n0), ldw, static_cast<int>(ce - n0), n0, r0);
       };
       switch (a.rows - r0) {  // fewer than kDotRows (at most 7)
         case 1: rest(Int<1>()); break;

@@ -278,6 +278,24 @@ def test_results_do_not_depend_on_threads(threads: Callable[[int], None]) -> Non
         assert torch.equal(a, b)
 
 
+@pytest.mark.parametrize("fmt", KERNEL_FORMATS)
+def test_a_rows_result_does_not_depend_on_its_batch(variant: str, fmt: str) -> None:
+    """Batch invariance with exact activations: each row of x gives identical bits alone, in any batch size,
+    at any place in the batch, streamed or dequantized first (the e2e parity tests and in- against
+    out-of-process equality rely on it: a request's batch-mates change with the schedule)."""
+    n, k = 70, in_features_for(fmt, 100 if fmt == "int8" else 576)  # 70 = tiles of 8, 4 and 3 plus a rest
+    w = make_weight(fmt, n, k, seed=5)
+    fid = ops.QUANT_FORMATS[fmt]
+    x = rand(13, k, dtype=torch.float32, seed=6)
+    alone = torch.cat([ops.quant_linear(x[i : i + 1], w.data, w.scale, None, fid, n, STREAM_ALL) for i in range(13)])
+    for m in range(2, 14):
+        for stream_rows in (STREAM_ALL, DEQUANT_ALL):
+            got = ops.quant_linear(x[:m], w.data, w.scale, None, fid, n, stream_rows)
+            assert torch.equal(got, alone[:m]), f"{m} rows, stream_rows {stream_rows}"
+    got = ops.quant_linear(x[1:8], w.data, w.scale, None, fid, n, STREAM_ALL)  # shifted: row 1 is first now
+    assert torch.equal(got, alone[1:8])
+
+
 def test_other_packs_go_to_the_reference() -> None:
     """A format not declared, a reference PackedLinear, or an x dtype without a kernel: the reference's result."""
     cpu = CpuFusedOps()
