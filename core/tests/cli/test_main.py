@@ -133,3 +133,23 @@ def test_a_parser_needing_a_missing_module_becomes_a_stand_in(tmp_path, monkeypa
 def test_adding_a_subcommand_is_one_file(extra_subcommand, capsys) -> None:
     assert main(["hello", "world"]) == 7
     assert capsys.readouterr().out == "hello world\n"
+
+
+def test_a_reader_that_stops_early_gets_no_traceback(tmp_path) -> None:
+    """`paged backends | grep -q x` closes the pipe after the first match; the rest must not be a traceback."""
+    import subprocess
+
+    # The plain table (a core-only install has no rich), made long enough to outlast the reader.
+    program = tmp_path / "paged_plain.py"
+    program.write_text(
+        "import sys\n"
+        "sys.modules['rich.console'] = None\n"
+        "import paged_core.cli.backends as b\n"
+        "b.render_plain = lambda records: 'x\\n' * 200000\n"
+        "from paged_core.cli.main import main\n"
+        "sys.exit(main(['backends']))\n"
+    )
+    script = f"{sys.executable} {program} | head -c 1 > /dev/null; echo ${{PIPESTATUS[0]}}"
+    run = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=120)
+    assert "Traceback" not in run.stderr, run.stderr
+    assert run.stdout.strip() in ("0", "141"), run.stdout  # 0 if it finished writing before the reader left

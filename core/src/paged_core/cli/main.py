@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import pkgutil
 import sys
 from collections.abc import Sequence
@@ -122,6 +123,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     except KeyboardInterrupt:  # Ctrl-C after a clean shutdown (uvicorn re-raises the signal it caught)
         return 130
+    except BrokenPipeError:  # the reader went away (`paged backends | head -1`): no traceback, as a shell tool
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # so the exit's flush cannot fail again
+        return 141  # 128 + SIGPIPE, what a shell reports for a tool the pipe stopped
 
 
 if __name__ == "__main__":
