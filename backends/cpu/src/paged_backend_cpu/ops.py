@@ -207,7 +207,8 @@ def interleave_q4(data: torch.Tensor, fmt: int) -> torch.Tensor:
     n, row_bytes = data.shape
     block = head + 16
     if n % 8 or row_bytes % block:
-        raise ValueError(f"interleave_q4: {n} rows of {row_bytes} bytes are not groups of 8 rows of {block}-byte blocks")
+        raise ValueError(f"interleave_q4: {n} rows of {row_bytes} bytes are not groups of 8 rows of {block}-byte "
+                         "blocks")
     blocks = row_bytes // block
     t = data.reshape(n // 8, 8, blocks, block).permute(0, 2, 1, 3)  # [groups, blocks, row, block bytes]
     parts = [t[..., 0:2].reshape(n // 8, blocks, 16)]  # the 8 rows' d
