@@ -134,6 +134,9 @@ struct Q8Kernels {
   const char* name;
   Q8RoundFn round;
   QuantFn stream;
+  // `stream` over q4_0 / q4_1 rows interleaved in groups of 8 (quant_x8_body.h; a.w the interleaved copy,
+  // features [begin, end) multiples of 8); nullptr where the build has none.
+  QuantFn stream_x8;
 };
 
 const QuantKernels* scalar_quant_kernels();

@@ -280,7 +280,8 @@ constexpr int64_t kQuantScratchFloats = 32 * 1024;
 }  // namespace
 
 at::Tensor quant_linear(const at::Tensor& x_in, const at::Tensor& data, const std::optional<at::Tensor>& scale,
-                        const std::optional<at::Tensor>& bias, int64_t fmt, int64_t out_features, int64_t stream_rows) {
+                        const std::optional<at::Tensor>& bias, int64_t fmt, int64_t out_features, int64_t stream_rows,
+                        const std::optional<at::Tensor>& interleaved) {
   check_rows(x_in, "quant_linear", "x");
   TORCH_CHECK(fmt >= 0 && fmt < kQuantFormats, "paged_cpu.quant_linear: fmt ", fmt,
               " is not a format id (0 q4_0, 1 q4_1, 2 q8_0, 3 q4_k, 4 q6_k, 5 int8)");
@@ -311,6 +312,17 @@ at::Tensor quant_linear(const at::Tensor& x_in, const at::Tensor& data, const st
   } else {
     TORCH_CHECK(!(scale.has_value() && scale->defined()), "paged_cpu.quant_linear: scale must be None for ", info.name,
                 " (its scales are inside the blocks)");
+  }
+  const bool has_x8 = interleaved.has_value() && interleaved->defined();
+  if (has_x8) {
+    const int64_t group_bytes = k / 32 * (format == QFormat::Q4_1 ? 160 : 144);
+    TORCH_CHECK(format == QFormat::Q4_0 || format == QFormat::Q4_1, "paged_cpu.quant_linear: an interleaved copy is "
+                "only read for q4_0 and q4_1, not ", info.name);
+    TORCH_CHECK(n % 8 == 0 && interleaved->device().is_cpu() && interleaved->scalar_type() == at::kByte &&
+                interleaved->dim() == 2 && interleaved->size(0) == n / 8 && interleaved->size(1) == group_bytes &&
+                interleaved->is_contiguous(), "paged_cpu.quant_linear: interleaved must be a contiguous cpu uint8 [",
+                n / 8, ", ", group_bytes, "] tensor (", info.name, " rows in groups of 8; out_features a multiple of "
+                "8), got ", interleaved->scalar_type(), " of shape ", interleaved->sizes());
   }
   at::Tensor b;
   if (bias.has_value() && bias->defined()) {
@@ -353,6 +365,15 @@ at::Tensor quant_linear(const at::Tensor& x_in, const at::Tensor& data, const st
       a.xq = xq.data();
       a.xds = scales.data();
       fn = q8.stream;
+      if (has_x8 && q8.stream_x8 != nullptr) {
+        // Lanes are features: units of 16 (two groups of 8), a thread streams at least kQuantParallelBytes.
+        a.w = static_cast<const uint8_t*>(interleaved->data_ptr());
+        const QuantFn x8 = q8.stream_x8;
+        const int64_t unit_bytes = 16 * row_bytes * ((rows + 3) / 4);
+        at::parallel_for(0, (n + 15) / 16, std::max<int64_t>(1, kQuantParallelBytes / unit_bytes),
+                         [&](int64_t begin, int64_t end) { x8(a, begin * 16, std::min(n, end * 16)); });
+        return out;
+      }
     }
     // Units of kQuantGroup features; a thread streams at least kQuantParallelBytes of packed rows.
     const int64_t units = (n + kQuantGroup - 1) / kQuantGroup;

@@ -44,9 +44,11 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& packed, const std::opti
                   int64_t out_features);
 // x @ dequantize(data).T + bias for a packed weight (fmt: QFormat id), read in place; fp32 sums.
 // Up to stream_rows rows the packed rows are streamed and dequantized in registers, above that
-// dequantized once into fp32 chunks that every row is multiplied against.
+// dequantized once into fp32 chunks that every row is multiplied against. `interleaved`: q4_0 / q4_1 only, the
+// same rows repacked in groups of 8 (quant_x8_body.h), read instead at streaming row counts with int8 activations.
 at::Tensor quant_linear(const at::Tensor& x, const at::Tensor& data, const std::optional<at::Tensor>& scale,
-                        const std::optional<at::Tensor>& bias, int64_t fmt, int64_t out_features, int64_t stream_rows);
+                        const std::optional<at::Tensor>& bias, int64_t fmt, int64_t out_features, int64_t stream_rows,
+                        const std::optional<at::Tensor>& interleaved);
 // The variant of the layer kernels in use (follows set_isa: `scalar`, else `avx2` where the CPU has it).
 std::string fused_isa();
 // The packed-weight linear kernels in use: avx512, avx2 or scalar (by default those of the layer kernels).

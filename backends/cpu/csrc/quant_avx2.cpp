@@ -30,11 +30,13 @@ namespace avx2_quant {
 PAGED_FORCE_INLINE inline VI vdot(VB u, VB s) {
   return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
 }
+PAGED_FORCE_INLINE inline VI vdot_acc(VI acc, VB u, VB s) { return _mm256_add_epi32(acc, vdot(u, s)); }
 
 #include "quant_body.h"
 #include "quant_q8_body.h"
+#include "quant_x8_body.h"
 
-const Q8Kernels kQ8{"avx2", &round_q8_rows, &quant_stream_q8};
+const Q8Kernels kQ8{"avx2", &round_q8_rows, &quant_stream_q8, &quant_stream_x8};
 const QuantKernels kKernels{"avx2", &quant_stream, &quant_dequant_dot, &kQ8};
 
 }  // namespace avx2_quant
@@ -49,11 +51,13 @@ namespace vnni_quant {
 #include "quant_avx2_prims.h"
 
 PAGED_FORCE_INLINE inline VI vdot(VB u, VB s) { return _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s); }
+PAGED_FORCE_INLINE inline VI vdot_acc(VI acc, VB u, VB s) { return _mm256_dpbusd_epi32(acc, u, s); }
 
 #include "quant_body.h"
 #include "quant_q8_body.h"
+#include "quant_x8_body.h"
 
-const Q8Kernels kQ8{"vnni", &round_q8_rows, &quant_stream_q8};
+const Q8Kernels kQ8{"vnni", &round_q8_rows, &quant_stream_q8, &quant_stream_x8};
 
 }  // namespace vnni_quant
 #pragma GCC pop_options

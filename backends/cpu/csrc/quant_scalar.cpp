@@ -128,7 +128,7 @@ PAGED_FORCE_INLINE inline VF vpair(const float* p) {
 #include "quant_body.h"
 #include "quant_q8_body.h"
 
-const Q8Kernels kQ8{"scalar", &round_q8_rows, &quant_stream_q8};
+const Q8Kernels kQ8{"scalar", &round_q8_rows, &quant_stream_q8, nullptr};  // no interleaved kernel
 const QuantKernels kKernels{"scalar", &quant_stream, &quant_dequant_dot, &kQ8};
 
 }  // namespace scalar_quant

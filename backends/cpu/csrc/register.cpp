@@ -20,7 +20,7 @@ TORCH_LIBRARY(paged_cpu, m) {
   m.def("pack_linear(Tensor weight) -> Tensor");
   m.def("linear(Tensor x, Tensor packed, Tensor? bias, int out_features) -> Tensor");
   m.def("quant_linear(Tensor x, Tensor data, Tensor? scale, Tensor? bias, int fmt, int out_features, "
-        "int stream_rows) -> Tensor");
+        "int stream_rows, Tensor? interleaved=None) -> Tensor");
   m.def("fused_isa() -> str", &paged_cpu::fused_isa);
   m.def("quant_isa() -> str", &paged_cpu::quant_isa);
   m.def("set_quant_isa(str name) -> str", &paged_cpu::set_quant_isa);

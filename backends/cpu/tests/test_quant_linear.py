@@ -556,3 +556,72 @@ def test_q8_results_do_not_depend_on_threads(int8_activations: None, threads: Ca
         outs.append(ops.quant_linear(rand(3, 576, dtype=torch.float32, seed=3), w.data, None, None,
                                      ops.QUANT_FORMATS["q4_0"], 1000, STREAM_ALL))  # fmt: skip
     assert torch.equal(*outs)
+
+
+# ---- the interleaved copy (groups of 8 rows) that decoding reads with int8 activations ----------------------
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("fmt", Q8_FORMATS)
+def test_interleaved_matches_the_rounded_oracle(int8_activations: None, q8_variant: str, fmt: str,
+                                                dtype: torch.dtype) -> None:  # fmt: skip
+    """Same oracle as the row-major int8 path: every group count (one group, an odd count for the one-row tiles
+    of two groups, many), every row tile, a bias, strided x; the scalar build has no such kernel and reads
+    the rows as they are."""
+    fid = ops.QUANT_FORMATS[fmt]
+    for n, k in ((8, 32), (40, 64), (192, 576), (24, 1536)):
+        w = make_weight(fmt, n, k, seed=n + k)
+        wd = dequantize(w).double()
+        interleaved = ops.interleave_q4(w.data, fid)
+        assert interleaved.shape == (n // 8, w.data.shape[1] * 8) and interleaved.dtype == torch.uint8
+        for rows in (1, 2, 3, 4, 5, 7):
+            x = rand(rows, k, dtype=dtype, seed=rows)
+            bias = rand(n, dtype=dtype, seed=n) * 0.1 if rows % 2 else None
+            got = ops.quant_linear(x, w.data, None, bias, fid, n, STREAM_ALL, interleaved)
+            check_q8(got, x, wd, bias)
+            again = ops.quant_linear(strided_rows(x), w.data, None, bias, fid, n, STREAM_ALL, interleaved)
+            assert torch.equal(again, got)
+
+
+@pytest.mark.parametrize("fmt", Q8_FORMATS)
+def test_interleaved_is_read_not_the_rows(int8_activations: None, fmt: str) -> None:
+    """With the copy given, decoding reads it: a byte changed there (and not in the rows) moves the result
+    far out of tolerance; exact activations and many rows read the rows themselves."""
+    fid = ops.QUANT_FORMATS[fmt]
+    w = make_weight(fmt, 64, 576, seed=2)
+    wd = dequantize(w).double()
+    interleaved = ops.interleave_q4(w.data, fid)
+    interleaved[3, 40] ^= 0x77  # group 3, block 0: nibbles of rows 24-31
+    x = rand(2, 576, dtype=torch.float32, seed=3)
+    if ops.quant_q8_isa() != "scalar":
+        with pytest.raises(AssertionError, match="outside the tolerance"):
+            check_q8(ops.quant_linear(x, w.data, None, None, fid, 64, STREAM_ALL, interleaved), x, wd, None)
+    check(ops.quant_linear(x, w.data, None, None, fid, 64, DEQUANT_ALL, interleaved), x, wd, None)
+    ops.set_linear_activations("fp32")
+    check(ops.quant_linear(x, w.data, None, None, fid, 64, STREAM_ALL, interleaved), x, wd, None)
+
+
+def test_interleave_refuses_what_it_cannot_lay_out() -> None:
+    w = make_weight("q4_1", 12, 64, seed=1)
+    with pytest.raises(ValueError, match="groups of 8 rows"):
+        ops.interleave_q4(w.data, ops.QUANT_FORMATS["q4_1"])
+    with pytest.raises(ValueError, match="not q4_0 or q4_1"):
+        ops.interleave_q4(make_weight("q8_0", 8, 64, seed=1).data, ops.QUANT_FORMATS["q8_0"])
+    good = make_weight("q4_1", 16, 64, seed=1)
+    interleaved = ops.interleave_q4(good.data, ops.QUANT_FORMATS["q4_1"])
+    with pytest.raises(RuntimeError, match="interleaved must be"):
+        ops.quant_linear(rand(1, 64, dtype=torch.float32, seed=1), good.data, None, None, ops.QUANT_FORMATS["q4_1"],
+                         16, STREAM_ALL, interleaved[:1])  # fmt: skip
+    with pytest.raises(RuntimeError, match="only read for q4_0 and q4_1"):
+        q8 = make_weight("q8_0", 16, 64, seed=1)
+        ops.quant_linear(rand(1, 64, dtype=torch.float32, seed=1), q8.data, None, None, ops.QUANT_FORMATS["q8_0"],
+                         16, STREAM_ALL, interleaved)  # fmt: skip
+
+
+def test_pack_linear_interleaves_q4_rows_in_groups_of_8() -> None:
+    ops_ = CpuFusedOps()
+    for fmt, n, expected in (("q4_1", 64, True), ("q4_0", 64, True), ("q4_1", 60, False), ("q8_0", 64, False)):
+        packed = ops_.pack_linear(make_weight(fmt, n, 64, seed=1))
+        assert isinstance(packed.packed, fused.CpuQuantWeight)
+        assert (packed.packed.interleaved is not None) == expected, (fmt, n)
+    assert CpuFusedOps(interleave=False).pack_linear(make_weight("q4_1", 64, 64, seed=1)).packed.interleaved is None

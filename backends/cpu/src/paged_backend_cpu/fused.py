@@ -58,6 +58,12 @@ QUANT_STREAM_DEFAULT = QUANT_STREAM_MAX_ROWS["avx2"]
 """The same where nothing was measured (other kernel variants): the AVX2 figures."""
 
 
+INTERLEAVED_FORMATS = frozenset({"q4_0", "q4_1"})
+"""Packed formats that also get a copy with rows in groups of 8 at load (:func:`ops.interleave_q4`), which
+decoding with int8 activations reads: 8 features per vector, so no per-row scale gathers or horizontal
+sums (README, "Packed weights"). It costs a second copy of those weights in memory."""
+
+
 def default_quant_stream_rows() -> dict[str, int]:
     """:data:`QUANT_STREAM_MAX_ROWS` for this CPU's best kernel variant."""
     return dict(QUANT_STREAM_MAX_ROWS.get(ops.supported_isas()[0], QUANT_STREAM_DEFAULT))
@@ -78,6 +84,9 @@ class CpuQuantWeight:
     """Row counts up to this stream the packed rows, larger ones dequantize first (:data:`QUANT_STREAM_MAX_ROWS`)."""
     out_features: int
     """The weight's rows, kept here: ``linear`` runs per projection per step, where a property call shows."""
+    interleaved: torch.Tensor | None = None
+    """q4_0 / q4_1 with rows in groups of 8 (:func:`ops.interleave_q4`), what decoding reads with int8
+    activations: a second copy of the weight (``None`` for other formats, or rows not a multiple of 8)."""
 
 
 @dataclass(frozen=True)
@@ -147,12 +156,15 @@ class CpuFusedOps(FusedOps):
         max_rows: dict[torch.dtype, int] | None = None,
         onednn: bool = True,
         quant_stream_rows: dict[str, int] | None = None,
+        interleave: bool = True,
     ) -> None:
         self.max_rows = default_max_rows() if max_rows is None else dict(max_rows)
         self.onednn = onednn
         self.quant_stream_rows = default_quant_stream_rows()
         if quant_stream_rows is not None:
             self.quant_stream_rows.update(quant_stream_rows)
+        self.interleave = interleave
+        """Whether ``pack_linear`` adds the interleaved copy of q4_0 / q4_1 weights (:data:`INTERLEAVED_FORMATS`)."""
 
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         """RMS normalisation of ``[T, H]`` over ``H``, times ``weight`` ``[H]``: one native pass."""
@@ -185,7 +197,11 @@ class CpuFusedOps(FusedOps):
             if name not in self.linear_formats or weight.device.type != "cpu":
                 return super().pack_linear(weight, bias)
             rows = self.quant_stream_rows.get(name, 4)
-            quant = CpuQuantWeight(ops.QUANT_FORMATS[name], weight.data, weight.scale, rows, weight.out_features)
+            fid = ops.QUANT_FORMATS[name]
+            interleaved = None
+            if self.interleave and name in INTERLEAVED_FORMATS and weight.out_features % 8 == 0:
+                interleaved = ops.interleave_q4(weight.data, fid)
+            quant = CpuQuantWeight(fid, weight.data, weight.scale, rows, weight.out_features, interleaved)
             return PackedLinear(weight, bias, quant)
         if weight.dim() != 2 or weight.device.type != "cpu":
             return PackedLinear(weight, bias)
@@ -201,7 +217,8 @@ class CpuFusedOps(FusedOps):
         """``x @ weight.T + bias``: the native kernel for few rows of a packed weight, else torch's linear."""
         p = packed.packed
         if isinstance(p, CpuQuantWeight) and x.dim() == 2 and x.dtype in _QUANT_X_DTYPES:
-            return ops.quant_linear(x, p.data, p.scale, packed.bias, p.fmt, p.out_features, p.stream_rows)
+            return ops.quant_linear(x, p.data, p.scale, packed.bias, p.fmt, p.out_features, p.stream_rows,
+                                    p.interleaved)  # fmt: skip
         if isinstance(p, CpuPackedWeight) and isinstance(packed.weight, torch.Tensor) and x.dim() == 2:
             if p.panels is not None and x.shape[0] <= p.max_rows:
                 return ops.linear(x, p.panels, packed.bias, packed.out_features)

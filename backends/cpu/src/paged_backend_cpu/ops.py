@@ -80,6 +80,7 @@ def _quant_linear_fake(
     fmt: int,
     out_features: int,
     stream_rows: int,
+    interleaved: torch.Tensor | None = None,
 ) -> torch.Tensor:
     return x.new_empty((x.shape[0], out_features))
 
@@ -178,16 +179,44 @@ def quant_linear(
     fmt: int,
     out_features: int,
     stream_rows: int,
+    interleaved: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """``x @ W.T + bias`` for a packed ``W`` read in place (``data`` and ``scale`` of a ``QuantizedWeight``).
 
     ``fmt`` is a :data:`QUANT_FORMATS` id. Weights are dequantized exactly in fp32 and the products
     summed in fp32; a new ``[T, out_features]`` in ``x.dtype``. Up to ``stream_rows`` rows the packed
     rows are streamed once per tile of 4 rows and dequantized in registers; above, dequantized once
-    into fp32 chunks that every row is multiplied against.
+    into fp32 chunks that every row is multiplied against. ``interleaved`` (q4_0 / q4_1, from
+    :func:`interleave_q4`) is the same weight in groups of 8 rows, read instead of ``data`` at streaming
+    row counts with int8 activations (:func:`linear_activations`) where the build has that kernel.
     """
-    out: torch.Tensor = torch.ops.paged_cpu.quant_linear(x, data, scale, bias, fmt, out_features, stream_rows)
+    out: torch.Tensor = torch.ops.paged_cpu.quant_linear(x, data, scale, bias, fmt, out_features, stream_rows,
+                                                         interleaved)  # fmt: skip
     return out
+
+
+def interleave_q4(data: torch.Tensor, fmt: int) -> torch.Tensor:
+    """q4_0 / q4_1 rows ``[N, K / 32 * bytes]`` (``N`` a multiple of 8) repacked in groups of 8 rows, the layout
+    :func:`quant_linear` reads as ``interleaved``: per group and block of 32 weights the 8 rows' fp16 ``d``
+    (q4_1: then their 8 ``m``), then 4 vectors of 32 bytes, vector ``g`` holding bytes ``4g .. 4g + 3`` of
+    each row's nibbles (csrc/quant_x8_body.h). A new ``[N / 8, K / 32 * 8 * bytes]`` uint8 tensor."""
+    scales = {QUANT_FORMATS["q4_0"]: 2, QUANT_FORMATS["q4_1"]: 4}
+    if fmt not in scales:
+        raise ValueError(f"interleave_q4: fmt {fmt} is not q4_0 or q4_1")
+    head = scales[fmt]
+    n, row_bytes = data.shape
+    block = head + 16
+    if n % 8 or row_bytes % block:
+        raise ValueError(f"interleave_q4: {n} rows of {row_bytes} bytes are not groups of 8 rows of {block}-byte "
+                         "blocks")
+    blocks = row_bytes // block
+    t = data.reshape(n // 8, 8, blocks, block).permute(0, 2, 1, 3)  # [groups, blocks, row, block bytes]
+    parts = [t[..., 0:2].reshape(n // 8, blocks, 16)]  # the 8 rows' d
+    if head == 4:
+        parts.append(t[..., 2:4].reshape(n // 8, blocks, 16))  # their m
+    nibbles = t[..., head:].reshape(n // 8, blocks, 8, 4, 4).permute(0, 1, 3, 2, 4)  # [.., vector g, row, byte]
+    parts.append(nibbles.reshape(n // 8, blocks, 128))
+    return torch.cat(parts, dim=-1).reshape(n // 8, -1).contiguous()
 
 
 def linear_activations() -> str:

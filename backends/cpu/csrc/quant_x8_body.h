@@ -1,0 +1,82 @@
+// The int8-activation path (quant_q8_body.h) over q4_0 / q4_1 weights repacked in groups of 8 rows, so that
+// the 8 lanes of a vector are 8 output features: no scale gathers and no horizontal sums.
+//
+// Included after quant_q8_body.h inside the AVX2 and VNNI namespaces of quant_avx2.cpp, which define
+//   vdot_acc(acc, u, s) -> VI: acc + the 8 sums of 4 products of unsigned bytes u and signed bytes s.
+//
+// Layout (made at load by paged_backend_cpu.fused.interleave_q4): per group of 8 weight rows and per block
+// of 32 weights, the 8 rows' fp16 d (q4_1: then their 8 fp16 m), then 4 vectors of 32 bytes: vector g holds,
+// for row j, the 4 bytes 4g .. 4g + 3 of that row's block (low nibbles: weights 4g + t, high nibbles:
+// weights 16 + 4g + t). A vector's low nibbles against activation bytes 4g .. 4g + 3 broadcast to every
+// lane, its high nibbles against bytes 16 + 4g .., give lane j row j's partial dot product.
+//
+// Why: one row of x against GGUF rows decodes one weight row per vector and gathers each row's scale
+// (quant_q8_body.h); measured standalone on one Zen 4 core with the weights in cache (576 x 1536 q4_1),
+// 33 us for that against 10 us for this layout, which is then bound by memory.
+
+template <bool kMin>
+struct X8Layout {
+  static constexpr int kScaleBytes = kMin ? 32 : 16;
+  static constexpr int kBlockBytes = kScaleBytes + 128;  // per group of 8 rows
+};
+
+// Features n0 .. n0 + 8 of R rows of x (rounded: a.xq, a.xds) into out[r * 8 + f]; w is the group's first byte.
+// One group at a time: its bytes are one sequential stream (two groups interleaved measured slower at one row,
+// as interleaved rows did for q8_0 in quant_body.h). Each row sums low and high nibbles in separate chains,
+// one row in four (alternate vectors too), so that enough dot products are in flight.
+template <bool kMin, int R>
+inline void x8_tile(const QuantArgs& a, const uint8_t* w, int64_t r0, float* out) {
+  using L = X8Layout<kMin>;
+  constexpr int C = R == 1 ? 2 : 1;  // chains per row and nibble half
+  const int64_t blocks = a.in_features / 32;
+  const __m256i low = _mm256_set1_epi8(15);
+  VF acc[R];
+  unroll<R>([&](auto r) PAGED_FORCE_INLINE { acc[r] = vzero(); });
+  for (int64_t blk = 0; blk < blocks; ++blk) {
+    const uint8_t* b = w + blk * L::kBlockBytes;
+    for (int o = 0; o < L::kBlockBytes; o += 64) __builtin_prefetch(b + 4 * L::kBlockBytes + o);
+    VI lo[R * C], hi[R * C];
+    unroll<R * C>([&](auto j) PAGED_FORCE_INLINE { lo[j] = _mm256_setzero_si256(); hi[j] = _mm256_setzero_si256(); });
+    unroll<4>([&](auto v) PAGED_FORCE_INLINE {
+      const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + L::kScaleBytes + 32 * v));
+      const __m256i ql = _mm256_and_si256(q, low), qh = _mm256_and_si256(_mm256_srli_epi16(q, 4), low);
+      unroll<R>([&](auto r) PAGED_FORCE_INLINE {
+        const int32_t* xa = reinterpret_cast<const int32_t*>(a.xq + (r0 + r) * a.in_features + 32 * blk);
+        constexpr int j = decltype(r)::value * C + decltype(v)::value % C;
+        lo[j] = vdot_acc(lo[j], ql, _mm256_set1_epi32(xa[v]));
+        hi[j] = vdot_acc(hi[j], qh, _mm256_set1_epi32(xa[4 + v]));
+      });
+    });
+    const VF d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b)));
+    const VF m = kMin ? _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 16)))
+                      : vmul(d, vset1(-8.0f));  // q4_0: d * q - 8d
+    unroll<R>([&](auto r) PAGED_FORCE_INLINE {
+      constexpr int j = decltype(r)::value * C;
+      const float* ds = a.xds + 2 * ((r0 + r) * blocks + blk);  // (da, da * sum(qa))
+      VI sum = _mm256_add_epi32(lo[j], hi[j]);
+      if constexpr (C == 2) sum = _mm256_add_epi32(sum, _mm256_add_epi32(lo[j + 1], hi[j + 1]));
+      acc[r] = vfma(vcvt(sum), vmul(d, vset1(ds[0])), acc[r]);
+      acc[r] = vfma(m, vset1(ds[1]), acc[r]);
+    });
+  }
+  unroll<R>([&](auto r) PAGED_FORCE_INLINE { vstore(out + 8 * r, acc[r]); });
+}
+
+// Output features [begin, end) (multiples of 8) of every row, from the interleaved copy a.w (a.ldw unused).
+template <bool kMin>
+void x8_stream(const QuantArgs& a, int64_t begin, int64_t end) {
+  const int64_t group_bytes = a.in_features / 32 * X8Layout<kMin>::kBlockBytes;
+  for_stream_row_tiles(a.rows, [&](auto rows, int64_t r0) {
+    constexpr int R = decltype(rows)::value;
+    for (int64_t n0 = begin; n0 < end; n0 += 8) {
+      float v[R * 8];
+      x8_tile<kMin, R>(a, a.w + n0 / 8 * group_bytes, r0, v);
+      store_tile<R, 8>(a, v, 8, r0, n0);
+    }
+  });
+}
+
+inline void quant_stream_x8(const QuantArgs& a, int64_t begin, int64_t end) {
+  if (a.format == QFormat::Q4_1) x8_stream<true>(a, begin, end);
+  else x8_stream<false>(a, begin, end);
+}
