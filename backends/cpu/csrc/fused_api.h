@@ -81,6 +81,11 @@ struct LinearArgs {
 enum class QFormat : int32_t { Q4_0 = 0, Q4_1 = 1, Q8_0 = 2, Q4_K = 3, Q6_K = 4, INT8 = 5 };
 constexpr int kQuantFormats = 6;
 
+// The interleaved q4 layout (quant_x8_body.h): bytes per block of 32 weights of a group of 8 rows, its 8 fp16
+// scales (q4_1: and 8 fp16 mins) then 128 bytes of nibbles. One definition for the kernel and the op's check.
+constexpr int x8_scale_bytes(bool with_min) { return with_min ? 32 : 16; }
+constexpr int x8_block_bytes(bool with_min) { return x8_scale_bytes(with_min) + 128; }
+
 struct QuantFormatInfo {
   const char* name;
   int block;  // input features per block

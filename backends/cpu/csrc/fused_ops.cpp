@@ -315,7 +315,7 @@ at::Tensor quant_linear(const at::Tensor& x_in, const at::Tensor& data, const st
   }
   const bool has_x8 = interleaved.has_value() && interleaved->defined();
   if (has_x8) {
-    const int64_t group_bytes = k / 32 * (format == QFormat::Q4_1 ? 160 : 144);
+    const int64_t group_bytes = k / 32 * x8_block_bytes(format == QFormat::Q4_1);
     TORCH_CHECK(format == QFormat::Q4_0 || format == QFormat::Q4_1, "paged_cpu.quant_linear: an interleaved copy is "
                 "only read for q4_0 and q4_1, not ", info.name);
     TORCH_CHECK(n % 8 == 0 && interleaved->device().is_cpu() && interleaved->scalar_type() == at::kByte &&
@@ -366,7 +366,7 @@ at::Tensor quant_linear(const at::Tensor& x_in, const at::Tensor& data, const st
       a.xds = scales.data();
       fn = q8.stream;
       if (has_x8 && q8.stream_x8 != nullptr) {
-        // Lanes are features: units of 16 (two groups of 8), a thread streams at least kQuantParallelBytes.
+        // Lanes are features: threads take units of 16 (two groups of 8), each at least kQuantParallelBytes.
         a.w = static_cast<const uint8_t*>(interleaved->data_ptr());
         const QuantFn x8 = q8.stream_x8;
         const int64_t unit_bytes = 16 * row_bytes * ((rows + 3) / 4);

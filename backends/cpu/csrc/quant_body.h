@@ -320,10 +320,10 @@ inline void tile_any(const QuantArgs& a, const uint8_t* w, int64_t ldw, int nf, 
 }
 
 // Output features per tile for R rows: 4 to 12 accumulators (one row: 4 FMA chains; against 8 from split
-// sums the AVX2 build's one-row time moved within the machine's noise, decoding being what limits it). q8_0's width is one (one
-// sequential stream through its rows, as in quant_q8_body.h: its decoding is cheap enough for the
-// interleaved rows' memory streams to be what limits it), so it splits each output's sum in two
-// (kAccSplit) for the chains of one row, on every path.
+// sums the AVX2 build's one-row time moved within the machine's noise, decoding being what limits it).
+// q8_0's width is one (one sequential stream through its rows, as in quant_q8_body.h: its decoding is cheap
+// enough for the interleaved rows' memory streams to be what limits it), so it splits each output's sum in
+// two (kAccSplit) for the chains of one row, on every path.
 template <class F>
 constexpr int format_width() {
   if constexpr (requires { F::kWidth; }) return F::kWidth;
@@ -402,6 +402,8 @@ constexpr int dot_width() {
   return acc_split<F>() == 1 ? 3 : 1;
 }
 
+// Dequantize path: a.chunk features at a time into an fp32 scratch (kept in L2), then every tile of
+// 4 rows of x (kept in L1) against it.
 template <class F>
 void dequant_dot(const QuantArgs& a, int64_t begin, int64_t end) {
   const int64_t kn = a.in_features, chunk = a.chunk;

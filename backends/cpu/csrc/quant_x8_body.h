@@ -14,31 +14,25 @@
 // (quant_q8_body.h); measured standalone on one Zen 4 core with the weights in cache (576 x 1536 q4_1),
 // 33 us for that against 10 us for this layout, which is then bound by memory.
 
-template <bool kMin>
-struct X8Layout {
-  static constexpr int kScaleBytes = kMin ? 32 : 16;
-  static constexpr int kBlockBytes = kScaleBytes + 128;  // per group of 8 rows
-};
-
 // Features n0 .. n0 + 8 of R rows of x (rounded: a.xq, a.xds) into out[r * 8 + f]; w is the group's first byte.
 // One group at a time: its bytes are one sequential stream (two groups interleaved measured slower at one row,
 // as interleaved rows did for q8_0 in quant_body.h). Each row sums low and high nibbles in separate chains,
 // one row in four (alternate vectors too), so that enough dot products are in flight.
 template <bool kMin, int R>
 inline void x8_tile(const QuantArgs& a, const uint8_t* w, int64_t r0, float* out) {
-  using L = X8Layout<kMin>;
+  constexpr int kScaleBytes = x8_scale_bytes(kMin), kBlockBytes = x8_block_bytes(kMin);
   constexpr int C = R == 1 ? 2 : 1;  // chains per row and nibble half
   const int64_t blocks = a.in_features / 32;
   const __m256i low = _mm256_set1_epi8(15);
   VF acc[R];
   unroll<R>([&](auto r) PAGED_FORCE_INLINE { acc[r] = vzero(); });
   for (int64_t blk = 0; blk < blocks; ++blk) {
-    const uint8_t* b = w + blk * L::kBlockBytes;
-    for (int o = 0; o < L::kBlockBytes; o += 64) __builtin_prefetch(b + 4 * L::kBlockBytes + o);
+    const uint8_t* b = w + blk * kBlockBytes;
+    for (int o = 0; o < kBlockBytes; o += 64) __builtin_prefetch(b + 4 * kBlockBytes + o);
     VI lo[R * C], hi[R * C];
     unroll<R * C>([&](auto j) PAGED_FORCE_INLINE { lo[j] = _mm256_setzero_si256(); hi[j] = _mm256_setzero_si256(); });
     unroll<4>([&](auto v) PAGED_FORCE_INLINE {
-      const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + L::kScaleBytes + 32 * v));
+      const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + kScaleBytes + 32 * v));
       const __m256i ql = _mm256_and_si256(q, low), qh = _mm256_and_si256(_mm256_srli_epi16(q, 4), low);
       unroll<R>([&](auto r) PAGED_FORCE_INLINE {
         const int32_t* xa = reinterpret_cast<const int32_t*>(a.xq + (r0 + r) * a.in_features + 32 * blk);
@@ -65,7 +59,7 @@ inline void x8_tile(const QuantArgs& a, const uint8_t* w, int64_t r0, float* out
 // Output features [begin, end) (multiples of 8) of every row, from the interleaved copy a.w (a.ldw unused).
 template <bool kMin>
 void x8_stream(const QuantArgs& a, int64_t begin, int64_t end) {
-  const int64_t group_bytes = a.in_features / 32 * X8Layout<kMin>::kBlockBytes;
+  const int64_t group_bytes = a.in_features / 32 * x8_block_bytes(kMin);
   for_stream_row_tiles(a.rows, [&](auto rows, int64_t r0) {
     constexpr int R = decltype(rows)::value;
     for (int64_t n0 = begin; n0 < end; n0 += 8) {
