@@ -1,0 +1,97 @@
+"""What the three CUDA backends share: device checks, the cache layout, ``write_kv``, ``copy_blocks``, graphs.
+
+Every tier keeps paged's default cache ``[2, blocks, block_size, kv_heads, head_size]`` (FlashInfer's NHD
+pair and flash-attn's ``[blocks, block, kv_heads, head]`` are its two halves), and stores keys and values
+with this package's own ``write_kv`` kernel, which skips slot ``-1`` in the kernel (neither library has
+that notion), so every tier's step captures into a CUDA graph.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from paged_backend_cuda import environment
+from paged_core.api import (
+    AttentionBackend,
+    AttentionMetadata,
+    AttentionSpec,
+    DeviceGraphStrategy,
+    GraphCaptureStrategy,
+    PagedError,
+)
+
+
+class CudaBackendBase(AttentionBackend):
+    """Shared half of the CUDA backends; subclasses add ``attention``, ``capabilities`` and ``availability``."""
+
+    api_version = 1
+
+    def __init__(self, device: str | torch.device | None = None) -> None:
+        super().__init__(device)
+        if self.device.type != "cuda":
+            raise PagedError(f"{type(self).__name__} runs on cuda devices, not {self.device} "
+                             f"(on a CPU use the cpu backend)")  # fmt: skip
+        why = environment.refusal()
+        if why is None:
+            why = environment.device_refusal(self.device)
+        if why is not None:
+            raise PagedError(f"{type(self).__name__} cannot run here: {why}")
+
+    def write_kv(
+        self, key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor, metadata: AttentionMetadata
+    ) -> None:
+        """Store this step's keys and values at ``metadata.slot_mapping``; slot ``-1`` is skipped in the kernel."""
+        check_cache(kv_cache, metadata.block_size)
+        expected = (metadata.slot_mapping.shape[0], kv_cache.shape[3], kv_cache.shape[4])
+        if tuple(key.shape) != expected or tuple(value.shape) != expected:
+            raise PagedError(f"key {tuple(key.shape)} and value {tuple(value.shape)} must be {list(expected)}")
+        if metadata.slot_mapping.dtype != torch.int64:
+            raise PagedError(f"slot_mapping must be int64, got {metadata.slot_mapping.dtype}")
+        from paged_backend_cuda import kernels
+
+        kernels.write_kv(key, value, kv_cache, metadata.slot_mapping)
+
+    def copy_blocks(self, kv_caches: list[torch.Tensor], src_to_dst: torch.Tensor) -> None:
+        """Copy (source, destination) block pairs, keys and values, in every layer (one launch per layer)."""
+        if src_to_dst.dim() != 2 or src_to_dst.shape[1] != 2:
+            raise PagedError(f"src_to_dst must be [N, 2], got shape {tuple(src_to_dst.shape)}")
+        for layer, cache in enumerate(kv_caches):
+            if cache.dim() != 5 or cache.shape[0] != 2 or not cache.is_contiguous():
+                raise PagedError(f"layer {layer}: kv_cache must be a contiguous [2, blocks, block_size, heads, dim]")
+        if src_to_dst.shape[0] == 0:
+            return
+        from paged_backend_cuda import kernels
+
+        pairs = src_to_dst.to(device=self.device, dtype=torch.int64).contiguous()
+        for cache in kv_caches:
+            kernels.copy_blocks(cache, pairs)
+
+    def graph_strategy(self) -> GraphCaptureStrategy:
+        """CUDA graphs through ``torch.cuda.CUDAGraph``."""
+        return DeviceGraphStrategy("cuda")
+
+    def check_attention_inputs(
+        self, query: torch.Tensor, kv_cache: torch.Tensor, metadata: AttentionMetadata, spec: AttentionSpec
+    ) -> None:
+        """Shapes, dtypes and the declared envelope; raises naming every mismatch it finds first."""
+        check_cache(kv_cache, metadata.block_size)
+        if tuple(kv_cache.shape[3:]) != (spec.num_kv_heads, spec.head_size):
+            raise PagedError(f"kv_cache heads/head_size {tuple(kv_cache.shape[3:])} do not match the spec "
+                             f"({spec.num_kv_heads}, {spec.head_size})")  # fmt: skip
+        if query.dim() != 3 or tuple(query.shape[1:]) != (spec.num_heads, spec.head_size):
+            raise PagedError(f"query {tuple(query.shape)} must be [T, {spec.num_heads}, {spec.head_size}]")
+        self.capabilities().check(spec, query.dtype, metadata.block_size, kv_cache.dtype)
+        for name in ("query_start_loc", "seq_lens", "block_table"):
+            if getattr(metadata, name).dtype != torch.int32:
+                raise PagedError(f"metadata.{name} must be int32, got {getattr(metadata, name).dtype}")
+
+
+def check_cache(kv_cache: torch.Tensor, block_size: int) -> None:
+    """Refuse a cache that is not the default contiguous layout at this block size."""
+    if kv_cache.dim() != 5 or kv_cache.shape[0] != 2:
+        raise PagedError(f"kv_cache must be [2, num_blocks, block_size, heads, head_size], got "
+                         f"{tuple(kv_cache.shape)}")  # fmt: skip
+    if kv_cache.shape[2] != block_size:
+        raise PagedError(f"kv_cache block size {kv_cache.shape[2]} != metadata.block_size {block_size}")
+    if not kv_cache.is_contiguous():
+        raise PagedError("kv_cache must be contiguous")
