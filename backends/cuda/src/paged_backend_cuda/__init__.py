@@ -5,6 +5,17 @@ Three backends share one package and one set of cache kernels (``write_kv``, ``c
 ``cuda-flash-attn`` (``flash_attn`` when importable). See the README.
 """
 
-from paged_backend_cuda.backend import CudaBackend
+from __future__ import annotations
+
+from typing import Any
 
 __all__ = ["CudaBackend"]
+
+
+def __getattr__(name: str) -> Any:
+    # Lazy, so that `python -m paged_backend_cuda.build` and the plugin import only what they use.
+    if name == "CudaBackend":
+        from paged_backend_cuda.backend import CudaBackend
+
+        return CudaBackend
+    raise AttributeError(name)
