@@ -1,6 +1,8 @@
-"""The engine end to end on an NVIDIA GPU in every graph mode, with the rocm backend's Triton kernels.
+"""The engine end to end on an NVIDIA GPU in every graph mode, with one backend's kernels.
 
-Run by ``ci/cuda-device`` (see there). Writes ``engine-device.json`` and prints a summary:
+``--backend rocm`` (default; the rocm backend's Triton kernels, run by ``ci/cuda-device``) or ``--backend cuda``
+(paged-backend-cuda, run by ``backends/cuda/device/h200_check.sh``). Writes ``engine-device-BACKEND.json`` and prints
+a summary:
 
 1. Greedy parity: a tiny random-weight Llama (fp32) answers 16 prompts on every model path
    (fused, transformers) in ``eager`` and ``device`` mode, token for token against transformers'
@@ -58,10 +60,13 @@ def hf_greedy(path: Path, prompts: list[list[int]], new: int, dtype: torch.dtype
     return outs
 
 
+BACKEND = "rocm"
+
+
 def engine(path: Path, dtype: str, mode: str, impl: str) -> Any:
     from paged_core import LLM
 
-    return LLM(str(path), backend="rocm", device="cuda", dtype=dtype, kv_cache_memory="2GiB",
+    return LLM(str(path), backend=BACKEND, device="cuda", dtype=dtype, kv_cache_memory="2GiB",
                graph_mode=mode, model_impl=impl)  # fmt: skip
 
 
@@ -123,17 +128,20 @@ def decode_speed(root: Path) -> list[dict[str, Any]]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--out", default=os.environ.get("OUT", "reports"))
+    parser.add_argument("--backend", default="rocm", help="the backend whose kernels run (rocm or cuda)")
     args = parser.parse_args()
+    global BACKEND
+    BACKEND = args.backend
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     if not torch.cuda.is_available():
         print("device_engine_check: no CUDA device", file=sys.stderr)
         return 3
-    report: dict[str, Any] = {"device": torch.cuda.get_device_name(), "torch": torch.__version__}
+    report: dict[str, Any] = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "backend": BACKEND}
     with tempfile.TemporaryDirectory() as tmp:
         report["parity"] = parity(Path(tmp))
         report["decode"] = decode_speed(Path(tmp))
-    (out / "engine-device.json").write_text(json.dumps(report, indent=1))
+    (out / f"engine-device-{BACKEND}.json").write_text(json.dumps(report, indent=1))
     ok = all(r["identical"] == r["prompts"] for r in report["parity"])
     ok = ok and all(r["replays"] > 0 for r in report["parity"] + report["decode"] if r["graph_mode"] == "device")
     print("engine device check:", "PASS" if ok else "FAIL")

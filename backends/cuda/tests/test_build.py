@@ -24,8 +24,11 @@ def test_every_architecture_and_the_ptx_are_targets() -> None:
 def test_declared_head_sizes_are_the_compiled_ones() -> None:
     """The backend declares exactly the head sizes launch.h lists and attention.cu dispatches."""
     header = (build.csrc() / "launch.h").read_text()
-    listed = {int(n) for n in re.search(r"kHeadSizes\[\] = \{([^}]*)\}", header).group(1).split(",")}  # type: ignore[union-attr]
-    dispatched = {int(n) for n in re.findall(r"case (\d+): return by_rows", (build.csrc() / "attention.cu").read_text())}
+    found = re.search(r"kHeadSizes\[\] = \{([^}]*)\}", header)
+    assert found is not None
+    listed = {int(n) for n in found.group(1).split(",")}
+    source = (build.csrc() / "attention.cu").read_text()
+    dispatched = {int(n) for n in re.findall(r"case (\d+): return by_rows", source)}
     assert listed == dispatched == set(HEAD_SIZES)
 
 

@@ -15,7 +15,8 @@ MIN_CAPABILITY = (8, 0)
 
 
 def _install_hint() -> str:
-    return "install a CUDA build of torch (e.g. pip install torch from PyPI on Linux x86_64) on a machine with an NVIDIA GPU"
+    return ("install a CUDA build of torch (e.g. pip install torch from PyPI on Linux x86_64) on a machine with an "
+            "NVIDIA GPU")
 
 
 def refusal() -> str | None:

@@ -7,7 +7,7 @@ call records into a CUDA graph as it runs eagerly.
 from __future__ import annotations
 
 import threading
-from functools import lru_cache
+from functools import cache
 
 import torch
 
@@ -24,12 +24,12 @@ def load() -> str:
     with _lock:
         if _loaded is None:
             path = build.find_library() or build.build()
-            torch.ops.load_library(str(path))
+            torch.ops.load_library(str(path))  # type: ignore[no-untyped-call]
             _loaded = str(path)
     return _loaded
 
 
-@lru_cache(maxsize=None)
+@cache
 def sm_count(index: int) -> int:
     """Streaming multiprocessors of CUDA device ``index`` (sizes the decode split plan)."""
     return int(torch.cuda.get_device_properties(index).multi_processor_count)

@@ -83,8 +83,9 @@ def parse(log: str) -> list[Usage]:
             found = re.search(pattern, text)
             return int(found.group(1)) if found else 0
 
-        raw.append((name, target, num(r"Used (\d+) registers"), num(r"(\d+) bytes spill stores"),
-                    num(r"(\d+) bytes spill loads"), num(r"(\d+) bytes stack frame"), num(r"(\d+) bytes smem")))  # fmt: skip
+        counts = (num(r"Used (\d+) registers"), num(r"(\d+) bytes spill stores"), num(r"(\d+) bytes spill loads"),
+                  num(r"(\d+) bytes stack frame"), num(r"(\d+) bytes smem"))  # fmt: skip
+        raw.append((name, target, *counts))
     names = _demangle(sorted({r[0] for r in raw}))
     return [Usage(_short(names[r[0]]), r[1].removeprefix("sm_"), *r[2:]) for r in raw]
 
