@@ -108,6 +108,8 @@ def choose_backend(
                 raise UnsupportedConfigError(f"backend {cls.name!r} cannot serve this model: {exc}") from None
             refusals.append(f"{cls.name}: {exc}")
             continue
+        for refusal in refusals:  # the automatic choice passed over these: say why (shown under -v)
+            log.info("backend %s cannot serve this model, skipped", refusal)
         return cls, device, dtype, block_size
     raise BackendUnavailableError("no available backend can serve this model: " + "; ".join(refusals))
 
