@@ -92,7 +92,7 @@ def torch_libraries() -> list[str]:
 def build_key(architectures: Sequence[str], ptx: str | None) -> str:
     """A digest of every source and flag, so a changed kernel or target never reuses an old library."""
     digest = hashlib.sha256()
-    for path in sorted(csrc().iterdir()):
+    for path in sorted(p for p in csrc().iterdir() if p.is_file()):  # csrc/emulation/ is not in this build
         digest.update(path.name.encode() + b"\0" + path.read_bytes())
     digest.update(repr((NVCC_FLAGS, tuple(architectures), ptx, TORCH_TARGET_VERSION)).encode())
     return digest.hexdigest()[:16]
