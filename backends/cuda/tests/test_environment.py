@@ -75,3 +75,16 @@ def test_construction_on_a_cpu_torch_names_the_reason() -> None:
         pytest.skip("this torch is a CUDA build")
     with pytest.raises(PagedError, match="CPU-only build"):
         CudaBackend("cuda")
+
+
+def test_emulation_switch_makes_the_own_kernels_available_on_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    """PAGED_CUDA_EMULATE=1: ``cuda`` runs its kernels on CPU tensors (for conformance); the library tiers do not."""
+    from paged_backend_cuda.environment import EMULATE_ENV
+    from paged_backend_cuda.flashinfer_backend import FlashInferBackend
+
+    monkeypatch.setenv(EMULATE_ENV, "1")
+    avail = CudaBackend.availability()
+    assert avail.available and avail.device == "cpu" and "emulation" in avail.reason
+    assert not FlashInferBackend.availability().available
+    backend = CudaBackend("cpu")
+    assert type(backend.graph_strategy()).__name__ == "EagerStrategy"

@@ -30,16 +30,27 @@ class CudaBackend(CudaBackendBase):
 
     name = "cuda"
     priority = 60
+    emulatable = True
 
     def __init__(self, device: str | torch.device | None = None) -> None:
         super().__init__(device)
-        from paged_backend_cuda import kernels
+        self._kernels.load()
+        if self.device.type == "cuda":
+            from paged_backend_cuda import kernels
 
-        kernels.load()
+            self._sms = kernels.sm_count(self.device.index if self.device.index is not None else 0)
+        else:
+            from paged_backend_cuda import emulated
+
+            self._sms = emulated.SM_COUNT
 
     @classmethod
     def availability(cls) -> Availability:
-        """A CUDA torch with an sm_80+ GPU, and the kernels built or an nvcc to build them."""
+        """A CUDA torch with an sm_80+ GPU, and the kernels built or an nvcc to build them; or, with
+        ``PAGED_CUDA_EMULATE=1``, the CPU emulation of the same kernels."""
+        if environment.emulate_requested():
+            return Availability(True, "CUDA kernels in the CPU emulation (PAGED_CUDA_EMULATE=1; slow, for testing)",
+                                "cpu")  # fmt: skip
         extra = None
         if build.find_library() is None and build.find_nvcc() is None:
             extra = (f"the kernels are not built and no nvcc was found: install the CUDA toolkit (or set CUDA_HOME), "
@@ -66,6 +77,5 @@ class CudaBackend(CudaBackendBase):
     ) -> torch.Tensor:
         """Decode rows (split-K when the batch is small), then prefill rows, over the paged cache."""
         self.check_attention_inputs(query, kv_cache, metadata, spec)
-        from paged_backend_cuda import kernels
-
-        return kernels.attention(query, kv_cache, metadata, spec)
+        out: torch.Tensor = self._kernels.attention(query, kv_cache, metadata, spec, self._sms)
+        return out

@@ -8,6 +8,9 @@ that notion), so every tier's step captures into a CUDA graph.
 
 from __future__ import annotations
 
+from types import ModuleType
+from typing import ClassVar
+
 import torch
 
 from paged_backend_cuda import environment
@@ -16,6 +19,7 @@ from paged_core.api import (
     AttentionMetadata,
     AttentionSpec,
     DeviceGraphStrategy,
+    EagerStrategy,
     GraphCaptureStrategy,
     PagedError,
 )
@@ -25,9 +29,14 @@ class CudaBackendBase(AttentionBackend):
     """Shared half of the CUDA backends; subclasses add ``attention``, ``capabilities`` and ``availability``."""
 
     api_version = 1
+    emulatable: ClassVar[bool] = False
+    """Whether ``PAGED_CUDA_EMULATE=1`` may run this backend's kernels on CPU tensors (own kernels only)."""
 
     def __init__(self, device: str | torch.device | None = None) -> None:
         super().__init__(device)
+        self._kernels: ModuleType = _kernel_module(self.device)
+        if self.device.type == "cpu" and self.emulatable and environment.emulate_requested():
+            return
         if self.device.type != "cuda":
             raise PagedError(f"{type(self).__name__} runs on cuda devices, not {self.device} "
                              f"(on a CPU use the cpu backend)")  # fmt: skip
@@ -47,9 +56,7 @@ class CudaBackendBase(AttentionBackend):
             raise PagedError(f"key {tuple(key.shape)} and value {tuple(value.shape)} must be {list(expected)}")
         if metadata.slot_mapping.dtype != torch.int64:
             raise PagedError(f"slot_mapping must be int64, got {metadata.slot_mapping.dtype}")
-        from paged_backend_cuda import kernels
-
-        kernels.write_kv(key, value, kv_cache, metadata.slot_mapping)
+        self._kernels.write_kv(key, value, kv_cache, metadata.slot_mapping)
 
     def copy_blocks(self, kv_caches: list[torch.Tensor], src_to_dst: torch.Tensor) -> None:
         """Copy (source, destination) block pairs, keys and values, in every layer (one launch per layer)."""
@@ -60,15 +67,13 @@ class CudaBackendBase(AttentionBackend):
                 raise PagedError(f"layer {layer}: kv_cache must be a contiguous [2, blocks, block_size, heads, dim]")
         if src_to_dst.shape[0] == 0:
             return
-        from paged_backend_cuda import kernels
-
         pairs = src_to_dst.to(device=self.device, dtype=torch.int64).contiguous()
         for cache in kv_caches:
-            kernels.copy_blocks(cache, pairs)
+            self._kernels.copy_blocks(cache, pairs)
 
     def graph_strategy(self) -> GraphCaptureStrategy:
-        """CUDA graphs through ``torch.cuda.CUDAGraph``."""
-        return DeviceGraphStrategy("cuda")
+        """CUDA graphs through ``torch.cuda.CUDAGraph`` (eager replay in the CPU emulation)."""
+        return DeviceGraphStrategy("cuda") if self.device.type == "cuda" else EagerStrategy()
 
     def check_attention_inputs(
         self, query: torch.Tensor, kv_cache: torch.Tensor, metadata: AttentionMetadata, spec: AttentionSpec
@@ -95,3 +100,14 @@ def check_cache(kv_cache: torch.Tensor, block_size: int) -> None:
         raise PagedError(f"kv_cache block size {kv_cache.shape[2]} != metadata.block_size {block_size}")
     if not kv_cache.is_contiguous():
         raise PagedError("kv_cache must be contiguous")
+
+
+def _kernel_module(device: torch.device) -> ModuleType:
+    """The kernels' Python calls: compiled CUDA on a GPU, the CPU emulation on CPU tensors (loaded lazily)."""
+    if device.type == "cpu":
+        from paged_backend_cuda import emulated
+
+        return emulated
+    from paged_backend_cuda import kernels
+
+    return kernels

@@ -6,9 +6,20 @@ machine, each unavailable one with the reason and what would work.
 
 from __future__ import annotations
 
+import os
+
 import torch
 
 from paged_core.api import Availability
+
+EMULATE_ENV = "PAGED_CUDA_EMULATE"
+"""``PAGED_CUDA_EMULATE=1``: the ``cuda`` backend runs on CPU tensors, its CUDA sources compiled by a host C++
+compiler against a small CUDA emulation (:mod:`paged_backend_cuda.emulated`); slow, for testing (conformance)."""
+
+
+def emulate_requested() -> bool:
+    """Whether the environment asks for the CPU emulation of the kernels."""
+    return os.environ.get(EMULATE_ENV, "").strip().lower() in {"1", "true", "yes", "on"}
 
 MIN_CAPABILITY = (8, 0)
 """Ampere and newer: the kernels use bf16 arithmetic and are compiled for sm_80, sm_86, sm_89, sm_90a."""

@@ -7,6 +7,7 @@ call records into a CUDA graph as it runs eagerly.
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from functools import cache
 
 import torch
@@ -21,12 +22,22 @@ _loaded: str | None = None
 def load() -> str:
     """Load ``libpaged_cuda.so`` into torch (building it first if this machine has none); returns its path."""
     global _loaded
+    if _loaded is not None:  # no lock once loaded: a traced step must not meet a context manager
+        return _loaded
     with _lock:
         if _loaded is None:
             path = build.find_library() or build.build()
             torch.ops.load_library(str(path))  # type: ignore[no-untyped-call]
+            for op in ("write_kv", "copy_blocks", "attention"):
+                # Shape-only stand-ins so a traced step (torch.compile) can run the ops on fake tensors: each
+                # writes into tensors it was given and returns nothing.
+                torch.library.register_fake(f"paged_cuda::{op}")(_returns_nothing)
             _loaded = str(path)
     return _loaded
+
+
+def _returns_nothing(*args: object) -> None:
+    return None
 
 
 @cache
@@ -39,12 +50,17 @@ def _last_dim_contiguous(t: torch.Tensor) -> torch.Tensor:
     return t if t.stride(-1) == 1 else t.contiguous()
 
 
+def kv_inputs(key: torch.Tensor, value: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``key`` and ``value`` as the write_kv kernel takes them: one dtype, last dimension contiguous."""
+    if value.dtype != key.dtype:
+        value = value.to(key.dtype)
+    return _last_dim_contiguous(key), _last_dim_contiguous(value)
+
+
 def write_kv(key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
     """Store ``key``/``value`` ``[T, kv_heads, head]`` at their slots (converted to the cache dtype)."""
     load()
-    if value.dtype != key.dtype:
-        value = value.to(key.dtype)
-    torch.ops.paged_cuda.write_kv(_last_dim_contiguous(key), _last_dim_contiguous(value), kv_cache, slot_mapping)
+    torch.ops.paged_cuda.write_kv(*kv_inputs(key, value), kv_cache, slot_mapping)
 
 
 def copy_blocks(kv_cache: torch.Tensor, src_to_dst: torch.Tensor) -> None:
@@ -54,16 +70,30 @@ def copy_blocks(kv_cache: torch.Tensor, src_to_dst: torch.Tensor) -> None:
 
 
 def attention(
-    query: torch.Tensor, kv_cache: torch.Tensor, metadata: AttentionMetadata, spec: AttentionSpec
+    query: torch.Tensor, kv_cache: torch.Tensor, metadata: AttentionMetadata, spec: AttentionSpec, sms: int
 ) -> torch.Tensor:
-    """Paged attention over ``kv_cache``; a query of another dtype than the cache is converted both ways."""
+    """Paged attention over ``kv_cache``, decode splits planned for ``sms`` SMs (:func:`sm_count`); a query of
+    another dtype than the cache is converted both ways."""
     load()
+    return run_attention(torch.ops.paged_cuda.attention, sms, query, kv_cache, metadata, spec)
+
+
+def run_attention(
+    op: Callable[..., object],
+    sms: int,
+    query: torch.Tensor,
+    kv_cache: torch.Tensor,
+    metadata: AttentionMetadata,
+    spec: AttentionSpec,
+) -> torch.Tensor:
+    """:func:`attention`'s work with ``op`` (``torch.ops.paged_cuda.attention``'s signature) called once per launch
+    of the plan for ``sms`` SMs: dtype conversion, plan and buffers, shared with the CPU emulation (``emulated``)."""
     q = _last_dim_contiguous(query if query.dtype == kv_cache.dtype else query.to(kv_cache.dtype))
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     group = spec.num_heads // spec.num_kv_heads
     steps = plan.launches(
         metadata.num_decodes, metadata.num_prefills, metadata.max_query_len, metadata.max_seq_len,
-        spec.num_kv_heads, group, sm_count(kv_cache.device.index or 0),
+        spec.num_kv_heads, group, sms,
     )  # fmt: skip
     none = q.new_empty(0, dtype=torch.float32)
     for step in steps:
@@ -74,7 +104,7 @@ def attention(
             sums = torch.empty_like(maxes)
         else:
             tokens, partial, maxes, sums = 0, none, none, none
-        torch.ops.paged_cuda.attention(
+        op(
             out, q, kv_cache, metadata.query_start_loc, metadata.seq_lens, metadata.block_table, partial, maxes,
             sums, step.first_row, step.num_rows, step.max_query_len, step.num_splits, step.split_keys,
             step.rows_per_tile, float(spec.softmax_scale), float(spec.logits_soft_cap or 0.0),

@@ -214,8 +214,8 @@ static const char* launch_typed(const AttentionArgs& a, cudaStream_t stream) {
   const int64_t tiles = (static_cast<int64_t>(a.max_query_len) * group + R - 1) / R;
   const int64_t z = static_cast<int64_t>(a.num_kv_heads) * a.num_splits;
   if (a.num_rows > 65535 || z > 65535 || tiles > 0x7fffffff) return "attention: grid too large";
-  attention_kernel<T, D, R><<<dim3(static_cast<unsigned>(tiles), a.num_rows, static_cast<unsigned>(z)), kThreads, 0,
-                              stream>>>(a);
+  PAGED_LAUNCH(dim3(static_cast<unsigned>(tiles), a.num_rows, static_cast<unsigned>(z)), kThreads, stream,
+               attention_kernel<T, D, R>)(a);
   return nullptr;
 }
 
@@ -261,9 +261,9 @@ const char* launch_reduce(const AttentionArgs& a, int num_tokens, DType out_dtyp
   auto s = static_cast<cudaStream_t>(stream);
   const dim3 grid(num_tokens, a.num_heads);
   switch (out_dtype) {
-    case kFloat32: reduce_kernel<float><<<grid, kThreads, 0, s>>>(a); return nullptr;
-    case kBFloat16: reduce_kernel<__nv_bfloat16><<<grid, kThreads, 0, s>>>(a); return nullptr;
-    case kFloat16: reduce_kernel<__half><<<grid, kThreads, 0, s>>>(a); return nullptr;
+    case kFloat32: PAGED_LAUNCH(grid, kThreads, s, reduce_kernel<float>)(a); return nullptr;
+    case kBFloat16: PAGED_LAUNCH(grid, kThreads, s, reduce_kernel<__nv_bfloat16>)(a); return nullptr;
+    case kFloat16: PAGED_LAUNCH(grid, kThreads, s, reduce_kernel<__half>)(a); return nullptr;
   }
   return "reduce: unsupported output dtype";
 }

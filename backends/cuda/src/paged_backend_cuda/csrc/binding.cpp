@@ -121,7 +121,9 @@ void attention(Tensor out, Tensor query, Tensor kv_cache, Tensor query_start_loc
   a.rows_per_tile = static_cast<int>(rows_per_tile);
   STD_TORCH_CHECK(first_row >= 0 && first_row + num_rows <= seq_lens.size(0), "rows out of range");
   if (num_splits > 1) {
-    const int64_t need = query.size(0) * query.size(1) * num_splits;
+    // Partials exist for the split launch's tokens only (decode rows: tokens [0, reduce_tokens)).
+    STD_TORCH_CHECK(reduce_tokens >= 0 && reduce_tokens <= query.size(0), "reduce_tokens out of range");
+    const int64_t need = reduce_tokens * query.size(1) * num_splits;
     STD_TORCH_CHECK(partial_out.numel() >= need * query.size(2) && partial_max.numel() >= need &&
                         partial_sum.numel() >= need && partial_out.scalar_type() == ST::Float &&
                         partial_max.scalar_type() == ST::Float && partial_sum.scalar_type() == ST::Float,

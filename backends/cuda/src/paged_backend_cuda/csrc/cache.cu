@@ -40,7 +40,7 @@ template <typename S, typename C>
 static void write_kv_typed(const void* key, const void* value, int64_t ks_t, int64_t ks_h, int64_t vs_t,
                            int64_t vs_h, void* cache, const int64_t* slots, int num_tokens, int num_kv_heads,
                            int head_size, int64_t num_slots, cudaStream_t stream) {
-  write_kv_kernel<S, C><<<num_tokens, kCacheThreads, 0, stream>>>(
+  PAGED_LAUNCH(num_tokens, kCacheThreads, stream, write_kv_kernel<S, C>)(
       static_cast<const S*>(key), static_cast<const S*>(value), ks_t, ks_h, vs_t, vs_h, static_cast<C*>(cache),
       slots, num_kv_heads, head_size, num_slots);
 }
@@ -89,7 +89,7 @@ const char* launch_copy_blocks(void* kv_cache, const int64_t* pairs, int num_pai
                                int64_t num_blocks, void* stream) {
   if (block_bytes % 16 != 0) return "copy_blocks: a block's bytes must be a multiple of 16";
   if (num_pairs == 0) return nullptr;
-  copy_blocks_kernel<<<dim3(num_pairs, 2), kCacheThreads, 0, static_cast<cudaStream_t>(stream)>>>(
+  PAGED_LAUNCH(dim3(num_pairs, 2), kCacheThreads, static_cast<cudaStream_t>(stream), copy_blocks_kernel)(
       static_cast<uint4*>(kv_cache), pairs, block_bytes / 16, num_blocks);
   return nullptr;
 }

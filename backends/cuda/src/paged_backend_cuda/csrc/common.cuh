@@ -1,9 +1,19 @@
 // Types and helpers shared by the kernels: element conversion, aligned vectors, warp sums.
 #pragma once
 
+#include <cstdint>
+
+// PAGED_LAUNCH(grid, block, stream, kernel)(args...) is kernel<<<grid, block, 0, stream>>>(args...) under nvcc, and
+// a launch on the CPU emulation (emulation/cuda_on_cpu.h) under a host compiler. The kernel comes last so that a
+// template's commas stay inside __VA_ARGS__.
+#ifdef __CUDACC__
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
-#include <cstdint>
+#define PAGED_LAUNCH(grid, block, stream, ...) __VA_ARGS__<<<grid, block, 0, stream>>>
+#else
+#include "emulation/cuda_on_cpu.h"
+#define PAGED_LAUNCH(grid, block, stream, ...) ::cuda_emu::launch(grid, block, stream, __VA_ARGS__)
+#endif
 
 namespace paged_cuda {
 
