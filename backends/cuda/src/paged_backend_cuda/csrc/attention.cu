@@ -25,16 +25,18 @@ struct HeadLayout {
   static_assert(D % kElems == 0 && kLanes <= 32, "head size must split over one warp");
 };
 
-// Keys per warp step: enough independent loads in flight, without the fp32 D=256 case spilling.
-template <typename T, int D>
+// Keys per warp step: enough independent loads in flight, but two where a lane's slice is wider than 16 bytes
+// or eight rows of eight elements already fill the registers (four spilled there).
+template <typename T, int D, int R>
 struct KeysPerStep {
-  static constexpr int value = HeadLayout<D>::kElems * sizeof(T) <= 16 ? 4 : 2;
+  static constexpr int kElems = HeadLayout<D>::kElems;
+  static constexpr int value = (kElems * sizeof(T) > 16 || R * kElems >= 64) ? 2 : 4;
 };
 
 template <typename T, int D, int R>
 __global__ void __launch_bounds__(kThreads, 2) attention_kernel(const AttentionArgs a) {
   constexpr int E = HeadLayout<D>::kElems;
-  constexpr int KCH = KeysPerStep<T, D>::value;
+  constexpr int KCH = KeysPerStep<T, D, R>::value;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const bool holds = lane < HeadLayout<D>::kLanes;
 
@@ -88,21 +90,36 @@ __global__ void __launch_bounds__(kThreads, 2) attention_kernel(const AttentionA
   const T* k_cache = static_cast<const T*>(a.key_cache);
   const T* v_cache = static_cast<const T*>(a.value_cache);
   const int32_t* table = a.block_table + static_cast<int64_t>(b) * a.table_width;
-  for (int j0 = lo + warp * KCH; j0 < hi; j0 += kWarps * KCH) {
-    float kf[KCH][E], vf[KCH][E];
+  // Keys and values travel as raw vectors: the next step's are loaded (block-table read included) before this
+  // step's math, so every warp keeps its next loads in flight while it computes.
+  Vec<T, E> k_raw[KCH], v_raw[KCH];
+  auto fetch = [&](int j0) {
 #pragma unroll
     for (int c = 0; c < KCH; ++c) {
       const int j = j0 + c;
       if (j < hi && holds) {
         const int64_t blk = table[j / a.block_size];
         const int64_t at = ((blk * a.block_size + j % a.block_size) * a.num_kv_heads + kv_head) * D + lane * E;
-        load_floats(k_cache + at, kf[c]);
-        load_floats(v_cache + at, vf[c]);
+        k_raw[c] = *reinterpret_cast<const Vec<T, E>*>(k_cache + at);
+        v_raw[c] = *reinterpret_cast<const Vec<T, E>*>(v_cache + at);
       } else {
 #pragma unroll
-        for (int e = 0; e < E; ++e) kf[c][e] = vf[c][e] = 0.f;
+        for (int e = 0; e < E; ++e) k_raw[c].v[e] = v_raw[c].v[e] = from_float<T>(0.f);
       }
     }
+  };
+  fetch(lo + warp * KCH);
+  for (int j0 = lo + warp * KCH; j0 < hi; j0 += kWarps * KCH) {
+    float kf[KCH][E], vf[KCH][E];
+#pragma unroll
+    for (int c = 0; c < KCH; ++c) {
+#pragma unroll
+      for (int e = 0; e < E; ++e) {
+        kf[c][e] = to_float(k_raw[c].v[e]);
+        vf[c][e] = to_float(v_raw[c].v[e]);
+      }
+    }
+    fetch(j0 + kWarps * KCH);
 #pragma unroll
     for (int m = 0; m < R; ++m) {
       float s[KCH];

@@ -30,18 +30,11 @@ __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) { re
 template <>
 __device__ __forceinline__ __half from_float<__half>(float x) { return __float2half_rn(x); }
 
-// N elements loaded as one (or, above 16 bytes, a few) vector instructions: the callers guarantee alignment.
+// N elements moved as one (or, above 16 bytes, a few) vector loads: the callers guarantee alignment.
 template <typename T, int N>
 struct alignas(sizeof(T) * N > 16 ? 16 : sizeof(T) * N) Vec {
   T v[N];
 };
-
-template <typename T, int N>
-__device__ __forceinline__ void load_floats(const T* p, float (&out)[N]) {
-  const Vec<T, N> x = *reinterpret_cast<const Vec<T, N>*>(p);
-#pragma unroll
-  for (int i = 0; i < N; ++i) out[i] = to_float(x.v[i]);
-}
 
 __device__ __forceinline__ float warp_sum(float x) {
 #pragma unroll
