@@ -88,3 +88,13 @@ def test_emulation_switch_makes_the_own_kernels_available_on_cpu(monkeypatch: py
     assert not FlashInferBackend.availability().available
     backend = CudaBackend("cpu")
     assert type(backend.graph_strategy()).__name__ == "EagerStrategy"
+
+
+def test_a_library_tier_names_every_missing_piece() -> None:
+    """On this CPU torch without FlashInfer, the reason says both what torch lacks and what to install."""
+    from paged_backend_cuda.flashinfer_backend import INSTALL_HINT, FlashInferBackend, missing_flashinfer
+
+    if torch.version.cuda or missing_flashinfer() is None:  # pragma: no cover - a GPU machine or flashinfer here
+        pytest.skip("needs a CPU torch without flashinfer")
+    reason = FlashInferBackend.availability().reason
+    assert "CPU-only build" in reason and reason.endswith("also, " + INSTALL_HINT)

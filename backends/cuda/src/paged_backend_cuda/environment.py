@@ -55,8 +55,8 @@ def device_refusal(device: torch.device) -> str | None:
 def detect(extra: str | None = None) -> Availability:
     """Availability on ``cuda``; ``extra`` is a further reason to refuse (a library tier's missing package)."""
     why = refusal()
-    if why is None and extra:
-        why = extra
+    if extra:
+        why = extra if why is None else f"{why}; also, {extra}"  # every missing piece, not just the first
     if why is not None:
         return Availability(False, why, "cpu")
     name = torch.cuda.get_device_name()
