@@ -7,29 +7,35 @@
 #    (when flashinfer imports, or wheels are in $PAGED_FLASHINFER_WHEELS), cuda-flash-attn (when flash_attn imports);
 # 3. the engine end to end in eager and CUDA-graph mode, greedy output token for token against transformers;
 # 4. decode timings (batch 64/256, context 1k/8k) as a share of the copy bandwidth, and against FlashInfer.
-# Everything is written under $OUT; the exit status is 1 if any check failed.
+# $OUT gets at most six files (the device tool returns eight): summary.txt (every step's output),
+# conformance-<tier>.json per tier run, engine-device-cuda.json, decode-bench.json. Exit 1 if any check failed.
 set -uo pipefail
 cd "$(dirname "$0")/../../.."
 OUT="${OUT:-reports}"
 mkdir -p "$OUT"
+LOG="$OUT/summary.txt"
+: > "$LOG"
 PY="${PAGED_DEVICE_PYTHON:-python3}"
 export PYTHONUNBUFFERED=1 TRANSFORMERS_VERBOSITY=error
+say() { echo "== $*" | tee -a "$LOG"; }
 "$PY" -c 'import torch; assert torch.cuda.is_available(); print("device:", torch.cuda.get_device_name(), "sm", torch.cuda.get_device_capability(), "torch", torch.__version__)' \
-  | tee "$OUT/device.txt" || { echo "h200_check: no CUDA GPU visible to $PY" >&2; exit 3; }
+  2>&1 | tee -a "$LOG" || { say "no CUDA GPU visible to $PY"; exit 3; }
 "$PY" -m pip install --quiet --no-deps --no-index --no-build-isolation -e core -e plugins/conformance -e backends/cuda \
-  > "$OUT/install.txt" 2>&1 || { cat "$OUT/install.txt" >&2; exit 3; }
+  >> "$LOG" 2>&1 || { say "install failed"; exit 3; }
 if [ -n "${PAGED_FLASHINFER_WHEELS:-}" ]; then
-  "$PY" -m pip install --quiet --no-deps --no-index "$PAGED_FLASHINFER_WHEELS"/*.whl >> "$OUT/install.txt" 2>&1 || true
+  "$PY" -m pip install --quiet --no-deps --no-index "$PAGED_FLASHINFER_WHEELS"/*.whl >> "$LOG" 2>&1 || say "flashinfer wheels did not install"
 fi
 status=0
 ARCH="$("$PY" -c 'import torch; m, n = torch.cuda.get_device_capability(); print(f"{m}{n}" + ("a" if m == 9 else ""))')"
 export PAGED_CUDA_CACHE="$PWD/.paged-cuda-cache"
-( time "$PY" -m paged_backend_cuda.build --arch "$ARCH" --ptx '' --out "$PAGED_CUDA_CACHE/libpaged_cuda.so" ) \
-  > "$OUT/build.txt" 2>&1 || { cat "$OUT/build.txt" >&2; exit 1; }
+say "build for sm_$ARCH"
+( time "$PY" -m paged_backend_cuda.build --arch "$ARCH" --ptx '' --out "$PAGED_CUDA_CACHE/libpaged_cuda.so" ) >> "$LOG" 2>&1 \
+  || { say "build failed"; tail -30 "$LOG"; exit 1; }
 export PAGED_CUDA_LIBRARY="$PAGED_CUDA_CACHE/libpaged_cuda.so"
-"$PY" -c "import sys; from paged_core.cli.main import main; sys.exit(main())" backends --json > "$OUT/backends.json" 2>&1 || true
+say "backends"
+"$PY" -c "import sys; from paged_core.cli.main import main; sys.exit(main())" backends >> "$LOG" 2>&1 || true
 for tier in cuda cuda-flashinfer cuda-flash-attn; do
-  if ! "$PY" - "$tier" <<'PYEOF'
+  "$PY" - "$tier" >> "$LOG" 2>&1 <<'PYEOF' || continue
 import sys
 from paged_core.api import load_registry
 rec = [r for r in load_registry().records() if r.name == sys.argv[1]]
@@ -37,15 +43,15 @@ ok = bool(rec) and rec[0].status.value == "loaded"
 print(f"{sys.argv[1]}: " + ("available" if ok else f"not run ({rec[0].reason if rec else 'not registered'})"))
 sys.exit(0 if ok else 1)
 PYEOF
-  then continue; fi
+  say "conformance $tier (grid ${CUDA_GRID:-full})"
   timeout 240 "$PY" -m paged_conformance.cli run --backend "$tier" --device cuda --grid "${CUDA_GRID:-full}" \
-    --json "$OUT/conformance-$tier.json" --junitxml "$OUT/conformance-$tier.xml" > "$OUT/conformance-$tier.txt" 2>&1 \
-    || status=1
-  tail -15 "$OUT/conformance-$tier.txt"
+    --json "$OUT/conformance-$tier.json" > /tmp/conformance-$tier.txt 2>&1 || status=1
+  tail -60 /tmp/conformance-$tier.txt >> "$LOG"
 done
-timeout 240 "$PY" ci/device_engine_check.py --backend cuda --out "$OUT" 2>&1 | tee "$OUT/engine-device-cuda.txt" \
-  || status=1
-timeout 120 "$PY" -m paged_backend_cuda.bench --out "$OUT/decode-bench.json" 2>&1 | tee "$OUT/decode-bench.txt" \
-  || status=1
-echo "h200_check: $([ $status = 0 ] && echo PASS || echo FAIL)"
+say "engine end to end (eager and CUDA graphs) vs transformers"
+timeout 240 "$PY" ci/device_engine_check.py --backend cuda --out "$OUT" >> "$LOG" 2>&1 || status=1
+say "decode bandwidth"
+timeout 150 "$PY" -m paged_backend_cuda.bench --out "$OUT/decode-bench.json" >> "$LOG" 2>&1 || status=1
+say "h200_check: $([ $status = 0 ] && echo PASS || echo FAIL)"
+cat "$LOG" | grep -E "^== |passed|failed|PASS|FAIL|GB/s|copy|x FlashInfer|identical" | tail -60
 exit $status
