@@ -25,14 +25,28 @@ def test_token_views() -> None:
 
 
 def test_fcfs_queue_prepend_goes_first() -> None:
+    """A preempted request that arrived before everything waiting goes back to the very front."""
     q = FcfsQueue()
-    a, b, c = Request("a", [1]), Request("b", [1]), Request("c", [1])
+    c, a, b = Request("c", [1]), Request("a", [1]), Request("b", [1])
     q.add(a)
     q.add(b)
     q.prepend(c)
     assert [r.request_id for r in q] == ["c", "a", "b"]
     q.remove(a)
     assert q.pop() is c and q.peek() is b and len(q) == 1
+
+
+def test_fcfs_queue_prepend_keeps_rank_for_a_forked_child() -> None:
+    """A fork's child ranks with its parent's arrival: preempted after an earlier-ranked request, it goes back
+    behind that one, not in front of it (in front, it overtook and starved it: fcfs wait-bound failure)."""
+    q = FcfsQueue()
+    parent = Request("parent", [1], arrival_time=1.0)
+    first_child, later = parent.clone("f2"), Request("r3", [1], arrival_time=3.0)
+    second_child = parent.clone("f7")
+    q.add(later)
+    q.prepend(first_child)
+    q.prepend(second_child)
+    assert [r.request_id for r in q] == ["f2", "f7", "r3"]
 
 
 def test_priority_queue_orders_by_priority_then_arrival() -> None:

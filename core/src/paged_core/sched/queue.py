@@ -10,7 +10,12 @@ from paged_core.sched.request import Request
 
 
 class FcfsQueue:
-    """Arrival order; a preempted request goes back to the very front."""
+    """Arrival order; a preempted request goes back in front of every waiting request it outranks.
+
+    That is the very front, except when a fork's child was preempted earlier: a child ranks with its parent's
+    arrival, so it can rank after a request that was waiting when the child entered the running set. Putting
+    every victim at the very front let such a later-ranked victim overtake, and starve, an earlier one.
+    """
 
     def __init__(self) -> None:
         self._q: deque[Request] = deque()
@@ -19,7 +24,12 @@ class FcfsQueue:
         self._q.append(req)
 
     def prepend(self, req: Request) -> None:
-        self._q.appendleft(req)
+        key = req.order_key()
+        for i, other in enumerate(self._q):
+            if key < other.order_key():
+                self._q.insert(i, req)
+                return
+        self._q.append(req)
 
     def peek(self) -> Request:
         return self._q[0]
