@@ -7,7 +7,6 @@ Everything runs on CPU tensors in fp32: the plan is pure torch and the model com
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
 from typing import Any
 
 import pytest
@@ -16,34 +15,11 @@ from torch.overrides import TorchFunctionMode
 
 from paged_backend_cuda.flash_attn_model import kvcache_paged_attention, varlen_paged_attention
 from paged_backend_cuda.flash_attn_plan import FlashAttnPlan, plan_flash_attn, window_size
-from paged_core.api import AttentionMetadata, AttentionSpec, PagedError, ReferenceBackend, build_attention_metadata
+from paged_core.api import AttentionSpec, PagedError, ReferenceBackend, build_attention_metadata
+
+from .batches import Batch, make_batch
 
 TOL = {"atol": 2e-5, "rtol": 1e-5}
-
-
-@dataclass(frozen=True)
-class Batch:
-    """A step whose cache already holds every row's keys and values, in shuffled blocks."""
-
-    spec: AttentionSpec
-    metadata: AttentionMetadata
-    cache: torch.Tensor
-    query: torch.Tensor
-
-
-def make_batch(rows: list[tuple[int, int]], block_size: int, spec: AttentionSpec, seed: int = 0) -> Batch:
-    """``rows`` are ``(query_len, seq_len)``, decodes first; each block table has one unused column more."""
-    gen = torch.Generator().manual_seed(seed)
-    needed = [-(-seq // block_size) for _, seq in rows]
-    num_blocks = sum(needed) + 2
-    free = (torch.randperm(num_blocks - 1, generator=gen) + 1).tolist()  # block 0 stays the null block
-    tables = [free[sum(needed[:b]) : sum(needed[: b + 1])] for b in range(len(rows))]
-    metadata = build_attention_metadata(
-        [q for q, _ in rows], [s for _, s in rows], tables, block_size, max_blocks_per_seq=max(needed) + 1
-    )
-    cache = torch.randn(2, num_blocks, block_size, spec.num_kv_heads, spec.head_size, generator=gen)
-    query = 2 * torch.randn(metadata.num_tokens, spec.num_heads, spec.head_size, generator=gen)
-    return Batch(spec, metadata, cache, query)
 
 
 def model_attention(plan: FlashAttnPlan, query: torch.Tensor, cache: torch.Tensor) -> torch.Tensor:
