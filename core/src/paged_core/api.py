@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from paged_core.contract.backend import AttentionBackend, Availability
 from paged_core.contract.capabilities import AttentionSpec, BackendCapabilities, GraphSupport
+from paged_core.contract.device import DeviceHooks, TorchDeviceHooks, default_device_hooks
 from paged_core.contract.fused_ops import FusedOps, PackedLinear
 from paged_core.contract.graph_strategy import EagerStrategy, GraphCaptureStrategy, StepFn
 from paged_core.contract.metadata import AttentionMetadata, build_attention_metadata
@@ -53,6 +54,7 @@ __all__ = [
     "CompiledStrategy",
     "ConfigError",
     "DeviceGraphStrategy",
+    "DeviceHooks",
     "EagerStrategy",
     "FusedOps",
     "GraphCaptureStrategy",
@@ -64,10 +66,12 @@ __all__ = [
     "ReferenceBackend",
     "StaticInput",
     "StepFn",
+    "TorchDeviceHooks",
     "UnsupportedConfigError",
     "WeightFormat",
     "WeightFormatError",
     "build_attention_metadata",
+    "default_device_hooks",
     "dequantize",
     "hookimpl",
     "load_registry",

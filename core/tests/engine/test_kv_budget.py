@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from paged_core.api import default_device_hooks
 from paged_core.engine.kv_budget import CPU_DEFAULT_CAP, default_budget
 from paged_core.errors import ConfigError
 from paged_core.sizes import parse_size
@@ -26,4 +27,4 @@ def test_parse_size_refuses_with_the_field_named(bad: object) -> None:
 
 
 def test_cpu_default_is_capped() -> None:
-    assert 0 < default_budget(torch.device("cpu"), 0.9) <= CPU_DEFAULT_CAP
+    assert 0 < default_budget(default_device_hooks(torch.device("cpu")), 0.9) <= CPU_DEFAULT_CAP

@@ -20,18 +20,16 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from paged_backend_rocm.specializations import Specialization, all_specializations
-from paged_backend_rocm.tiles import num_warps
+from paged_triton.specializations import Specialization, all_specializations
+from paged_triton.tiles import num_warps
 
-TARGETS: dict[str, tuple[str, int | str, int, int]] = {
-    # name: (backend, arch, warp size, shared memory / LDS bytes per workgroup)
-    "gfx942": ("hip", "gfx942", 64, 64 * 1024),  # MI300X
-    "gfx90a": ("hip", "gfx90a", 64, 64 * 1024),  # MI250X
-    "gfx1100": ("hip", "gfx1100", 32, 64 * 1024),  # RX 7900 XTX (64 KiB per workgroup)
-    "sm90": ("cuda", 90, 32, 227 * 1024),  # H100/H200 (opt-in maximum per block)
+TARGETS: dict[str, tuple[str, int | str, int, int, str]] = {
+    # name: (backend, arch, warp size, shared memory / LDS bytes per workgroup, tile family)
+    "gfx942": ("hip", "gfx942", 64, 64 * 1024, "cdna"),  # MI300X
+    "gfx90a": ("hip", "gfx90a", 64, 64 * 1024, "cdna"),  # MI250X
+    "gfx1100": ("hip", "gfx1100", 32, 64 * 1024, "rdna"),  # RX 7900 XTX (64 KiB per workgroup)
+    "sm90": ("cuda", 90, 32, 227 * 1024, "nvidia"),  # H100/H200 (opt-in maximum per block)
 }
-RDNA_TARGETS = frozenset({"gfx1100"})
-"""Targets that get the RDNA tiles (wave32 AMD), as the launcher picks them on such a device."""
 
 
 @dataclass(frozen=True)
@@ -83,16 +81,14 @@ def compile_one(spec: Specialization, target: str) -> Resources:
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    from paged_backend_rocm.kernels import kernel_set
+    from paged_triton.launch import kernel_set
 
-    backend, arch, warp, limit = TARGETS[target]
+    backend, arch, warp, limit, _ = TARGETS[target]
     fn = getattr(kernel_set(), spec.kernel)
     source = ASTSource(fn, spec.signature(list(fn.arg_names)), dict(spec.constexprs))
     log = io.StringIO()
     try:
-        options: dict[str, int] = {"num_warps": num_warps(spec.lanes, warp)}
-        if backend == "cuda" and spec.nvidia_maxnreg:
-            options["maxnreg"] = spec.nvidia_maxnreg
+        options: dict[str, object] = {"num_warps": num_warps(spec.lanes, warp), **dict(spec.options)}
         # Triton runs ptxas -v itself and prints its log when asked: the numbers of the real compile.
         # (always_compile: a cached kernel would skip ptxas and leave no log).
         with knobs.nvidia.scope(), knobs.compilation.scope(), contextlib.redirect_stdout(log):
@@ -145,7 +141,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from paged_backend_rocm.backend import RocmBackend
 
     caps = RocmBackend.capabilities()
-    jobs = [(s, t) for t in targets for s in all_specializations(caps, rdna=t in RDNA_TARGETS) if ns.match in s.label]
+    jobs = [(s, t) for t in targets for s in all_specializations(caps, TARGETS[t][4]) if ns.match in s.label]
     jobs.sort(key=lambda job: (job[0].label, job[1]))
     start = time.monotonic()
     rows = run_checks(jobs, ns.workers)

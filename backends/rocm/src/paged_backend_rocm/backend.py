@@ -1,38 +1,20 @@
-"""RocmBackend: Triton paged attention for AMD GPUs, with HIP graphs, built only on :mod:`paged_core.api`."""
+"""RocmBackend: the shared Triton paged-attention kernels (:mod:`paged_triton`) on AMD GPUs, with HIP graphs."""
 
 from __future__ import annotations
-
-from types import ModuleType
 
 import torch
 
 from paged_backend_rocm import environment
-from paged_core.api import (
-    AttentionBackend,
-    AttentionMetadata,
-    AttentionSpec,
-    Availability,
-    BackendCapabilities,
-    DeviceGraphStrategy,
-    EagerStrategy,
-    GraphCaptureStrategy,
-    GraphSupport,
-    PagedError,
-)
-
-_DTYPES = frozenset({torch.float32, torch.bfloat16, torch.float16})
-HEAD_SIZES = frozenset({64, 80, 96, 128, 256})
-BLOCK_SIZES = (16, 32, 64)
-GQA_RATIOS = frozenset(range(1, 17))
+from paged_core.api import Availability, DeviceGraphStrategy, EagerStrategy, GraphCaptureStrategy, PagedError
+from paged_triton.backend import TritonBackend
 
 
-class RocmBackend(AttentionBackend):
+class RocmBackend(TritonBackend):
     """Paged attention in Triton: split-K decode with a reduction, tiled causal prefill, HIP graphs.
 
     Runs on a ROCm GPU (torch calls it ``cuda``), on an NVIDIA GPU when ``PAGED_ROCM_ALLOW_CUDA=1``, and
     on CPU tensors through the Triton interpreter (``PAGED_ROCM_INTERPRET=1``, or constructing it on
-    ``cpu`` before triton is imported). Every launch takes its sizes from tensor shapes and the
-    metadata's Python ints, never from tensor values, so any batch can be captured.
+    ``cpu`` before triton is imported). Tiles follow the device: CDNA (wave64), RDNA (wave32) or NVIDIA.
     """
 
     name = "rocm"
@@ -52,84 +34,15 @@ class RocmBackend(AttentionBackend):
                 )
         else:
             raise PagedError(f"RocmBackend cannot run on {self.device} (supported: cuda for ROCm/HIP, cpu interpreter)")
-        from paged_backend_rocm import kernels, ops
-
-        kernels.check_device(self.device)
-        self._ops: ModuleType = ops
+        self._load_kernels()
 
     @classmethod
     def availability(cls) -> Availability:
         """A ROCm torch with a visible GPU; or the interpreter / an NVIDIA GPU when asked for (see environment)."""
         return environment.detect()
 
-    @classmethod
-    def capabilities(cls) -> BackendCapabilities:
-        """fp32/bf16/fp16 (any mix of compute and cache dtype), head sizes 64-256, blocks 16/32/64, GQA 1-16."""
-        return BackendCapabilities(
-            dtypes=_DTYPES,
-            kv_cache_dtypes=_DTYPES,
-            block_sizes=BLOCK_SIZES,
-            head_sizes=HEAD_SIZES,
-            gqa_ratios=GQA_RATIOS,
-            graph_support=GraphSupport.ANY,
-        )
-
-    def write_kv(
-        self, key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor, metadata: AttentionMetadata
-    ) -> None:
-        """Store this step's keys and values at ``metadata.slot_mapping`` (padding slots skipped in-kernel)."""
-        self._check_cache(kv_cache, metadata.block_size)
-        expected = (metadata.slot_mapping.shape[0], kv_cache.shape[3], kv_cache.shape[4])
-        if tuple(key.shape) != expected or tuple(value.shape) != expected:
-            raise PagedError(f"key {tuple(key.shape)} and value {tuple(value.shape)} must be {list(expected)}")
-        if metadata.slot_mapping.dtype != torch.int64:
-            raise PagedError(f"slot_mapping must be int64, got {metadata.slot_mapping.dtype}")
-        self._ops.write_kv(key, value, kv_cache, metadata.slot_mapping)
-
-    def attention(
-        self, query: torch.Tensor, kv_cache: torch.Tensor, metadata: AttentionMetadata, spec: AttentionSpec
-    ) -> torch.Tensor:
-        """Causal attention over the paged cache: decode rows first (split-K), then prefill rows."""
-        self._check_cache(kv_cache, metadata.block_size)
-        if tuple(kv_cache.shape[3:]) != (spec.num_kv_heads, spec.head_size):
-            raise PagedError(f"kv_cache heads/head_size {tuple(kv_cache.shape[3:])} do not match the spec "
-                             f"({spec.num_kv_heads}, {spec.head_size})")  # fmt: skip
-        if query.dim() != 3 or tuple(query.shape[1:]) != (spec.num_heads, spec.head_size):
-            raise PagedError(f"query {tuple(query.shape)} must be [T, {spec.num_heads}, {spec.head_size}]")
-        self.capabilities().check(spec, query.dtype, metadata.block_size, kv_cache.dtype)
-        for name in ("query_start_loc", "seq_lens", "block_table"):
-            if getattr(metadata, name).dtype != torch.int32:
-                raise PagedError(f"metadata.{name} must be int32, got {getattr(metadata, name).dtype}")
-        out: torch.Tensor = self._ops.attention(
-            query, kv_cache, metadata.query_start_loc, metadata.seq_lens, metadata.block_table,
-            metadata.num_decodes, metadata.num_prefills, metadata.max_query_len, metadata.max_seq_len,
-            float(spec.softmax_scale),
-        )  # fmt: skip
-        return out
-
-    def copy_blocks(self, kv_caches: list[torch.Tensor], src_to_dst: torch.Tensor) -> None:
-        """Copy (source, destination) block pairs, keys and values, in every layer."""
-        if src_to_dst.dim() != 2 or src_to_dst.shape[1] != 2:
-            raise PagedError(f"src_to_dst must be [N, 2], got shape {tuple(src_to_dst.shape)}")
-        for layer, cache in enumerate(kv_caches):
-            if cache.dim() != 5 or cache.shape[0] != 2 or not cache.is_contiguous():
-                raise PagedError(f"layer {layer}: kv_cache must be a contiguous [2, blocks, block_size, heads, dim]")
-        from paged_backend_rocm import kernels
-
-        kernels.copy_blocks(kv_caches, src_to_dst)
-
     def graph_strategy(self) -> GraphCaptureStrategy:
         """HIP (or CUDA) graphs through ``torch.cuda.CUDAGraph``; eager replay in the CPU interpreter."""
         if self.device.type == "cuda":
             return DeviceGraphStrategy("cuda")
         return EagerStrategy()
-
-    @staticmethod
-    def _check_cache(kv_cache: torch.Tensor, block_size: int) -> None:
-        if kv_cache.dim() != 5 or kv_cache.shape[0] != 2:
-            raise PagedError(f"kv_cache must be [2, num_blocks, block_size, heads, head_size], got "
-                             f"{tuple(kv_cache.shape)}")  # fmt: skip
-        if kv_cache.shape[2] != block_size:
-            raise PagedError(f"kv_cache block size {kv_cache.shape[2]} != metadata.block_size {block_size}")
-        if not kv_cache.is_contiguous():
-            raise PagedError("kv_cache must be contiguous")

@@ -9,6 +9,7 @@ from typing import ClassVar
 import torch
 
 from paged_core.contract.capabilities import AttentionSpec, BackendCapabilities
+from paged_core.contract.device import DeviceHooks, default_device_hooks
 from paged_core.contract.fused_ops import FusedOps
 from paged_core.contract.graph_strategy import EagerStrategy, GraphCaptureStrategy
 from paged_core.contract.metadata import AttentionMetadata
@@ -150,3 +151,12 @@ class AttentionBackend(ABC):
     def graph_strategy(self) -> GraphCaptureStrategy:
         """How this backend captures steps; must agree with ``capabilities().graph_support``."""
         return EagerStrategy()
+
+    def device_hooks(self) -> DeviceHooks:
+        """Memory and synchronization of this backend's device, as the engine's KV budget and profiling use them.
+
+        Optional. The default (:func:`~paged_core.contract.device.default_device_hooks`) reads host RAM on CPUs
+        and torch's per-device memory API elsewhere (``torch.cuda``, ``torch.xpu``); a backend whose device
+        torch cannot measure returns its own :class:`~paged_core.contract.device.DeviceHooks`.
+        """
+        return default_device_hooks(self.device)

@@ -263,8 +263,8 @@ def resolve(config: EngineConfig, loaded: LoadedModel, draft: LoadedModel | None
         budget = cache.kv_cache_bytes
         if budget is None:
             peak = profile_peak_bytes(_forward(config, loaded, max_model_len), backend, specs, dtype, block_size,
-                                      sched.max_num_batched_tokens)  # fmt: skip
-            budget = default_budget(backend.device, cache.memory_fraction, peak)
+                                      sched.max_num_batched_tokens, max_model_len)  # fmt: skip
+            budget = default_budget(backend.device_hooks(), cache.memory_fraction, peak)
             if loaded.tp is not None and backend.device.type == "cpu" and config.parallel.distributed_init == "local":
                 budget //= loaded.tp.world_size  # the ranks share this host's RAM (an explicit budget is per rank)
         per_block = bytes_per_block(backend, specs, block_size, dtype)

@@ -7,7 +7,7 @@ import torch
 
 from paged_conformance.grid import DTYPES, GQA_RATIOS, HEAD_SIZES, NUM_KV_HEADS, base_config, declared_dtypes
 from paged_conformance.session import Conformance
-from paged_core.api import AttentionSpec, GraphCaptureStrategy, GraphSupport, UnsupportedConfigError
+from paged_core.api import AttentionSpec, DeviceHooks, GraphCaptureStrategy, GraphSupport, UnsupportedConfigError
 
 AXES = ("dtype", "head_size", "block_size", "gqa", "sliding_window", "soft_cap")
 
@@ -61,3 +61,21 @@ def test_graph_strategy_hook(conformance: Conformance) -> None:
     if conformance.caps.graph_support == GraphSupport.NEVER:
         pytest.skip("N/A: graph capture not declared")
     assert strategy.has("paged-conformance-probe") is False, "a fresh strategy claims to hold a capture"
+
+
+@pytest.mark.paged_capability("capability_check")
+def test_device_hooks(conformance: Conformance) -> None:
+    """``device_hooks()`` describes the backend's device: memory it can tell is consistent, and every call works."""
+    backend = conformance.backend()
+    hooks = backend.device_hooks()
+    assert isinstance(hooks, DeviceHooks), f"device_hooks() returned {type(hooks).__name__}"
+    assert hooks.device.type == backend.device.type, f"hooks for {hooks.device}, backend on {backend.device}"
+    memory = hooks.memory()
+    if memory is not None:
+        free, total = memory
+        assert 0 <= free <= total and total > 0, f"memory() gave free={free}, total={total}"
+    hooks.synchronize()
+    hooks.reset_peak_memory()
+    peak = hooks.peak_memory()
+    assert peak is None or peak >= 0, f"peak_memory() gave {peak}"
+    hooks.empty_cache()

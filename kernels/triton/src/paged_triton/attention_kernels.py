@@ -2,7 +2,7 @@
 # (Triton reads parameter annotations as kernel types, so the kernel parameters stay unannotated.)
 """Triton source of paged attention: one tiled kernel for decode and prefill rows, plus the split-K reduction.
 
-These functions carry no ``@triton.jit`` decorator on purpose: :mod:`paged_backend_rocm.kernels` wraps the
+These functions carry no ``@triton.jit`` decorator on purpose: :mod:`paged_triton.launch` wraps the
 same source either as a compiled ``JITFunction`` (GPUs, ahead-of-time checks) or as the Triton
 interpreter's ``InterpretedFunction`` (CPU tensors), so one process can hold both and no environment
 variable has to be set before import.

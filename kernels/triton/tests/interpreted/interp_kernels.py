@@ -9,7 +9,6 @@ from __future__ import annotations
 import pytest
 import torch
 
-from paged_backend_rocm import RocmBackend, kernels
 from paged_core.api import (
     AttentionMetadata,
     AttentionSpec,
@@ -17,8 +16,25 @@ from paged_core.api import (
     UnsupportedConfigError,
     build_attention_metadata,
 )
+from paged_triton import launch
 
 TOL = {torch.float32: 2e-4, torch.bfloat16: 3e-2, torch.float16: 1e-2}
+
+
+@pytest.fixture(params=["cdna", "xpu"])
+def family(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Run the test with this family's device tiles (AMD/NVIDIA-style, Intel) instead of the interpreter's own."""
+    monkeypatch.setenv(launch.INTERPRET_TILES_ENV, request.param)
+    return str(request.param)
+
+
+def _write(key: torch.Tensor, value: torch.Tensor, cache: torch.Tensor, md: AttentionMetadata) -> None:
+    launch.write_kv(key, value, cache, md.slot_mapping)
+
+
+def _attend(q: torch.Tensor, cache: torch.Tensor, md: AttentionMetadata, spec: AttentionSpec) -> torch.Tensor:
+    return launch.attention(q, cache, md.query_start_loc, md.seq_lens, md.block_table, md.num_decodes,
+                            md.num_prefills, md.max_query_len, md.max_seq_len, float(spec.softmax_scale))  # fmt: skip
 
 
 def _tables(seq_lens: list[int], block: int, num_blocks: int, gen: torch.Generator) -> list[list[int]]:
@@ -41,16 +57,16 @@ def _run(dtype: torch.dtype, kv_dtype: torch.dtype, heads: int, kv_heads: int, h
     step = build_attention_metadata(query_lens, seq_lens, tables, block)
     k = torch.randn(sum(seq_lens), kv_heads, head, generator=gen).to(kv_dtype).to(dtype)
     v = torch.randn(sum(seq_lens), kv_heads, head, generator=gen).to(kv_dtype).to(dtype)
-    ref, rocm = ReferenceBackend("cpu"), RocmBackend("cpu")
+    ref = ReferenceBackend("cpu")
     want_cache = ref.allocate_kv_cache(num_blocks, block, spec, dtype)
-    got_cache = rocm.allocate_kv_cache(num_blocks, block, spec, kv_dtype)
+    got_cache = ref.allocate_kv_cache(num_blocks, block, spec, kv_dtype)  # the same [2, blocks, block, Hkv, D]
     ref.write_kv(k, v, want_cache, whole)
-    rocm.write_kv(k, v, got_cache, whole)
+    _write(k, v, got_cache, whole)
     assert torch.equal(got_cache.to(dtype), want_cache), "write_kv stored different values than the reference"
     # Query as a strided view (every other head of a wider tensor), as from a fused projection.
     q = torch.randn(sum(query_lens), 2 * heads, head, generator=gen).to(dtype)[:, ::2]
     want = ref.attention(q, want_cache, step, spec)
-    got = rocm.attention(q, got_cache, step, spec)
+    got = _attend(q, got_cache, step, spec)
     tol = max(TOL[dtype], TOL[kv_dtype])
     err = (got.float() - want.float()).abs().max().item()
     assert got.dtype == dtype and err <= tol, f"max error {err} > {tol}"
@@ -58,23 +74,23 @@ def _run(dtype: torch.dtype, kv_dtype: torch.dtype, heads: int, kv_heads: int, h
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
 @pytest.mark.parametrize(("head", "block"), [(64, 64), (96, 32), (256, 16)])
-def test_dtypes_heads_blocks(dtype: torch.dtype, head: int, block: int) -> None:
+def test_dtypes_heads_blocks(family: str, dtype: torch.dtype, head: int, block: int) -> None:
     """Mixed batch (decodes, a chunk over cached context, a fresh prompt) per dtype, head and block size."""
     _run(dtype, dtype, 4, 2, head, block, [1, 1, 7, 20], [40, 3, 70, 20])
 
 
 @pytest.mark.parametrize("group", [1, 2, 16])
-def test_gqa_groups(group: int) -> None:
+def test_gqa_groups(family: str, group: int) -> None:
     """GQA ratios the conformance grid does not sweep (2, 16), and no GQA."""
     _run(torch.float32, torch.float32, 2 * group, 2, 64, 32, [1, 9], [50, 33])
 
 
-def test_split_k_long_decode() -> None:
+def test_split_k_long_decode(family: str) -> None:
     """A decode past several 256-key partitions goes through split-K and the reduction."""
     _run(torch.float32, torch.float32, 8, 1, 64, 64, [1, 1], [1100, 70])
 
 
-def test_cache_dtype_differs() -> None:
+def test_cache_dtype_differs(family: str) -> None:
     """fp32 compute over a bf16 cache: values are converted on store and load."""
     _run(torch.float32, torch.bfloat16, 4, 2, 80, 16, [1, 5], [20, 18], scale=0.3)
 
@@ -82,29 +98,28 @@ def test_cache_dtype_differs() -> None:
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
 def test_rdna_tiles(monkeypatch: pytest.MonkeyPatch, dtype: torch.dtype) -> None:
     """The tiles launched on RDNA (q.k over head-dim chunks) compute the same attention."""
-    monkeypatch.setattr(kernels, "is_rdna", lambda device: True)
+    monkeypatch.setenv(launch.INTERPRET_TILES_ENV, "rdna")
     _run(dtype, dtype, 4, 2, 64 if dtype == torch.float32 else 256, 16, [1, 6], [300, 40])
 
 
 def test_rdna_refuses_wide_fp32(monkeypatch: pytest.MonkeyPatch) -> None:
     """fp32 beyond head size 64 spills on RDNA, so it is refused there by name."""
-    monkeypatch.setattr(kernels, "is_rdna", lambda device: True)
+    monkeypatch.setenv(launch.INTERPRET_TILES_ENV, "rdna")
     with pytest.raises(UnsupportedConfigError, match="not supported on RDNA"):
         _run(torch.float32, torch.float32, 2, 2, 128, 16, [1], [5])
 
 
-def test_padding_slots_are_not_written() -> None:
+def test_padding_slots_are_not_written(family: str) -> None:
     """Slot -1 (padding) writes nothing; copy_blocks copies keys and values."""
     spec = AttentionSpec(2, 2, 64)
-    rocm = RocmBackend("cpu")
-    cache = rocm.allocate_kv_cache(4, 16, spec, torch.float32)
+    cache = ReferenceBackend("cpu").allocate_kv_cache(4, 16, spec, torch.float32)
     md = AttentionMetadata(
         query_start_loc=torch.tensor([0, 2], dtype=torch.int32), seq_lens=torch.tensor([2], dtype=torch.int32),
         block_table=torch.tensor([[1]], dtype=torch.int32), slot_mapping=torch.tensor([16, -1]), block_size=16,
         num_decodes=0, num_decode_tokens=0, num_prefills=1, num_actual_tokens=2, max_query_len=2, max_seq_len=2,
     )  # fmt: skip
     kv = torch.ones(2, 2, 64)
-    rocm.write_kv(kv, 2 * kv, cache, md)
+    _write(kv, 2 * kv, cache, md)
     assert int((cache != 0).sum()) == 2 * 2 * 64, "exactly one token's keys and values must be stored"
-    rocm.copy_blocks([cache], torch.tensor([[1, 3]]))
+    launch.copy_blocks([cache], torch.tensor([[1, 3]]))
     assert torch.equal(cache[:, 3], cache[:, 1]) and float(cache[1, 3, 0, 0, 0]) == 2.0

@@ -2,7 +2,7 @@
 # (Triton reads parameter annotations as kernel types, so the kernel parameters stay unannotated.)
 """Triton source of the KV-cache kernels: store new keys/values at their slots, and copy whole blocks.
 
-Undecorated for the same reason as :mod:`paged_backend_rocm.attention_kernels`.
+Undecorated for the same reason as :mod:`paged_triton.attention_kernels`.
 """
 
 from __future__ import annotations

@@ -1,8 +1,9 @@
 """Launchers: wrap the Triton source once per mode and launch it with grids computed from host ints only.
 
 Nothing here reads a tensor's values on the host (no ``.item()``/``.tolist()``): grids come from tensor
-shapes and the metadata's Python ints, so a launch can be recorded in a HIP/CUDA graph. CPU tensors run
-through the Triton interpreter; device tensors through compiled kernels.
+shapes and the metadata's Python ints, so a launch can be recorded in a HIP, CUDA or XPU graph. CPU tensors
+run through the Triton interpreter; device tensors through compiled kernels, with the tiles and launch
+options of the device's family (:func:`family_of`).
 """
 
 from __future__ import annotations
@@ -17,22 +18,23 @@ import triton
 import triton.language as tl
 from triton.runtime.interpreter import InterpretedFunction
 
-from paged_backend_rocm import attention_kernels, cache_kernels
-from paged_backend_rocm.tiles import (
+from paged_core.api import UnsupportedConfigError
+from paged_triton import attention_kernels, cache_kernels
+from paged_triton.tile_shape import MAX_SPLITS, head_pad
+from paged_triton.tiles import (
     COPY_BLOCK,
     COPY_LANES,
-    MAX_SPLITS,
-    NVIDIA_ATTENTION_MAXNREG,
+    FAMILIES,
     REDUCE_LANES,
+    WARP_SIZE,
     WRITE_KV_LANES,
     attention_tiles,
     dot_fp32,
-    head_pad,
+    launch_options,
     num_warps,
     rdna_supported,
     split_plan,
 )
-from paged_core.api import UnsupportedConfigError
 
 
 @dataclass(frozen=True)
@@ -71,7 +73,8 @@ def check_device(device: torch.device) -> None:
     if device.type == "cpu" and not interpreted:
         raise RuntimeError(
             "CPU tensors need the Triton interpreter, but triton was imported in compiled mode; set "
-            "PAGED_ROCM_INTERPRET=1 (or TRITON_INTERPRET=1) before anything imports triton"
+            "TRITON_INTERPRET=1 (or the backend's own switch, e.g. PAGED_ROCM_INTERPRET=1 or PAGED_XPU_INTERPRET=1) "
+            "before anything imports triton"
         )
     if device.type != "cpu" and interpreted:
         raise RuntimeError(
@@ -79,13 +82,19 @@ def check_device(device: torch.device) -> None:
         )
 
 
-DEVICE_TILES_ENV = "PAGED_ROCM_INTERPRET_DEVICE_TILES"
-"""Set to 1 to make the interpreter use the tiles a GPU would (slower; the kernel tests do)."""
+INTERPRET_TILES_ENV = "PAGED_TRITON_INTERPRET_TILES"
+"""Set to a family (``cdna``, ``rdna``, ``nvidia``, ``xpu``) to make the interpreter launch that family's device
+tiles (slower than its own large tiles; the kernel tests do, to check every family's shapes compute the same)."""
 
 
-def interpreter_big_tiles() -> bool:
-    """Whether launches use the interpreter's large tiles (interpreter mode, unless device tiles are asked for)."""
-    return interpreter_active() and os.environ.get(DEVICE_TILES_ENV, "") != "1"
+def interpreted_family() -> str | None:
+    """The family whose tiles the interpreter uses (``None``: the interpreter's own large tiles)."""
+    family = os.environ.get(INTERPRET_TILES_ENV, "").strip().lower()
+    if not family:
+        return None
+    if family not in FAMILIES:
+        raise ValueError(f"{INTERPRET_TILES_ENV}={family!r}: expected one of {', '.join(FAMILIES)}")
+    return family
 
 
 def _kernels_for(t: torch.Tensor) -> KernelSet:
@@ -94,18 +103,29 @@ def _kernels_for(t: torch.Tensor) -> KernelSet:
 
 
 @functools.cache
-def _warp_size(device: torch.device) -> int:
-    """Threads per warp/wave of ``device`` (64 on CDNA, 32 on RDNA and NVIDIA; 32 in the interpreter)."""
-    if device.type == "cpu":
-        return 32
+def _hip_warp_size(device: torch.device) -> int:
     size = getattr(torch.cuda.get_device_properties(device), "warp_size", None)
-    return int(size) if size else (64 if getattr(torch.version, "hip", None) else 32)
+    return int(size) if size else 64
 
 
-@functools.cache
-def is_rdna(device: torch.device) -> bool:
-    """Whether ``device`` is an AMD wave32 GPU (RDNA, gfx11+), which gets narrower q.k dots."""
-    return device.type == "cuda" and bool(getattr(torch.version, "hip", None)) and _warp_size(device) == 32
+def family_of(device: torch.device) -> str:
+    """The tile family of ``device``: ``cdna``/``rdna`` (ROCm torch), ``nvidia`` (CUDA torch), ``xpu``.
+
+    On CPU tensors (the interpreter) the family named by ``PAGED_TRITON_INTERPRET_TILES``, else ``cdna`` (its
+    tiles are then replaced by the interpreter's own; see :func:`attention`).
+    """
+    if device.type == "cpu":
+        return interpreted_family() or "cdna"
+    if device.type == "xpu":
+        return "xpu"
+    if getattr(torch.version, "hip", None):
+        return "rdna" if _hip_warp_size(device) == 32 else "cdna"
+    return "nvidia"
+
+
+def _launch(kernel: str, family: str, lanes: int) -> dict[str, Any]:
+    """``num_warps`` plus the family's other launch options for one launch of ``kernel``."""
+    return {"num_warps": num_warps(lanes, WARP_SIZE[family]), **launch_options(kernel, family)}
 
 
 def _unit_last(t: torch.Tensor) -> torch.Tensor:
@@ -125,7 +145,7 @@ def write_kv(key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor, slo
     ks.write_kv[(tokens, kv_heads)](
         key, value, k_cache, v_cache, slot_mapping, block_size, head_size,
         *key.stride()[:2], *value.stride()[:2], *k_cache.stride()[:3],
-        HEAD_PAD=head_pad(head_size), num_warps=num_warps(WRITE_KV_LANES, _warp_size(key.device)),
+        HEAD_PAD=head_pad(head_size), **_launch("write_kv", family_of(key.device), WRITE_KV_LANES),
     )  # fmt: skip
 
 
@@ -150,12 +170,9 @@ def attention(
     out = torch.empty((tokens, num_heads, head_size), dtype=query.dtype, device=query.device)
     ks = _kernels_for(query)
     widen = dot_fp32(query.dtype, interpreter_active())
-    warp = _warp_size(query.device)
-    rdna = is_rdna(query.device)
-    big_tiles = interpreter_big_tiles()
-    on_nvidia = query.device.type == "cuda" and not getattr(torch.version, "hip", None)
-    nvidia = {"maxnreg": NVIDIA_ATTENTION_MAXNREG} if on_nvidia else {}
-    if rdna and not rdna_supported(query.dtype, head_size):
+    family = family_of(query.device)
+    big_tiles = interpreter_active() and interpreted_family() is None
+    if family == "rdna" and not rdna_supported(query.dtype, head_size):
         raise UnsupportedConfigError(
             f"fp32 attention with head size {head_size} is not supported on RDNA GPUs (its FMA dots spill); "
             f"use bf16/fp16 or head size <= 64"
@@ -163,20 +180,21 @@ def attention(
 
     def launch(rows: int, row_offset: int, tiles_y: int, splits: int, partition: int, decode: bool,
                parts: tuple[torch.Tensor, torch.Tensor]) -> None:
-        tiles = attention_tiles(query.dtype, head_size, block_size, decode, splits > 1, rdna, big_tiles, kv_cache.dtype)
+        tiles = attention_tiles(query.dtype, head_size, block_size, decode, splits > 1, family, big_tiles,
+                                kv_cache.dtype)  # fmt: skip
         ks.attention[(rows, tiles_y * splits, kv_heads)](
             out, parts[0], parts[1], query, k_cache, v_cache, query_start_loc, seq_lens, block_table,
             row_offset, scale, group, head_size, block_size, partition, splits,
             *query.stride()[:2], block_table.stride(0),
-            **tiles.constexprs(widen), num_warps=num_warps(tiles.lanes, warp), **nvidia,
+            **tiles.constexprs(widen), **_launch("attention", family, tiles.lanes),
         )  # fmt: skip
 
     if num_decodes > 0:
-        block_n = attention_tiles(query.dtype, head_size, block_size, True, False, rdna, big_tiles).block_n
+        block_n = attention_tiles(query.dtype, head_size, block_size, True, False, family, big_tiles).block_n
         splits, partition = split_plan(num_decodes, kv_heads, max_seq_len, block_n)
         parts = (out, out)  # unused when not split
         if splits > 1:
-            pad = attention_tiles(query.dtype, head_size, block_size, True, True).head_pad
+            pad = head_pad(head_size)
             # Decode rows own tokens [0, num_decodes): row b's token is b.
             acc = torch.empty((num_decodes, num_heads, MAX_SPLITS, pad), dtype=torch.float32, device=query.device)
             ml = torch.empty((num_decodes, num_heads, MAX_SPLITS, 2), dtype=torch.float32, device=query.device)
@@ -185,10 +203,10 @@ def attention(
         if splits > 1:
             ks.reduce[(num_decodes, num_heads)](
                 out, parts[0], parts[1], splits, head_size, out.stride(0), out.stride(1),
-                HEAD_PAD=parts[0].shape[-1], MAX_SPLITS=MAX_SPLITS, num_warps=num_warps(REDUCE_LANES, warp),
+                HEAD_PAD=parts[0].shape[-1], MAX_SPLITS=MAX_SPLITS, **_launch("reduce", family, REDUCE_LANES),
             )  # fmt: skip
     if num_prefills > 0 and max_query_len > 0:
-        tiles = attention_tiles(query.dtype, head_size, block_size, False, False, rdna, big_tiles, kv_cache.dtype)
+        tiles = attention_tiles(query.dtype, head_size, block_size, False, False, family, big_tiles, kv_cache.dtype)
         per_tile = tiles.block_m // group
         launch(num_prefills, num_decodes, triton.cdiv(max_query_len, per_tile), 1, block_size, False, (out, out))
     return out
@@ -205,4 +223,4 @@ def copy_blocks(kv_caches: list[torch.Tensor], src_to_dst: torch.Tensor) -> None
         grid = (n, 2, triton.cdiv(block_numel, COPY_BLOCK))
         on_device = pairs.to(cache.device)
         _kernels_for(cache).copy_blocks[grid](cache, on_device, block_numel, cache.stride(0), BLOCK=COPY_BLOCK,
-                                              num_warps=num_warps(COPY_LANES, _warp_size(cache.device)))
+                                              **_launch("copy_blocks", family_of(cache.device), COPY_LANES))

@@ -1,8 +1,8 @@
 """Every kernel specialization the backend can launch, derived from its declared capabilities.
 
-A specialization is a kernel plus its compile-time constants, pointer types and launch options; the
-launcher (:mod:`paged_backend_rocm.kernels`) picks them through the same functions in
-:mod:`paged_backend_rocm.tiles`, so this list is complete by construction. Runtime integers are
+A specialization is a kernel plus its compile-time constants, pointer types and launch options for one
+device family; the launcher (:mod:`paged_triton.launch`) picks them through the same functions in
+:mod:`paged_triton.tiles`, so this list is complete by construction. Runtime integers are
 compiled as generic ``i32`` (the JIT may additionally specialise on divisibility; resource use is the same
 kernel body).
 """
@@ -14,19 +14,18 @@ from dataclasses import dataclass, field
 
 import torch
 
-from paged_backend_rocm.tiles import (
+from paged_core.api import BackendCapabilities
+from paged_triton.tile_shape import MAX_SPLITS, head_pad
+from paged_triton.tiles import (
     COPY_BLOCK,
     COPY_LANES,
-    MAX_SPLITS,
-    NVIDIA_ATTENTION_MAXNREG,
     REDUCE_LANES,
     WRITE_KV_LANES,
     attention_tiles,
     dot_fp32,
-    head_pad,
+    launch_options,
     rdna_supported,
 )
-from paged_core.api import BackendCapabilities
 
 POINTER_TYPES = {torch.float32: "*fp32", torch.bfloat16: "*bf16", torch.float16: "*fp16"}
 """Triton pointer type of a tensor of each dtype."""
@@ -43,8 +42,8 @@ class Specialization:
     lanes: int
     """Threads per program; warps = lanes // the target's warp size, as the launcher computes it."""
     float_args: tuple[str, ...] = field(default=())
-    nvidia_maxnreg: int | None = None
-    """The ``maxnreg`` launch option on NVIDIA targets, as the launcher passes it."""
+    options: tuple[tuple[str, object], ...] = field(default=())
+    """Launch options beyond ``num_warps`` (NVIDIA's ``maxnreg``, Intel's GRF mode), as the launcher passes them."""
 
     def signature(self, arg_names: list[str]) -> dict[str, str]:
         """Triton signature for ``arg_names``: pointers typed, constexprs marked, other ints ``i32``."""
@@ -66,11 +65,16 @@ def _name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
-def attention_specializations(caps: BackendCapabilities, rdna: bool = False) -> Iterator[Specialization]:
+def _options(kernel: str, family: str) -> tuple[tuple[str, object], ...]:
+    return tuple(sorted(launch_options(kernel, family).items()))
+
+
+def attention_specializations(caps: BackendCapabilities, family: str) -> Iterator[Specialization]:
     """Attention (decode direct, decode split, prefill) and reduction variants for every declared combination.
 
-    ``rdna`` selects the tiles launched on AMD wave32 GPUs (gfx11).
+    ``family`` selects the tiles launched on that kind of device (see :mod:`paged_triton.tiles`).
     """
+    rdna = family == "rdna"
     heads = sorted(caps.head_sizes or ())
     seen: set[tuple[object, ...]] = set()
     for q in sorted(caps.dtypes, key=_name):
@@ -80,7 +84,7 @@ def attention_specializations(caps: BackendCapabilities, rdna: bool = False) -> 
                     continue  # refused at launch on RDNA (see tiles.rdna_supported)
                 for block in caps.block_sizes:
                     for decode, split in ((True, False), (True, True), (False, False)):
-                        tiles = attention_tiles(q, head, block, decode, split, rdna, kv_dtype=kv)
+                        tiles = attention_tiles(q, head, block, decode, split, family, kv_dtype=kv)
                         key = ("attention", q, kv, tiles)
                         if key in seen:
                             continue
@@ -96,7 +100,7 @@ def attention_specializations(caps: BackendCapabilities, rdna: bool = False) -> 
                             (("out_ptr", qt), ("part_acc_ptr", "*fp32"), ("part_ml_ptr", "*fp32"), ("q_ptr", qt),
                              ("k_cache_ptr", kt), ("v_cache_ptr", kt), ("query_start_loc_ptr", "*i32"),
                              ("seq_lens_ptr", "*i32"), ("block_table_ptr", "*i32")),
-                            tiles.lanes, ("scale",), NVIDIA_ATTENTION_MAXNREG,
+                            tiles.lanes, ("scale",), _options("attention", family),
                         )  # fmt: skip
     for q in sorted(caps.dtypes, key=_name):
         for pad in sorted({head_pad(h) for h in heads}):
@@ -104,10 +108,11 @@ def attention_specializations(caps: BackendCapabilities, rdna: bool = False) -> 
                 "reduce", f"reduce out={_name(q)} D{pad} S{MAX_SPLITS}",
                 (("HEAD_PAD", pad), ("MAX_SPLITS", MAX_SPLITS)),
                 (("out_ptr", POINTER_TYPES[q]), ("part_acc_ptr", "*fp32"), ("part_ml_ptr", "*fp32")), REDUCE_LANES,
+                options=_options("reduce", family),
             )  # fmt: skip
 
 
-def cache_specializations(caps: BackendCapabilities) -> Iterator[Specialization]:
+def cache_specializations(caps: BackendCapabilities, family: str) -> Iterator[Specialization]:
     """write_kv for every (input dtype, cache dtype, head tile) and copy_blocks for every cache dtype."""
     heads = sorted(caps.head_sizes or ())
     pads = sorted({head_pad(h) for h in heads})
@@ -118,15 +123,16 @@ def cache_specializations(caps: BackendCapabilities) -> Iterator[Specialization]
                 yield Specialization(
                     "write_kv", f"write_kv in={_name(q)} cache={_name(kv)} D{pad}", (("HEAD_PAD", pad),),
                     (("key_ptr", qt), ("value_ptr", qt), ("k_cache_ptr", kt), ("v_cache_ptr", kt),
-                     ("slot_mapping_ptr", "*i64")), WRITE_KV_LANES,
+                     ("slot_mapping_ptr", "*i64")), WRITE_KV_LANES, options=_options("write_kv", family),
                 )  # fmt: skip
     for kv in sorted(caps.effective_kv_cache_dtypes, key=_name):
         yield Specialization(
             "copy_blocks", f"copy_blocks cache={_name(kv)}", (("BLOCK", COPY_BLOCK),),
             (("cache_ptr", POINTER_TYPES[kv]), ("pairs_ptr", "*i64")), COPY_LANES,
+            options=_options("copy_blocks", family),
         )  # fmt: skip
 
 
-def all_specializations(caps: BackendCapabilities, rdna: bool = False) -> list[Specialization]:
-    """Every specialization, attention kernels first (``rdna``: as launched on AMD wave32 GPUs)."""
-    return [*attention_specializations(caps, rdna), *cache_specializations(caps)]
+def all_specializations(caps: BackendCapabilities, family: str) -> list[Specialization]:
+    """Every specialization launched on ``family`` devices, attention kernels first."""
+    return [*attention_specializations(caps, family), *cache_specializations(caps, family)]

@@ -2,19 +2,19 @@
 
 ``torch.compile(fullgraph=True)`` cannot look inside a Triton launch from Python; as opaque custom ops
 (with shape-only fake implementations) the launches appear as single nodes, and their Python ints are
-graph constants, exactly what a HIP/CUDA graph freezes. Importing this module imports triton.
+graph constants, exactly what a HIP, CUDA or XPU graph freezes. Importing this module imports triton.
 """
 
 from __future__ import annotations
 
 import torch
 
-from paged_backend_rocm import kernels
+from paged_triton import launch as kernels
 
 
-@torch.library.custom_op("paged_rocm::write_kv", mutates_args=("kv_cache",))
+@torch.library.custom_op("paged_triton::write_kv", mutates_args=("kv_cache",))
 def write_kv(key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
-    """Store keys and values at their slots (see :func:`paged_backend_rocm.kernels.write_kv`)."""
+    """Store keys and values at their slots (see :func:`paged_triton.launch.write_kv`)."""
     kernels.write_kv(key, value, kv_cache, slot_mapping)
 
 
@@ -23,7 +23,7 @@ def _write_kv_fake(key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tenso
     return None
 
 
-@torch.library.custom_op("paged_rocm::attention", mutates_args=())
+@torch.library.custom_op("paged_triton::attention", mutates_args=())
 def attention(
     query: torch.Tensor,
     kv_cache: torch.Tensor,
@@ -36,7 +36,7 @@ def attention(
     max_seq_len: int,
     scale: float,
 ) -> torch.Tensor:
-    """Paged attention over the cache (see :func:`paged_backend_rocm.kernels.attention`)."""
+    """Paged attention over the cache (see :func:`paged_triton.launch.attention`)."""
     return kernels.attention(query, kv_cache, query_start_loc, seq_lens, block_table, num_decodes, num_prefills,
                              max_query_len, max_seq_len, scale)  # fmt: skip
 

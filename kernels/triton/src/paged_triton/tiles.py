@@ -1,17 +1,22 @@
-"""Tile sizes and split plans: the one place launch parameters are chosen.
+"""Tile sizes, split plans and launch options: the one place launch parameters are chosen, per device family.
 
-The launcher and the ahead-of-time check (:mod:`paged_backend_rocm.aot`) both call these functions, so
-the specializations compiled for the resource report are exactly the ones the backend launches.
+The launcher (:mod:`paged_triton.launch`) and every ahead-of-time check (the backends' ``aot`` modules, through
+:mod:`paged_triton.specializations`) call these functions, so the specializations compiled for a resource
+report are exactly the ones a backend launches. Families: ``cdna`` (AMD wave64), ``rdna`` (AMD wave32, gfx11),
+``nvidia``, ``xpu`` (Intel, :mod:`paged_triton.tiles_xpu`).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
-MAX_SPLITS = 32
-"""Most partitions a decode row's context is split into (the reduction kernel's fixed width)."""
+from paged_triton.tile_shape import ATTENTION_LANES, DECODE_BLOCK_M, MAX_SPLITS, AttentionTiles, head_pad
+from paged_triton.tiles_xpu import XPU_THREADS_PER_WARP, xpu_attention_tiles, xpu_options
+
+FAMILIES = ("cdna", "rdna", "nvidia", "xpu")
+"""Device families with their own tiles."""
+WARP_SIZE = {"cdna": 64, "rdna": 32, "nvidia": 32, "xpu": XPU_THREADS_PER_WARP}
+"""Threads per warp (wave, sub-group) each family's kernels are launched with."""
 MIN_PARTITION = 256
 """Fewest keys per partition: shorter contexts are not split (the reduction would cost more than it saves)."""
 TARGET_PROGRAMS = 2048
@@ -23,42 +28,15 @@ RDNA_D_CHUNK = 64
 RDNA_FP32_D_CHUNK = 32
 RDNA_FP32_MAX_HEAD = 64
 """Largest head size of fp32 attention on RDNA: its FMA dots spill beyond (aot report); refused there."""
-ATTENTION_LANES = 256
-"""Threads per attention program: 4 waves of 64 on CDNA, 8 warps of 32 on NVIDIA/RDNA."""
 NVIDIA_ATTENTION_MAXNREG = 255
 """Register cap for attention on NVIDIA: left alone, ptxas caps 256-thread programs at 128 and spills."""
 REDUCE_LANES = 128
 WRITE_KV_LANES = 64
 COPY_LANES = 256
-DECODE_BLOCK_M = 16
-"""Query rows of a decode program: one token times up to 16 query heads (tl.dot needs M >= 16)."""
 MAX_GROUP = DECODE_BLOCK_M
 """Largest GQA ratio (query heads per KV head) the kernels accept."""
 COPY_BLOCK = 1024
 """Elements moved per program by copy_blocks."""
-
-
-def head_pad(head_size: int) -> int:
-    """The power-of-two tile width covering ``head_size`` (at least 16)."""
-    return max(16, 1 << (head_size - 1).bit_length())
-
-
-@dataclass(frozen=True)
-class AttentionTiles:
-    """Compile-time shape of one attention launch."""
-
-    head_pad: int
-    block_m: int
-    block_n: int
-    split: bool
-    d_chunk: int
-    """Head-dim width of one q.k dot (``head_pad`` except on RDNA, where wide dot operands spill)."""
-    lanes: int = ATTENTION_LANES
-
-    def constexprs(self, dot_fp32: bool) -> dict[str, int | bool]:
-        """The kernel's ``tl.constexpr`` arguments for these tiles."""
-        return {"HEAD_PAD": self.head_pad, "BLOCK_M": self.block_m, "BLOCK_N": self.block_n,
-                "SPLIT": self.split, "MAX_SPLITS": MAX_SPLITS, "DOT_FP32": dot_fp32, "D_CHUNK": self.d_chunk}
 
 
 def rdna_supported(dtype: torch.dtype, head_size: int) -> bool:
@@ -67,7 +45,7 @@ def rdna_supported(dtype: torch.dtype, head_size: int) -> bool:
 
 
 def dot_fp32(dtype: torch.dtype, interpreted: bool) -> bool:
-    """Whether attention dots run on fp32 operands (see :mod:`paged_backend_rocm.attention_kernels`)."""
+    """Whether attention dots run on fp32 operands (see :mod:`paged_triton.attention_kernels`)."""
     return dtype == torch.float32 or (interpreted and dtype == torch.bfloat16)
 
 
@@ -77,13 +55,14 @@ def attention_tiles(
     block_size: int,
     decode: bool,
     split: bool,
-    rdna: bool = False,
+    family: str = "cdna",
     interpreter: bool = False,
     kv_dtype: torch.dtype | None = None,
 ) -> AttentionTiles:
     """Tiles for queries of ``dtype``: BLOCK_N divides the block size and keeps a KV tile in budget.
 
-    ``rdna``: the device is an AMD wave32 GPU (gfx11), whose WMMA operands cost a whole row per lane.
+    ``family``: the device family (``rdna``: AMD wave32, whose WMMA operands cost a whole row per lane;
+    ``xpu``: Intel's own tiles).
     ``kv_dtype``: the cache's dtype (a cache wider than the queries is converted after loading).
     ``interpreter``: the Triton interpreter, where registers cost nothing and every loop trip costs
     Python time, so tiles are as large as the block allows (same code, fewer trips).
@@ -92,6 +71,9 @@ def attention_tiles(
     if interpreter:
         block_n = max(b for b in (16, 32, 64) if block_size % b == 0)
         return AttentionTiles(pad, DECODE_BLOCK_M if decode else 64, block_n, split and decode, pad)
+    if family == "xpu":
+        return xpu_attention_tiles(dtype, head_size, block_size, decode, split, kv_dtype)
+    rdna = family == "rdna"
     elem = torch.empty((), dtype=dtype).element_size()
     # Prefill tiles already have BLOCK_M rows; a wider key tile there spills SGPRs on CDNA (aot report).
     block_n = 64 if decode else 16
@@ -129,3 +111,12 @@ def split_plan(num_decodes: int, num_kv_heads: int, max_seq_len: int, block_n: i
 def num_warps(lanes: int, warp_size: int) -> int:
     """Warps (waves) giving ``lanes`` threads on a device whose warp/wave has ``warp_size`` threads."""
     return max(1, lanes // warp_size)
+
+
+def launch_options(kernel: str, family: str) -> dict[str, object]:
+    """Launch options beyond ``num_warps`` for ``kernel`` (``attention``, ``reduce``, ``write_kv``, ``copy_blocks``)."""
+    if family == "xpu":
+        return xpu_options(kernel)
+    if family == "nvidia" and kernel == "attention":
+        return {"maxnreg": NVIDIA_ATTENTION_MAXNREG}
+    return {}

@@ -1,0 +1,110 @@
+"""TritonBackend: the half of a Triton-kernel backend that does not depend on the vendor.
+
+A vendor package (paged-backend-rocm, paged-backend-xpu) subclasses it and adds what is its own: ``name``,
+``priority``, ``availability``, the device check in ``__init__`` and the graph strategy. Validation, the
+capability envelope of the kernels and the calls into :mod:`paged_triton.ops` live here once.
+"""
+
+from __future__ import annotations
+
+from types import ModuleType
+
+import torch
+
+from paged_core.api import (
+    AttentionBackend,
+    AttentionMetadata,
+    AttentionSpec,
+    BackendCapabilities,
+    GraphSupport,
+    PagedError,
+)
+
+DTYPES = frozenset({torch.float32, torch.bfloat16, torch.float16})
+HEAD_SIZES = frozenset({64, 80, 96, 128, 256})
+BLOCK_SIZES = (16, 32, 64)
+GQA_RATIOS = frozenset(range(1, 17))
+
+
+class TritonBackend(AttentionBackend):
+    """Paged attention through the shared Triton kernels: split-K decode with a reduction, tiled causal prefill.
+
+    Every launch takes its sizes from tensor shapes and the metadata's Python ints, never from tensor values,
+    so any batch can be captured. Subclasses call :meth:`_load_kernels` once their device check passed.
+    """
+
+    api_version = 1
+
+    def _load_kernels(self) -> None:
+        """Import the kernels (and so triton) and check this process's Triton mode can serve the device."""
+        from paged_triton import launch, ops
+
+        launch.check_device(self.device)
+        self._ops: ModuleType = ops
+
+    @classmethod
+    def capabilities(cls) -> BackendCapabilities:
+        """fp32/bf16/fp16 (any mix of compute and cache dtype), head sizes 64-256, blocks 16/32/64, GQA 1-16."""
+        return BackendCapabilities(
+            dtypes=DTYPES,
+            kv_cache_dtypes=DTYPES,
+            block_sizes=BLOCK_SIZES,
+            head_sizes=HEAD_SIZES,
+            gqa_ratios=GQA_RATIOS,
+            graph_support=GraphSupport.ANY,
+        )
+
+    def write_kv(
+        self, key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor, metadata: AttentionMetadata
+    ) -> None:
+        """Store this step's keys and values at ``metadata.slot_mapping`` (padding slots skipped in-kernel)."""
+        check_cache(kv_cache, metadata.block_size)
+        expected = (metadata.slot_mapping.shape[0], kv_cache.shape[3], kv_cache.shape[4])
+        if tuple(key.shape) != expected or tuple(value.shape) != expected:
+            raise PagedError(f"key {tuple(key.shape)} and value {tuple(value.shape)} must be {list(expected)}")
+        if metadata.slot_mapping.dtype != torch.int64:
+            raise PagedError(f"slot_mapping must be int64, got {metadata.slot_mapping.dtype}")
+        self._ops.write_kv(key, value, kv_cache, metadata.slot_mapping)
+
+    def attention(
+        self, query: torch.Tensor, kv_cache: torch.Tensor, metadata: AttentionMetadata, spec: AttentionSpec
+    ) -> torch.Tensor:
+        """Causal attention over the paged cache: decode rows first (split-K), then prefill rows."""
+        check_cache(kv_cache, metadata.block_size)
+        if tuple(kv_cache.shape[3:]) != (spec.num_kv_heads, spec.head_size):
+            raise PagedError(f"kv_cache heads/head_size {tuple(kv_cache.shape[3:])} do not match the spec "
+                             f"({spec.num_kv_heads}, {spec.head_size})")  # fmt: skip
+        if query.dim() != 3 or tuple(query.shape[1:]) != (spec.num_heads, spec.head_size):
+            raise PagedError(f"query {tuple(query.shape)} must be [T, {spec.num_heads}, {spec.head_size}]")
+        self.capabilities().check(spec, query.dtype, metadata.block_size, kv_cache.dtype)
+        for name in ("query_start_loc", "seq_lens", "block_table"):
+            if getattr(metadata, name).dtype != torch.int32:
+                raise PagedError(f"metadata.{name} must be int32, got {getattr(metadata, name).dtype}")
+        out: torch.Tensor = self._ops.attention(
+            query, kv_cache, metadata.query_start_loc, metadata.seq_lens, metadata.block_table,
+            metadata.num_decodes, metadata.num_prefills, metadata.max_query_len, metadata.max_seq_len,
+            float(spec.softmax_scale),
+        )  # fmt: skip
+        return out
+
+    def copy_blocks(self, kv_caches: list[torch.Tensor], src_to_dst: torch.Tensor) -> None:
+        """Copy (source, destination) block pairs, keys and values, in every layer."""
+        if src_to_dst.dim() != 2 or src_to_dst.shape[1] != 2:
+            raise PagedError(f"src_to_dst must be [N, 2], got shape {tuple(src_to_dst.shape)}")
+        for layer, cache in enumerate(kv_caches):
+            if cache.dim() != 5 or cache.shape[0] != 2 or not cache.is_contiguous():
+                raise PagedError(f"layer {layer}: kv_cache must be a contiguous [2, blocks, block_size, heads, dim]")
+        from paged_triton import launch
+
+        launch.copy_blocks(kv_caches, src_to_dst)
+
+
+def check_cache(kv_cache: torch.Tensor, block_size: int) -> None:
+    """Refuse a cache that is not a contiguous ``[2, blocks, block_size, heads, head_size]`` of this block size."""
+    if kv_cache.dim() != 5 or kv_cache.shape[0] != 2:
+        raise PagedError(f"kv_cache must be [2, num_blocks, block_size, heads, head_size], got "
+                         f"{tuple(kv_cache.shape)}")  # fmt: skip
+    if kv_cache.shape[2] != block_size:
+        raise PagedError(f"kv_cache block size {kv_cache.shape[2]} != metadata.block_size {block_size}")
+    if not kv_cache.is_contiguous():
+        raise PagedError("kv_cache must be contiguous")

@@ -1,0 +1,70 @@
+"""Launch planning: tiles fit their budgets, split plans cover the context, specializations are complete."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from paged_core.api import BackendCapabilities, GraphSupport
+from paged_triton.specializations import POINTER_TYPES, all_specializations
+from paged_triton.tile_shape import MAX_SPLITS
+from paged_triton.tiles import FAMILIES, MIN_PARTITION, attention_tiles, dot_fp32, rdna_supported, split_plan
+
+DTYPES = frozenset({torch.float32, torch.bfloat16, torch.float16})
+CAPS = BackendCapabilities(dtypes=DTYPES, kv_cache_dtypes=DTYPES, block_sizes=(16, 32, 64),
+                           head_sizes=frozenset({64, 80, 96, 128, 256}), gqa_ratios=frozenset(range(1, 17)),
+                           graph_support=GraphSupport.ANY)  # fmt: skip
+"""What the ROCm and XPU backends declare over these kernels."""
+
+
+@pytest.mark.parametrize("max_seq_len", [1, 255, 256, 257, 1283, 8192, 100_000])
+@pytest.mark.parametrize("rows", [1, 64, 256])
+def test_split_plan_covers_every_key(max_seq_len: int, rows: int) -> None:
+    """Partitions are block-aligned, at most MAX_SPLITS, and together cover the longest context."""
+    splits, partition = split_plan(rows, 8, max_seq_len, 16)
+    assert 1 <= splits <= MAX_SPLITS and partition % 16 == 0
+    assert splits * partition >= max_seq_len > (splits - 1) * partition
+    if max_seq_len <= MIN_PARTITION:
+        assert splits == 1
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("block", [16, 32, 64])
+@pytest.mark.parametrize("head", [64, 80, 96, 128, 256])
+def test_tiles_divide_blocks(family: str, block: int, head: int) -> None:
+    """A key tile never straddles two paged blocks, covers the head size, and a q.k chunk divides the head tile."""
+    for dtype in DTYPES:
+        for decode in (True, False):
+            tiles = attention_tiles(dtype, head, block, decode, decode, family)
+            assert block % tiles.block_n == 0 and tiles.head_pad >= head
+            assert tiles.head_pad % tiles.d_chunk == 0 and tiles.block_m >= 16
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_every_launchable_specialization_is_listed(family: str) -> None:
+    """Each (dtype, cache dtype, head, block, mode) the launcher can pick on a family is a listed specialization.
+
+    Compared by what is compiled (constexprs, pointer types, threads), since modes with equal tiles share one.
+    """
+    specs = all_specializations(CAPS, family)
+    compiled = {(s.constexprs, s.pointers[3][1], s.pointers[4][1], s.lanes) for s in specs if s.kernel == "attention"}
+    for q in CAPS.dtypes:
+        for kv in CAPS.dtypes:
+            for head in CAPS.head_sizes or ():
+                if family == "rdna" and not rdna_supported(q, head):
+                    continue
+                for block in CAPS.block_sizes:
+                    for decode, split in ((True, False), (True, True), (False, False)):
+                        t = attention_tiles(q, head, block, decode, split, family, kv_dtype=kv)
+                        key = (tuple(t.constexprs(dot_fp32(q, False)).items()), POINTER_TYPES[q], POINTER_TYPES[kv],
+                               t.lanes)  # fmt: skip
+                        assert key in compiled, (q, kv, head, block, decode, split, t)
+    assert {s.kernel for s in specs} == {"attention", "reduce", "write_kv", "copy_blocks"}
+
+
+def test_launch_options_follow_the_family() -> None:
+    """NVIDIA attention gets its register cap; Intel launches get their sub-group size; AMD nothing extra."""
+    by_family = {f: {s.kernel: dict(s.options) for s in all_specializations(CAPS, f)} for f in FAMILIES}
+    assert by_family["nvidia"]["attention"] == {"maxnreg": 255} and by_family["nvidia"]["write_kv"] == {}
+    assert by_family["cdna"]["attention"] == {} and by_family["rdna"]["reduce"] == {}
+    assert all("threads_per_warp" in opts for opts in by_family["xpu"].values())
