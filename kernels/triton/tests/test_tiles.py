@@ -67,4 +67,4 @@ def test_launch_options_follow_the_family() -> None:
     by_family = {f: {s.kernel: dict(s.options) for s in all_specializations(CAPS, f)} for f in FAMILIES}
     assert by_family["nvidia"]["attention"] == {"maxnreg": 255} and by_family["nvidia"]["write_kv"] == {}
     assert by_family["cdna"]["attention"] == {} and by_family["rdna"]["reduce"] == {}
-    assert all("threads_per_warp" in opts for opts in by_family["xpu"].values())
+    assert all({"threads_per_warp", "warp_size"} & set(opts) for opts in by_family["xpu"].values())
