@@ -18,7 +18,8 @@ from paged_core.contract.version import PLUGIN_API_VERSION
 
 ROOT = Path(__file__).resolve().parents[2]
 BACKENDS = [ROOT / "plugins" / "example-backend", *sorted(p for p in (ROOT / "backends").iterdir() if p.is_dir())]
-DISTRIBUTIONS = [ROOT / "core", ROOT / "plugins" / "conformance", *BACKENDS]
+KERNEL_LIBRARIES = sorted(p for p in (ROOT / "kernels").iterdir() if p.is_dir())
+DISTRIBUTIONS = [ROOT / "core", ROOT / "plugins" / "conformance", *KERNEL_LIBRARIES, *BACKENDS]
 
 
 def _pyproject(root: Path) -> dict:
@@ -26,13 +27,17 @@ def _pyproject(root: Path) -> dict:
 
 
 def declared_api_versions(source: str, filename: str = "<source>") -> dict[str, int | None]:
-    """Each class deriving from ``AttentionBackend`` -> the int literal its body assigns to ``api_version``."""
+    """Each backend class -> the int literal its body assigns to ``api_version``.
+
+    A backend class derives from ``AttentionBackend`` or from a base named ``...Backend``/``...BackendBase`` (a
+    kernel library's shared half, such as ``paged_triton.backend.TritonBackend``); each must still declare its own.
+    """
     found: dict[str, int | None] = {}
     for node in ast.walk(ast.parse(source, filename=filename)):
         if not isinstance(node, ast.ClassDef):
             continue
         bases = {b.id if isinstance(b, ast.Name) else getattr(b, "attr", "") for b in node.bases}
-        if "AttentionBackend" not in bases:
+        if not any(b.endswith(("Backend", "BackendBase")) for b in bases):
             continue
         value: int | None = None
         for stmt in node.body:
@@ -60,9 +65,10 @@ def test_the_scan_catches_an_implicit_or_computed_api_version() -> None:
         "class Implicit(AttentionBackend):\n    name = 'a'\n"
         "class Computed(api.AttentionBackend):\n    api_version = PLUGIN_API_VERSION\n"
         "class Declared(AttentionBackend):\n    api_version = 1\n"
+        "class Derived(TritonBackend):\n    name = 'b'\n"
         "class Unrelated(Base):\n    pass\n"
     )
-    assert declared_api_versions(source) == {"Implicit": None, "Computed": None, "Declared": 1}
+    assert declared_api_versions(source) == {"Implicit": None, "Computed": None, "Declared": 1, "Derived": None}
 
 
 @pytest.mark.parametrize("root", BACKENDS, ids=lambda p: p.name)

@@ -29,6 +29,7 @@ class CudaBackend(CudaBackendBase):
     """
 
     name = "cuda"
+    api_version = 1  # the plugin API this backend is written for (paged-core 0.1.x implements it)
     priority = 60
     emulatable = True
 
