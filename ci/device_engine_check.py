@@ -1,8 +1,8 @@
-"""The engine end to end on an NVIDIA GPU in every graph mode, with one backend's kernels.
+"""The engine end to end on a GPU in every graph mode, with one backend's kernels.
 
-``--backend rocm`` (default; the rocm backend's Triton kernels, run by ``ci/cuda-device``) or ``--backend cuda``
-(paged-backend-cuda, run by ``backends/cuda/device/h200_check.sh``). Writes ``engine-device-BACKEND.json`` and prints
-a summary:
+``--backend rocm`` (default; the rocm backend's Triton kernels, run by ``ci/cuda-device``), ``--backend cuda``
+(paged-backend-cuda, run by ``backends/cuda/device/h200_check.sh``) or ``--backend xpu --device xpu`` (Intel GPUs,
+``backends/xpu/device/xpu_check.sh``). Writes ``engine-device-BACKEND.json`` and prints a summary:
 
 1. Greedy parity: a tiny random-weight Llama (fp32) answers 16 prompts on every model path
    (fused, transformers) in ``eager`` and ``device`` mode, token for token against transformers'
@@ -47,26 +47,32 @@ def tiny_llama(directory: Path, name: str, dtype: torch.dtype, **shape: Any) -> 
 def hf_greedy(path: Path, prompts: list[list[int]], new: int, dtype: torch.dtype) -> list[list[int]]:
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation="eager").cuda().eval()
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation="eager").to(DEVICE).eval()
     outs = []
     with torch.inference_mode():
         for p in prompts:
-            ids = torch.tensor([p], device="cuda")
+            ids = torch.tensor([p], device=DEVICE)
             gen = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new, do_sample=False,
                                  min_new_tokens=new, pad_token_id=0)  # fmt: skip
             outs.append(gen[0, len(p):].tolist())
     del model
-    torch.cuda.empty_cache()
+    accel().empty_cache()
     return outs
 
 
 BACKEND = "rocm"
+DEVICE = "cuda"
+
+
+def accel() -> Any:
+    """torch's module for the device under test (``torch.cuda``, ``torch.xpu``)."""
+    return getattr(torch, DEVICE)
 
 
 def engine(path: Path, dtype: str, mode: str, impl: str) -> Any:
     from paged_core import LLM
 
-    return LLM(str(path), backend=BACKEND, device="cuda", dtype=dtype, kv_cache_memory="2GiB",
+    return LLM(str(path), backend=BACKEND, device=DEVICE, dtype=dtype, kv_cache_memory="2GiB",
                graph_mode=mode, model_impl=impl)  # fmt: skip
 
 
@@ -96,7 +102,7 @@ def parity(root: Path) -> list[dict[str, Any]]:
                          **stats(llm)})  # fmt: skip
             print(json.dumps(rows[-1]), flush=True)
             del llm
-            torch.cuda.empty_cache()
+            accel().empty_cache()
     return rows
 
 
@@ -112,32 +118,33 @@ def decode_speed(root: Path) -> list[dict[str, Any]]:
             prompts = [[3 + (i * 7 + j) % 1000 for j in range(16)] for i in range(batch)]
             params = SamplingParams(temperature=0.0, max_tokens=128, ignore_eos=True)
             llm.generate(prompts[:1], SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True), use_tqdm=False)
-            torch.cuda.synchronize()
+            accel().synchronize()
             start = time.perf_counter()
             outs = llm.generate(prompts, params, use_tqdm=False)
-            torch.cuda.synchronize()
+            accel().synchronize()
             seconds = time.perf_counter() - start
             tokens = sum(len(o.outputs[0].token_ids) for o in outs)
             rows.append({"check": "decode", "batch": batch, "tok_s": round(tokens / seconds, 1), **stats(llm)})
             print(json.dumps(rows[-1]), flush=True)
         del llm
-        torch.cuda.empty_cache()
+        accel().empty_cache()
     return rows
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--out", default=os.environ.get("OUT", "reports"))
-    parser.add_argument("--backend", default="rocm", help="the backend whose kernels run (rocm or cuda)")
+    parser.add_argument("--backend", default="rocm", help="the backend whose kernels run (rocm, cuda, xpu)")
+    parser.add_argument("--device", default="cuda", help="torch device type (cuda for NVIDIA and ROCm, xpu)")
     args = parser.parse_args()
-    global BACKEND
-    BACKEND = args.backend
+    global BACKEND, DEVICE
+    BACKEND, DEVICE = args.backend, args.device
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    if not torch.cuda.is_available():
-        print("device_engine_check: no CUDA device", file=sys.stderr)
+    if not hasattr(torch, DEVICE) or not accel().is_available():
+        print(f"device_engine_check: no {DEVICE} device", file=sys.stderr)
         return 3
-    report: dict[str, Any] = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "backend": BACKEND}
+    report: dict[str, Any] = {"device": accel().get_device_name(), "torch": torch.__version__, "backend": BACKEND}
     with tempfile.TemporaryDirectory() as tmp:
         report["parity"] = parity(Path(tmp))
         report["decode"] = decode_speed(Path(tmp))
