@@ -67,3 +67,9 @@ def detect() -> Availability:
         + ("" if not torch.version.cuda else f", or {ALLOW_CUDA_ENV}=1 to use an NVIDIA GPU"),
         "cpu",
     )
+
+
+# The switch must act before anything imports triton, and the engine imports it (through torch and
+# transformers) before it constructs a backend; the registry imports this module first, so set it here.
+if interpret_requested() and "triton" not in sys.modules:
+    os.environ["TRITON_INTERPRET"] = "1"

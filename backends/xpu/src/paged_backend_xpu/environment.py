@@ -63,3 +63,9 @@ def triton_missing_reason() -> str | None:
     if importlib.util.find_spec("triton") is None:
         return "triton is not installed (PyTorch's XPU wheels bring it as pytorch-triton-xpu)"
     return None
+
+
+# The switch must act before anything imports triton, and the engine imports it (through torch and
+# transformers) before it constructs a backend; the registry imports this module first, so set it here.
+if interpret_requested() and "triton" not in sys.modules:
+    os.environ["TRITON_INTERPRET"] = "1"

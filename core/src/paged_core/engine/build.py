@@ -167,6 +167,9 @@ def load(config: EngineConfig, group: TPGroup | None = None) -> LoadedModel:
     for ``local``; a worker passes the group it joined. Every rank keeps its share of the weights
     (:mod:`paged_core.parallel.shard`).
     """
+    # Plugins first: importing a backend's module may set process-wide switches (a Triton backend's interpreter
+    # mode) that must act before transformers, below, imports triton.
+    load_registry()
     source = resolve_source(config.model.model)
     if source.gguf_file is not None:
         check_gguf(source.directory / source.gguf_file)
