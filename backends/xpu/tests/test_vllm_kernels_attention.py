@@ -364,7 +364,9 @@ def test_uniform_decode_graph_shaped_step(standin: StandIn) -> None:
 
 
 def test_write_casts_and_accepts_fused_qkv_views(standin: StandIn) -> None:
-    """fp32 keys/values are cast to the bf16 cache; strided views of a fused QKV projection are accepted."""
+    """fp32 keys/values are cast to the bf16 cache; strided views of a fused QKV projection are accepted.
+
+    (The query is bf16: fp32 queries are outside the declared dtypes and refused, see the next test.)"""
     sp = spec(4, 2)
     step = make_step([(1, 30), (6, 6)], 64, sp, torch.bfloat16)
     tokens = step.metadata.num_tokens
@@ -372,15 +374,23 @@ def test_write_casts_and_accepts_fused_qkv_views(standin: StandIn) -> None:
     q_width, kv_width = sp.num_heads * sp.head_size, sp.num_kv_heads * sp.head_size
     q, k, v = fused[:, :q_width], fused[:, q_width : q_width + kv_width], fused[:, q_width + kv_width :]
     step = dataclasses.replace(
-        step, query=q.view(tokens, sp.num_heads, sp.head_size), key=k.view(tokens, sp.num_kv_heads, sp.head_size),
-        value=v.view(tokens, sp.num_kv_heads, sp.head_size),
+        step, query=q.reshape(tokens, sp.num_heads, sp.head_size).to(torch.bfloat16),
+        key=k.view(tokens, sp.num_kv_heads, sp.head_size), value=v.view(tokens, sp.num_kv_heads, sp.head_size),
     )  # fmt: skip
     assert not step.key.is_contiguous()
     out, cache = run_backend(step, lib=standin)
-    assert out.dtype == torch.float32
+    assert out.dtype == torch.bfloat16
     ref_cache = step.cache.clone()
     ReferenceBackend().write_kv(step.key, step.value, ref_cache, step.metadata)
     assert torch.equal(cache, ref_cache)
+
+
+def test_undeclared_query_dtype_is_refused(standin: StandIn) -> None:
+    """fp32 queries are outside the envelope (the library runs bf16/fp16): refused naming the supported set."""
+    step = make_step([(1, 30)], 64, spec(4, 2), torch.bfloat16)
+    backend = VllmXpuKernelsBackend("cpu")
+    with pytest.raises(UnsupportedConfigError, match=r"dtype torch.float32 not supported \(supported: bfloat16"):
+        backend.attention(step.query.float(), step.cache, step.metadata, step.spec)
 
 
 def test_soft_cap_is_refused_not_dropped(standin: StandIn) -> None:

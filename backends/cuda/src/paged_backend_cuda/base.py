@@ -22,6 +22,8 @@ from paged_core.api import (
     EagerStrategy,
     GraphCaptureStrategy,
     PagedError,
+    check_attention_inputs,
+    check_write_inputs,
 )
 
 
@@ -51,11 +53,7 @@ class CudaBackendBase(AttentionBackend):
     ) -> None:
         """Store this step's keys and values at ``metadata.slot_mapping``; slot ``-1`` is skipped in the kernel."""
         check_cache(kv_cache, metadata.block_size)
-        expected = (metadata.slot_mapping.shape[0], kv_cache.shape[3], kv_cache.shape[4])
-        if tuple(key.shape) != expected or tuple(value.shape) != expected:
-            raise PagedError(f"key {tuple(key.shape)} and value {tuple(value.shape)} must be {list(expected)}")
-        if metadata.slot_mapping.dtype != torch.int64:
-            raise PagedError(f"slot_mapping must be int64, got {metadata.slot_mapping.dtype}")
+        check_write_inputs(key, value, metadata, kv_cache.shape[3], kv_cache.shape[4])
         self._kernels.write_kv(key, value, kv_cache, metadata.slot_mapping)
 
     def copy_blocks(self, kv_caches: list[torch.Tensor], src_to_dst: torch.Tensor) -> None:
@@ -80,15 +78,8 @@ class CudaBackendBase(AttentionBackend):
     ) -> None:
         """Shapes, dtypes and the declared envelope; raises naming every mismatch it finds first."""
         check_cache(kv_cache, metadata.block_size)
-        if tuple(kv_cache.shape[3:]) != (spec.num_kv_heads, spec.head_size):
-            raise PagedError(f"kv_cache heads/head_size {tuple(kv_cache.shape[3:])} do not match the spec "
-                             f"({spec.num_kv_heads}, {spec.head_size})")  # fmt: skip
-        if query.dim() != 3 or tuple(query.shape[1:]) != (spec.num_heads, spec.head_size):
-            raise PagedError(f"query {tuple(query.shape)} must be [T, {spec.num_heads}, {spec.head_size}]")
-        self.capabilities().check(spec, query.dtype, metadata.block_size, kv_cache.dtype)
-        for name in ("query_start_loc", "seq_lens", "block_table"):
-            if getattr(metadata, name).dtype != torch.int32:
-                raise PagedError(f"metadata.{name} must be int32, got {getattr(metadata, name).dtype}")
+        check_attention_inputs(self.capabilities(), query, kv_cache.dtype, (kv_cache.shape[3], kv_cache.shape[4]),
+                               metadata, spec)  # fmt: skip
 
 
 def check_cache(kv_cache: torch.Tensor, block_size: int) -> None:

@@ -29,6 +29,8 @@ from paged_core.api import (
     BackendCapabilities,
     GraphSupport,
     PagedError,
+    check_attention_inputs,
+    check_write_inputs,
 )
 
 _DTYPES = frozenset({torch.float32, torch.bfloat16, torch.float16})
@@ -92,13 +94,7 @@ class IpexBackend(AttentionBackend):
     ) -> None:
         """Store the step's real tokens at their slots; padding (and any slot ``-1``) never reaches IPEX."""
         check_cache(kv_cache, metadata.block_size)
-        kv_heads, head_size = kv_cache.shape[2], kv_cache.shape[4]
-        expected = (metadata.slot_mapping.shape[0], kv_heads, head_size)
-        if tuple(key.shape) != expected or tuple(value.shape) != expected:
-            raise PagedError(f"key {tuple(key.shape)} and value {tuple(value.shape)} must be {list(expected)} "
-                             f"(one row per slot_mapping entry)")  # fmt: skip
-        if metadata.slot_mapping.dtype != torch.int64:
-            raise PagedError(f"slot_mapping must be int64, got {metadata.slot_mapping.dtype}")
+        check_write_inputs(key, value, metadata, kv_cache.shape[2], kv_cache.shape[4])
         count = metadata.num_actual_tokens
         slots, key, value = metadata.slot_mapping[:count], key[:count], value[:count]
         if count == 0:
@@ -124,15 +120,8 @@ class IpexBackend(AttentionBackend):
     ) -> torch.Tensor:
         """One ``flash_attn_varlen_func`` call over decode and prefill rows, in the cache dtype."""
         check_cache(kv_cache, metadata.block_size)
-        if (kv_cache.shape[2], kv_cache.shape[4]) != (spec.num_kv_heads, spec.head_size):
-            raise PagedError(f"kv_cache heads/head_size {(kv_cache.shape[2], kv_cache.shape[4])} do not match "
-                             f"the spec ({spec.num_kv_heads}, {spec.head_size})")  # fmt: skip
-        if query.dim() != 3 or tuple(query.shape[1:]) != (spec.num_heads, spec.head_size):
-            raise PagedError(f"query {tuple(query.shape)} must be [T, {spec.num_heads}, {spec.head_size}]")
-        self.capabilities().check(spec, query.dtype, metadata.block_size, kv_cache.dtype)
-        for name in ("query_start_loc", "seq_lens", "block_table"):
-            if getattr(metadata, name).dtype != torch.int32:
-                raise PagedError(f"metadata.{name} must be int32, got {getattr(metadata, name).dtype}")
+        check_attention_inputs(self.capabilities(), query, kv_cache.dtype, (kv_cache.shape[2], kv_cache.shape[4]),
+                               metadata, spec)  # fmt: skip
         count = metadata.num_actual_tokens
         # IPEX refuses a query whose dtype differs from the cache's; padding rows stay out of the call.
         out = torch.zeros(query.shape, dtype=kv_cache.dtype, device=query.device)

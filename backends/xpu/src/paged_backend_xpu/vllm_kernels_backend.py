@@ -55,6 +55,8 @@ from paged_core.api import (
     GraphSupport,
     PagedError,
     UnsupportedConfigError,
+    check_attention_inputs,
+    check_write_inputs,
 )
 
 MODULE = "vllm_xpu_kernels"
@@ -167,12 +169,7 @@ class VllmXpuKernelsBackend(AttentionBackend):
     ) -> None:
         """Store the step's keys and values through ``reshape_and_cache_flash`` (slot ``-1`` skipped in-kernel)."""
         check_cache(kv_cache, metadata.block_size)
-        expected = (metadata.slot_mapping.shape[0], kv_cache.shape[3], kv_cache.shape[4])
-        if tuple(key.shape) != expected or tuple(value.shape) != expected:
-            raise PagedError(f"key {tuple(key.shape)} and value {tuple(value.shape)} must be {list(expected)} "
-                             f"(one row per slot_mapping entry)")  # fmt: skip
-        if metadata.slot_mapping.dtype != torch.int64:
-            raise PagedError(f"slot_mapping must be int64, got {metadata.slot_mapping.dtype}")
+        check_write_inputs(key, value, metadata, kv_cache.shape[3], kv_cache.shape[4])
         self._lib.reshape_and_cache_flash(
             _token_rows(key, kv_cache.dtype), _token_rows(value, kv_cache.dtype), kv_cache[0], kv_cache[1],
             metadata.slot_mapping, "auto", self._unit_scale, self._unit_scale,
@@ -183,11 +180,10 @@ class VllmXpuKernelsBackend(AttentionBackend):
     ) -> torch.Tensor:
         """One ``flash_attn_varlen_func`` call over every row; the query is cast to the cache dtype, the output back."""
         check_cache(kv_cache, metadata.block_size)
-        if tuple(kv_cache.shape[3:]) != (spec.num_kv_heads, spec.head_size):
-            raise PagedError(f"kv_cache heads/head_size {tuple(kv_cache.shape[3:])} do not match the spec "
-                             f"({spec.num_kv_heads}, {spec.head_size})")  # fmt: skip
         if spec.logits_soft_cap is not None:
             raise UnsupportedConfigError("logits soft cap not supported (vllm-xpu-kernels drops softcap)")
+        check_attention_inputs(self.capabilities(), query, kv_cache.dtype, (kv_cache.shape[3], kv_cache.shape[4]),
+                               metadata, spec)  # fmt: skip
         if metadata.seq_lens.shape[0] == 0:
             return torch.empty_like(query)
         plan = plan_vllm_kernels(metadata, spec)

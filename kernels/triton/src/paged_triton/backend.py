@@ -18,6 +18,8 @@ from paged_core.api import (
     BackendCapabilities,
     GraphSupport,
     PagedError,
+    check_attention_inputs,
+    check_write_inputs,
 )
 
 DTYPES = frozenset({torch.float32, torch.bfloat16, torch.float16})
@@ -59,11 +61,7 @@ class TritonBackend(AttentionBackend):
     ) -> None:
         """Store this step's keys and values at ``metadata.slot_mapping`` (padding slots skipped in-kernel)."""
         check_cache(kv_cache, metadata.block_size)
-        expected = (metadata.slot_mapping.shape[0], kv_cache.shape[3], kv_cache.shape[4])
-        if tuple(key.shape) != expected or tuple(value.shape) != expected:
-            raise PagedError(f"key {tuple(key.shape)} and value {tuple(value.shape)} must be {list(expected)}")
-        if metadata.slot_mapping.dtype != torch.int64:
-            raise PagedError(f"slot_mapping must be int64, got {metadata.slot_mapping.dtype}")
+        check_write_inputs(key, value, metadata, kv_cache.shape[3], kv_cache.shape[4])
         self._ops.write_kv(key, value, kv_cache, metadata.slot_mapping)
 
     def attention(
@@ -71,15 +69,8 @@ class TritonBackend(AttentionBackend):
     ) -> torch.Tensor:
         """Causal attention over the paged cache: decode rows first (split-K), then prefill rows."""
         check_cache(kv_cache, metadata.block_size)
-        if tuple(kv_cache.shape[3:]) != (spec.num_kv_heads, spec.head_size):
-            raise PagedError(f"kv_cache heads/head_size {tuple(kv_cache.shape[3:])} do not match the spec "
-                             f"({spec.num_kv_heads}, {spec.head_size})")  # fmt: skip
-        if query.dim() != 3 or tuple(query.shape[1:]) != (spec.num_heads, spec.head_size):
-            raise PagedError(f"query {tuple(query.shape)} must be [T, {spec.num_heads}, {spec.head_size}]")
-        self.capabilities().check(spec, query.dtype, metadata.block_size, kv_cache.dtype)
-        for name in ("query_start_loc", "seq_lens", "block_table"):
-            if getattr(metadata, name).dtype != torch.int32:
-                raise PagedError(f"metadata.{name} must be int32, got {getattr(metadata, name).dtype}")
+        check_attention_inputs(self.capabilities(), query, kv_cache.dtype, (kv_cache.shape[3], kv_cache.shape[4]),
+                               metadata, spec)  # fmt: skip
         out: torch.Tensor = self._ops.attention(
             query, kv_cache, metadata.query_start_loc, metadata.seq_lens, metadata.block_table,
             metadata.num_decodes, metadata.num_prefills, metadata.max_query_len, metadata.max_seq_len,
