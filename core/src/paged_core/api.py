@@ -16,7 +16,7 @@ from paged_core.contract.capabilities import AttentionSpec, BackendCapabilities,
 from paged_core.contract.device import DeviceHooks, TorchDeviceHooks, default_device_hooks
 from paged_core.contract.fused_ops import FusedOps, PackedLinear
 from paged_core.contract.graph_strategy import EagerStrategy, GraphCaptureStrategy, StepFn
-from paged_core.contract.inputs import check_attention_inputs, check_write_inputs
+from paged_core.contract.inputs import check_attention_inputs, check_default_cache, check_write_inputs
 from paged_core.contract.metadata import AttentionMetadata, build_attention_metadata
 from paged_core.contract.version import PLUGIN_API_VERSION, SUPPORTED_PLUGIN_API_VERSIONS
 from paged_core.errors import (
@@ -73,6 +73,7 @@ __all__ = [
     "WeightFormatError",
     "build_attention_metadata",
     "check_attention_inputs",
+    "check_default_cache",
     "check_write_inputs",
     "default_device_hooks",
     "dequantize",

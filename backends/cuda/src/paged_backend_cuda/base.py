@@ -23,6 +23,7 @@ from paged_core.api import (
     GraphCaptureStrategy,
     PagedError,
     check_attention_inputs,
+    check_default_cache,
     check_write_inputs,
 )
 
@@ -52,7 +53,7 @@ class CudaBackendBase(AttentionBackend):
         self, key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor, metadata: AttentionMetadata
     ) -> None:
         """Store this step's keys and values at ``metadata.slot_mapping``; slot ``-1`` is skipped in the kernel."""
-        check_cache(kv_cache, metadata.block_size)
+        check_default_cache(kv_cache, metadata.block_size)
         check_write_inputs(key, value, metadata, kv_cache.shape[3], kv_cache.shape[4])
         self._kernels.write_kv(key, value, kv_cache, metadata.slot_mapping)
 
@@ -77,20 +78,9 @@ class CudaBackendBase(AttentionBackend):
         self, query: torch.Tensor, kv_cache: torch.Tensor, metadata: AttentionMetadata, spec: AttentionSpec
     ) -> None:
         """Shapes, dtypes and the declared envelope; raises naming every mismatch it finds first."""
-        check_cache(kv_cache, metadata.block_size)
+        check_default_cache(kv_cache, metadata.block_size)
         check_attention_inputs(self.capabilities(), query, kv_cache.dtype, (kv_cache.shape[3], kv_cache.shape[4]),
                                metadata, spec)  # fmt: skip
-
-
-def check_cache(kv_cache: torch.Tensor, block_size: int) -> None:
-    """Refuse a cache that is not the default contiguous layout at this block size."""
-    if kv_cache.dim() != 5 or kv_cache.shape[0] != 2:
-        raise PagedError(f"kv_cache must be [2, num_blocks, block_size, heads, head_size], got "
-                         f"{tuple(kv_cache.shape)}")  # fmt: skip
-    if kv_cache.shape[2] != block_size:
-        raise PagedError(f"kv_cache block size {kv_cache.shape[2]} != metadata.block_size {block_size}")
-    if not kv_cache.is_contiguous():
-        raise PagedError("kv_cache must be contiguous")
 
 
 def _kernel_module(device: torch.device) -> ModuleType:

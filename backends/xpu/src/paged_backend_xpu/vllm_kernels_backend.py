@@ -56,6 +56,7 @@ from paged_core.api import (
     PagedError,
     UnsupportedConfigError,
     check_attention_inputs,
+    check_default_cache,
     check_write_inputs,
 )
 
@@ -168,7 +169,7 @@ class VllmXpuKernelsBackend(AttentionBackend):
         self, key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor, metadata: AttentionMetadata
     ) -> None:
         """Store the step's keys and values through ``reshape_and_cache_flash`` (slot ``-1`` skipped in-kernel)."""
-        check_cache(kv_cache, metadata.block_size)
+        check_default_cache(kv_cache, metadata.block_size)
         check_write_inputs(key, value, metadata, kv_cache.shape[3], kv_cache.shape[4])
         self._lib.reshape_and_cache_flash(
             _token_rows(key, kv_cache.dtype), _token_rows(value, kv_cache.dtype), kv_cache[0], kv_cache[1],
@@ -179,7 +180,7 @@ class VllmXpuKernelsBackend(AttentionBackend):
         self, query: torch.Tensor, kv_cache: torch.Tensor, metadata: AttentionMetadata, spec: AttentionSpec
     ) -> torch.Tensor:
         """One ``flash_attn_varlen_func`` call over every row; the query is cast to the cache dtype, the output back."""
-        check_cache(kv_cache, metadata.block_size)
+        check_default_cache(kv_cache, metadata.block_size)
         if spec.logits_soft_cap is not None:
             raise UnsupportedConfigError("logits soft cap not supported (vllm-xpu-kernels drops softcap)")
         check_attention_inputs(self.capabilities(), query, kv_cache.dtype, (kv_cache.shape[3], kv_cache.shape[4]),
@@ -223,13 +224,3 @@ def _token_rows(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     if x.stride(2) != 1 or x.stride(1) != x.shape[2]:
         x = x.contiguous()
     return x
-
-
-def check_cache(kv_cache: torch.Tensor, block_size: int) -> None:
-    """Refuse a cache that is not paged's default contiguous ``[2, blocks, block_size, kv_heads, head_size]``."""
-    if kv_cache.dim() != 5 or kv_cache.shape[0] != 2:
-        raise PagedError(f"kv_cache must be [2, num_blocks, block_size, heads, head_size], got {tuple(kv_cache.shape)}")
-    if kv_cache.shape[2] != block_size:
-        raise PagedError(f"kv_cache block size {kv_cache.shape[2]} != metadata.block_size {block_size}")
-    if not kv_cache.is_contiguous():
-        raise PagedError("kv_cache must be contiguous")

@@ -45,3 +45,14 @@ def check_attention_inputs(
     for name in ("query_start_loc", "seq_lens", "block_table"):
         if getattr(metadata, name).dtype != torch.int32:
             raise PagedError(f"metadata.{name} must be int32, got {getattr(metadata, name).dtype}")
+
+
+def check_default_cache(kv_cache: torch.Tensor, block_size: int) -> None:
+    """The cache is a contiguous ``[2, blocks, block_size, kv_heads, head_size]`` (the default layout) of this
+    block size. A backend with its own ``kv_cache_shape`` checks its layout itself."""
+    if kv_cache.dim() != 5 or kv_cache.shape[0] != 2:
+        raise PagedError(f"kv_cache must be [2, num_blocks, block_size, heads, head_size], got {tuple(kv_cache.shape)}")
+    if kv_cache.shape[2] != block_size:
+        raise PagedError(f"kv_cache block size {kv_cache.shape[2]} != metadata.block_size {block_size}")
+    if not kv_cache.is_contiguous():
+        raise PagedError("kv_cache must be contiguous")

@@ -6,6 +6,7 @@ import torch
 
 from paged_core.contract.backend import AttentionBackend, Availability
 from paged_core.contract.capabilities import AttentionSpec, BackendCapabilities, GraphSupport
+from paged_core.contract.inputs import check_default_cache
 from paged_core.contract.metadata import AttentionMetadata
 from paged_core.errors import PagedError
 from paged_core.reference.dense import dense_causal_attention
@@ -47,7 +48,7 @@ class ReferenceBackend(AttentionBackend):
         self, key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor, metadata: AttentionMetadata
     ) -> None:
         """Store each token's key/value at its slot; slots of -1 (padding) are skipped."""
-        _check_cache(kv_cache, metadata.block_size)
+        check_default_cache(kv_cache, metadata.block_size)
         num_slots = kv_cache.shape[1] * kv_cache.shape[2]
         kv_heads, head_size = kv_cache.shape[3], kv_cache.shape[4]
         slots = metadata.slot_mapping
@@ -69,7 +70,7 @@ class ReferenceBackend(AttentionBackend):
         self, query: torch.Tensor, kv_cache: torch.Tensor, metadata: AttentionMetadata, spec: AttentionSpec
     ) -> torch.Tensor:
         """For each row: gather its cached keys/values (positions ``0..seq_len-1``) and attend densely."""
-        _check_cache(kv_cache, metadata.block_size)
+        check_default_cache(kv_cache, metadata.block_size)
         if tuple(kv_cache.shape[3:]) != (spec.num_kv_heads, spec.head_size):
             raise PagedError(
                 f"kv_cache heads/head_size {tuple(kv_cache.shape[3:])} do not match the spec "
@@ -116,13 +117,3 @@ class ReferenceBackend(AttentionBackend):
                 if not (0 <= src < cache.shape[1] and 0 <= dst < cache.shape[1]):
                     raise PagedError(f"block pair ({src}, {dst}) out of range for {cache.shape[1]} blocks")
                 cache[:, dst] = cache[:, src]
-
-
-def _check_cache(kv_cache: torch.Tensor, block_size: int) -> None:
-    """Refuse a cache that is not in the default layout for this block size."""
-    if kv_cache.dim() != 5 or kv_cache.shape[0] != 2:
-        raise PagedError(f"kv_cache must be [2, num_blocks, block_size, heads, head_size], got {tuple(kv_cache.shape)}")
-    if kv_cache.shape[2] != block_size:
-        raise PagedError(f"kv_cache block size {kv_cache.shape[2]} != metadata.block_size {block_size}")
-    if not kv_cache.is_contiguous():
-        raise PagedError("kv_cache must be contiguous")

@@ -19,6 +19,7 @@ from paged_core.api import (
     GraphSupport,
     PagedError,
     check_attention_inputs,
+    check_default_cache,
     check_write_inputs,
 )
 
@@ -60,7 +61,7 @@ class TritonBackend(AttentionBackend):
         self, key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor, metadata: AttentionMetadata
     ) -> None:
         """Store this step's keys and values at ``metadata.slot_mapping`` (padding slots skipped in-kernel)."""
-        check_cache(kv_cache, metadata.block_size)
+        check_default_cache(kv_cache, metadata.block_size)
         check_write_inputs(key, value, metadata, kv_cache.shape[3], kv_cache.shape[4])
         self._ops.write_kv(key, value, kv_cache, metadata.slot_mapping)
 
@@ -68,7 +69,7 @@ class TritonBackend(AttentionBackend):
         self, query: torch.Tensor, kv_cache: torch.Tensor, metadata: AttentionMetadata, spec: AttentionSpec
     ) -> torch.Tensor:
         """Causal attention over the paged cache: decode rows first (split-K), then prefill rows."""
-        check_cache(kv_cache, metadata.block_size)
+        check_default_cache(kv_cache, metadata.block_size)
         check_attention_inputs(self.capabilities(), query, kv_cache.dtype, (kv_cache.shape[3], kv_cache.shape[4]),
                                metadata, spec)  # fmt: skip
         out: torch.Tensor = self._ops.attention(
@@ -88,14 +89,3 @@ class TritonBackend(AttentionBackend):
         from paged_triton import launch
 
         launch.copy_blocks(kv_caches, src_to_dst)
-
-
-def check_cache(kv_cache: torch.Tensor, block_size: int) -> None:
-    """Refuse a cache that is not a contiguous ``[2, blocks, block_size, heads, head_size]`` of this block size."""
-    if kv_cache.dim() != 5 or kv_cache.shape[0] != 2:
-        raise PagedError(f"kv_cache must be [2, num_blocks, block_size, heads, head_size], got "
-                         f"{tuple(kv_cache.shape)}")  # fmt: skip
-    if kv_cache.shape[2] != block_size:
-        raise PagedError(f"kv_cache block size {kv_cache.shape[2]} != metadata.block_size {block_size}")
-    if not kv_cache.is_contiguous():
-        raise PagedError("kv_cache must be contiguous")
