@@ -15,6 +15,8 @@ import sys
 
 import torch
 
+from paged_triton.tiles import INTERPRET_TILES_ENV
+
 INTERPRET_ENV = "PAGED_XPU_INTERPRET"
 XPU_TORCH_HINT = "pip install torch --index-url https://download.pytorch.org/whl/xpu (with Intel's GPU driver)"
 """What makes ``torch.xpu`` work: PyTorch's XPU wheels (they bring ``pytorch-triton-xpu``)."""
@@ -28,10 +30,6 @@ def _flag(name: str) -> bool:
 def interpret_requested() -> bool:
     """Whether the environment asks for the Triton interpreter."""
     return _flag(INTERPRET_ENV) or _flag("TRITON_INTERPRET")
-
-
-INTERPRET_TILES_ENV = "PAGED_TRITON_INTERPRET_TILES"
-"""paged-triton's switch for the tiles the interpreter launches (see :mod:`paged_triton.launch`)."""
 
 
 def enable_interpreter() -> None:

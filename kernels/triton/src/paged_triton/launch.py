@@ -25,6 +25,7 @@ from paged_triton.tiles import (
     COPY_BLOCK,
     COPY_LANES,
     FAMILIES,
+    INTERPRET_TILES_ENV,
     REDUCE_LANES,
     WARP_SIZE,
     WRITE_KV_LANES,
@@ -80,11 +81,6 @@ def check_device(device: torch.device) -> None:
         raise RuntimeError(
             f"this process runs Triton in interpreter mode (TRITON_INTERPRET=1), which cannot launch on {device}"
         )
-
-
-INTERPRET_TILES_ENV = "PAGED_TRITON_INTERPRET_TILES"
-"""Set to a family (``cdna``, ``rdna``, ``nvidia``, ``xpu``) to make the interpreter launch that family's device
-tiles (slower than its own large tiles; the kernel tests do, to check every family's shapes compute the same)."""
 
 
 def interpreted_family() -> str | None:

@@ -15,6 +15,9 @@ from paged_triton.tiles_xpu import XPU_THREADS_PER_WARP, xpu_attention_tiles, xp
 
 FAMILIES = ("cdna", "rdna", "nvidia", "xpu")
 """Device families with their own tiles."""
+INTERPRET_TILES_ENV = "PAGED_TRITON_INTERPRET_TILES"
+"""Set to a family to make the Triton interpreter launch that family's device tiles instead of its own large ones
+(slower; the kernel tests do, to check every family's shapes compute the same)."""
 WARP_SIZE = {"cdna": 64, "rdna": 32, "nvidia": 32, "xpu": XPU_THREADS_PER_WARP}
 """Threads per warp (wave, sub-group) each family's kernels are launched with."""
 MIN_PARTITION = 256

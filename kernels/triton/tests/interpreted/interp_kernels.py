@@ -17,6 +17,7 @@ from paged_core.api import (
     build_attention_metadata,
 )
 from paged_triton import launch
+from paged_triton.tiles import INTERPRET_TILES_ENV
 
 TOL = {torch.float32: 2e-4, torch.bfloat16: 3e-2, torch.float16: 1e-2}
 
@@ -24,7 +25,7 @@ TOL = {torch.float32: 2e-4, torch.bfloat16: 3e-2, torch.float16: 1e-2}
 @pytest.fixture(params=["cdna", "xpu"])
 def family(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
     """Run the test with this family's device tiles (AMD/NVIDIA-style, Intel) instead of the interpreter's own."""
-    monkeypatch.setenv(launch.INTERPRET_TILES_ENV, request.param)
+    monkeypatch.setenv(INTERPRET_TILES_ENV, request.param)
     return str(request.param)
 
 
@@ -98,13 +99,13 @@ def test_cache_dtype_differs(family: str) -> None:
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
 def test_rdna_tiles(monkeypatch: pytest.MonkeyPatch, dtype: torch.dtype) -> None:
     """The tiles launched on RDNA (q.k over head-dim chunks) compute the same attention."""
-    monkeypatch.setenv(launch.INTERPRET_TILES_ENV, "rdna")
+    monkeypatch.setenv(INTERPRET_TILES_ENV, "rdna")
     _run(dtype, dtype, 4, 2, 64 if dtype == torch.float32 else 256, 16, [1, 6], [300, 40])
 
 
 def test_rdna_refuses_wide_fp32(monkeypatch: pytest.MonkeyPatch) -> None:
     """fp32 beyond head size 64 spills on RDNA, so it is refused there by name."""
-    monkeypatch.setenv(launch.INTERPRET_TILES_ENV, "rdna")
+    monkeypatch.setenv(INTERPRET_TILES_ENV, "rdna")
     with pytest.raises(UnsupportedConfigError, match="not supported on RDNA"):
         _run(torch.float32, torch.float32, 2, 2, 128, 16, [1], [5])
 
