@@ -24,7 +24,7 @@ if ! has_cuda_torch; then
     tail -3 "$OUT/pip-error.txt" >&2
     exit 3
   fi
-  "${PIP[@]}" --no-build-isolation -e core -e plugins/conformance -e kernels/triton -e backends/rocm
+  "${PIP[@]}" --no-build-isolation -e core -e plugins/conformance -e backends/triton -e backends/rocm
   has_cuda_torch || { echo "h200_check: FAILED: torch installed but sees no CUDA GPU" >&2; exit 3; }
 fi
 PY="$VENV/bin/python"

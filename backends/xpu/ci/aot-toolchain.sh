@@ -3,7 +3,7 @@
 # Idempotent: a second run only checks what is there.
 #   (a) a virtual environment ${PAGED_XPU_AOT_VENV:-.venv-xpu-aot} with the CPU build of torch 2.13.0, PyPI's
 #       triton-xpu 3.3.0b1 (Triton with Intel's backend: kernels -> SPIR-V) and the workspace's core,
-#       kernels/triton and backends/xpu installed editable without their dependencies (plus the
+#       backends/triton and backends/xpu installed editable without their dependencies (plus the
 #       few that importing them needs);
 #   (b) Intel's offline compiler ocloc (SPIR-V -> native pvc / dg2 code, with a register and spill report), from
 #       Debian bookworm's intel-opencl-icd 22.43 and its libraries, unpacked (dpkg -x, nothing installed) into
@@ -26,7 +26,7 @@ PIP=("$VENV/bin/python" -m pip install --quiet --disable-pip-version-check)
 "${PIP[@]}" --pre "triton-xpu==3.3.0b1"
 # The workspace, editable and without dependencies (they would ask for the PyPI `triton`), then what importing
 # paged_core.api needs.
-"${PIP[@]}" --no-deps --no-build-isolation -e core -e kernels/triton -e backends/xpu
+"${PIP[@]}" --no-deps --no-build-isolation -e core -e backends/triton -e backends/xpu
 "${PIP[@]}" "numpy>=1.24" "pluggy>=1.5" "psutil>=5.9" "tqdm>=4.66"
 if "$VENV/bin/python" -m pip list --disable-pip-version-check 2>/dev/null | grep -i -E '^(nvidia-|triton )'; then
   echo "error: $VENV has CUDA packages or PyPI's triton (listed above); remove $VENV and rerun" >&2

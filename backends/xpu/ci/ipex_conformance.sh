@@ -31,7 +31,7 @@ if [ ! -f "$STAMP" ]; then
   # paged_backend_xpu's package and plugin import its backend class (not triton itself, though torch
   # 2.8's wheel brings triton anyway); this tier never runs a Triton kernel.
   "${PIP[@]}" "numpy>=1.24,<3" "pluggy>=1.5" "psutil>=5.9" "tqdm>=4.66" "pytest>=8"
-  "${PIP[@]}" --no-deps --no-build-isolation -e core -e plugins/conformance -e kernels/triton -e backends/xpu
+  "${PIP[@]}" --no-deps --no-build-isolation -e core -e plugins/conformance -e backends/triton -e backends/xpu
   touch "$STAMP"
   echo "ipex venv ready in $(( $(date +%s) - start )) s: $(du -sh "$VENV" | cut -f1)"
 fi

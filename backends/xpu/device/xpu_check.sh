@@ -20,7 +20,7 @@ unset TRITON_INTERPRET PAGED_XPU_INTERPRET PAGED_TRITON_INTERPRET_TILES
 say() { echo "== $*" | tee -a "$LOG"; }
 "$PY" -c 'import torch; assert torch.xpu.is_available(); print("device:", torch.xpu.get_device_name(), "torch", torch.__version__)' \
   2>&1 | tee -a "$LOG" || { say "no Intel GPU visible to $PY (torch.xpu)"; exit 3; }
-"$PY" -m pip install --quiet --no-deps --no-build-isolation -e core -e plugins/conformance -e kernels/triton \
+"$PY" -m pip install --quiet --no-deps --no-build-isolation -e core -e plugins/conformance -e backends/triton \
   -e backends/xpu >> "$LOG" 2>&1 || { say "install failed"; exit 3; }
 status=0
 for tier in xpu xpu-vllm-kernels; do
