@@ -1,8 +1,10 @@
-"""Tensor parallel 2 gives tensor parallel 1's greedy streams, token for token, and its logprobs within 1e-5.
+"""Tensor parallel 2 gives tensor parallel 1's greedy streams, token for token, and its logprobs within 2e-5.
 
-The tolerance is relative to the value's size (``|a - b| <= 1e-5 * max(1, |a|)``): the tiny model's
+The tolerance is relative to the value's size (``|a - b| <= 2e-5 * max(1, |a|)``): the tiny model's
 wide weights make logprobs of -20 and below, where fp32 summing the partial sums in another order
-moves the last digits (1.5e-5 absolute on a -40 logprob was measured).
+moves the last digits. A logprob is ``logit - logsumexp(logits)`` and each term carries the logits' own
+error (bounded by 1e-5 of their size below), hence twice that bound (measured: 1.5e-5 absolute on a -40
+logprob on Zen 4, 1.22e-5 relative on a Sapphire Rapids Xeon, whose oneDNN kernels sum in another order).
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ import torch
 from paged_core import LLM, RequestOutput
 
 from .tp_helpers import ENGINE, worker_pids, workload
+
+pytestmark = pytest.mark.serial  # two ranks, each with its share of every core
 
 
 def _run(llm: LLM) -> list[RequestOutput]:
@@ -75,7 +79,7 @@ def test_streams_and_logprobs_match_tensor_parallel_1(tp1: LLM, tp2: LLM) -> Non
             for pa, pb in zip(x.logprobs, y.logprobs, strict=True):
                 assert pa.keys() == pb.keys()
                 worst = max(worst, *(abs(pa[t] - pb[t]) / max(1.0, abs(pa[t])) for t in pa))
-    assert worst < 1e-5, f"logprobs differ by {worst:.2e} (relative)"
+    assert worst < 2e-5, f"logprobs differ by {worst:.2e} (relative)"
     # The workload really exercised what the scheduler does, on the rank that schedules.
     core = tp2.engine.core
     stats = core.stats()

@@ -150,4 +150,8 @@ class FusedOps:
         """``x @ weight.T + bias`` in ``x.dtype`` (a packed weight dequantized exactly, in fp32)."""
         if isinstance(packed.weight, QuantizedWeight):
             return reference_linear(x, packed.weight, packed.bias)
+        if x.dim() == 2 and x.stride(0) != x.shape[1]:
+            # torch 2.13's bf16 GEMM on AMX CPUs (Sapphire Rapids) reads past the end of each row of a view whose
+            # row stride exceeds its width when K is not a multiple of 32 (NaN from beyond the view, measured).
+            x = x.contiguous()
         return torch.nn.functional.linear(x, packed.weight, packed.bias)
