@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import msgspec
 import pytest
 
 from paged_core.config import (
@@ -17,8 +18,6 @@ from paged_core.config import (
 from paged_core.engine import config as engine_config
 from paged_core.engine.config import EngineConfig, flat_fields
 from paged_core.errors import ConfigError
-
-msgspec = pytest.importorskip("msgspec")
 
 FULL = EngineConfig(
     model=ModelConfig(model="m.gguf", backend="cpu", dtype="bfloat16", device="cpu", trust_remote_code=True,
