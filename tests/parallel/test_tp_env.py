@@ -8,10 +8,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from paged_core import LLM
 from paged_core.parallel.rendezvous import free_port
 
 from .tp_helpers import ENGINE, workload
+
+pytestmark = pytest.mark.serial  # ranks launched apart, and heartbeat timeouts
 
 RANK0 = """
 import json, sys
@@ -69,8 +73,6 @@ def test_paged_worker_refuses_a_launch_it_cannot_join() -> None:
 
 
 def test_rank_0_without_its_variables_is_refused(tiny_llama: Path) -> None:
-    import pytest
-
     from paged_core.errors import ConfigError
 
     saved = {k: os.environ.pop(k) for k in ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK") if k in os.environ}

@@ -14,6 +14,8 @@ from paged_core.errors import DistributedError, UnsupportedConfigError
 
 from .tp_helpers import ENGINE, worker_pids
 
+pytestmark = pytest.mark.serial  # two ranks, and bounds on how fast a lost rank is noticed
+
 PARAMS = SamplingParams(temperature=0.0, max_tokens=200, ignore_eos=True)
 PROMPTS = [[5 + (3 * i + j) % 400 for j in range(20)] for i in range(4)]
 

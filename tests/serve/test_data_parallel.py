@@ -99,6 +99,7 @@ def test_health_lists_both_cores_while_they_serve(dp_server: ServerThread) -> No
 STREAMS = 8
 
 
+@pytest.mark.serial  # a bound on how fast the streams end
 def test_one_of_two_cores_killed_fails_only_its_streams(tiny_model_dir: Path, backend_name: str) -> None:
     with cli_server(tiny_model_dir, backend_name, "--served-model-name", "tiny", "--data-parallel-size", "2") as (
         proc, url, _,

@@ -21,6 +21,8 @@ import pytest
 
 from .serve_helpers import free_socket, save_tiny_chat_model, wait_healthy
 
+pytestmark = pytest.mark.serial  # bounds on how fast killed processes end the streams
+
 STREAMS = 16
 
 

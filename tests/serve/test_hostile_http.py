@@ -91,6 +91,7 @@ def test_an_omitted_max_tokens_obeys_the_limit(server: ServerThread, path: str, 
 
 
 # ---- reproduction 4: a multi-MiB prompt on the event loop ----------------------------------------------------
+@pytest.mark.serial  # latency bounds
 def test_a_huge_prompt_is_refused_before_tokenizing_while_health_stays_fast(server: ServerThread) -> None:
     text = "word " * (3 * 2**20 // 5)  # 3 MiB: needs ~600k tokens, the context holds 512
     bodies = [

@@ -17,6 +17,8 @@ from openai import AsyncOpenAI
 
 from .serve_helpers import MODEL_NAME, MODES, ServerThread, metric_values, serve
 
+pytestmark = pytest.mark.serial  # health checks answered within a bound under load
+
 CLIENTS = 64
 ROUNDS = 3
 

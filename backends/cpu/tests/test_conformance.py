@@ -1,4 +1,8 @@
-"""paged-conformance --quick against the cpu backend, as CI runs it, checked through its JSON report."""
+"""paged-conformance against the cpu backend on a slice of the quick grid, checked through its JSON report.
+
+The CLI, the plugin's loading and the report's capability rows, on one case per declared row; ci/cpu runs the
+whole grid once (its report is ``reports/conformance-cpu.json``).
+"""
 
 from __future__ import annotations
 
@@ -8,13 +12,17 @@ import sys
 from pathlib import Path
 
 BIN = Path(sys.executable).parent
+SELECTION = (
+    "float32-h80-b16-gqa4-mixed-block+1 or bfloat16-h128-b128-gqa4-decode-1 or long_context or kvcache_float16 "
+    "or block+1-fused or copy_blocks or padding or strided or undeclared or test_sliding_window or test_soft_cap"
+)
 
 
-def test_conformance_quick_passes(tmp_path: Path) -> None:
+def test_conformance_slice_passes_and_reports_its_rows(tmp_path: Path) -> None:
     report_path, junit = tmp_path / "report.json", tmp_path / "junit.xml"
     proc = subprocess.run(
         [str(BIN / "paged-conformance"), "run", "--backend", "cpu", "--quick",
-         "--json", str(report_path), "--junitxml", str(junit)],
+         "--json", str(report_path), "--junitxml", str(junit), "--", "-k", SELECTION],
         capture_output=True, text=True, cwd=tmp_path, timeout=900,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
@@ -35,5 +43,5 @@ def test_conformance_quick_passes(tmp_path: Path) -> None:
     ):
         assert caps[row]["declared"] and caps[row]["status"] == "pass", (row, caps[row])
     assert caps["sliding_window"]["status"] == caps["soft_cap"]["status"] == caps["graph"]["status"] == "n/a"
-    assert report["summary"].get("failed", 0) == 0 and report["summary"]["passed"] > 90
+    assert report["summary"].get("failed", 0) == 0 and report["summary"]["passed"] > 20
     assert junit.is_file()

@@ -14,6 +14,8 @@ from paged_backend_example.kernels import paged_attention
 from paged_core.api import AttentionSpec, build_attention_metadata, load_registry
 
 BIN = Path(sys.executable).parent
+# One case per row the test reads; ci/cpu runs the example's whole grid once (reports/conformance-example.json).
+SELECTION = "float32-h128-b16-gqa4-mixed-block+1 or test_graph or undeclared or test_sliding_window or test_soft_cap"
 
 
 def test_registered_through_the_entry_point() -> None:
@@ -42,7 +44,7 @@ def test_conformance_suite_passes(tmp_path: Path) -> None:
     report_path, junit = tmp_path / "report.json", tmp_path / "junit.xml"
     proc = subprocess.run(
         [str(BIN / "paged-conformance"), "run", "--backend", "example", "--quick",
-         "--json", str(report_path), "--junitxml", str(junit)],
+         "--json", str(report_path), "--junitxml", str(junit), "--", "-k", SELECTION],
         capture_output=True, text=True, cwd=tmp_path, timeout=600,
     )
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
@@ -52,7 +54,7 @@ def test_conformance_suite_passes(tmp_path: Path) -> None:
     assert caps["sliding_window"]["status"] == caps["soft_cap"]["status"] == "n/a"
     assert caps["graph"]["declared"] and caps["graph"]["status"] == "pass"
     assert caps["dtype:float16"] == {"declared": False, "status": "n/a", "counts": caps["dtype:float16"]["counts"]}
-    assert report["summary"].get("failed", 0) == 0 and report["summary"]["passed"] > 50
+    assert report["summary"].get("failed", 0) == 0 and report["summary"]["passed"] > 5
     assert "paged-conformance: example on cpu" in proc.stdout and junit.is_file()
 
 
