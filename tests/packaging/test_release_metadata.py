@@ -17,22 +17,21 @@ from paged_core._version import __version__ as CORE_VERSION
 from paged_core.contract.version import PLUGIN_API_VERSION
 
 ROOT = Path(__file__).resolve().parents[2]
-_UNDER_BACKENDS = sorted(p for p in (ROOT / "backends").iterdir() if (p / "pyproject.toml").is_file())
-
-
-def _registers_a_backend(root: Path) -> bool:
-    return "paged_core.backends" in tomllib.loads((root / "pyproject.toml").read_text(encoding="utf-8"))[
-        "project"].get("entry-points", {})
-
-
-BACKENDS = [ROOT / "plugins" / "example-backend", *(p for p in _UNDER_BACKENDS if _registers_a_backend(p))]
-KERNEL_LIBRARIES = [p for p in _UNDER_BACKENDS if not _registers_a_backend(p)]
-"""Kernel source shared by backends (``backends/triton``): a distribution without a backend of its own."""
-DISTRIBUTIONS = [ROOT / "core", ROOT / "plugins" / "conformance", *KERNEL_LIBRARIES, *BACKENDS]
 
 
 def _pyproject(root: Path) -> dict:
     return tomllib.loads((root / "pyproject.toml").read_text(encoding="utf-8"))
+
+
+def _registers_a_backend(root: Path) -> bool:
+    return "paged_core.backends" in _pyproject(root)["project"].get("entry-points", {})
+
+
+_UNDER_BACKENDS = sorted(p for p in (ROOT / "backends").iterdir() if (p / "pyproject.toml").is_file())
+BACKENDS = [ROOT / "plugins" / "example-backend", *(p for p in _UNDER_BACKENDS if _registers_a_backend(p))]
+KERNEL_LIBRARIES = [p for p in _UNDER_BACKENDS if not _registers_a_backend(p)]
+"""Kernel source shared by backends (``backends/triton``): a distribution without a backend of its own."""
+DISTRIBUTIONS = [ROOT / "core", ROOT / "plugins" / "conformance", *KERNEL_LIBRARIES, *BACKENDS]
 
 
 def declared_api_versions(source: str, filename: str = "<source>") -> dict[str, int | None]:
