@@ -14,7 +14,7 @@ from __future__ import annotations
 from paged_core.contract.backend import AttentionBackend, Availability
 from paged_core.contract.capabilities import AttentionSpec, BackendCapabilities, GraphSupport
 from paged_core.contract.device import DeviceHooks, TorchDeviceHooks, default_device_hooks
-from paged_core.contract.fused_ops import FusedOps, PackedLinear
+from paged_core.contract.fused_ops import DENSE_LINEAR_KINDS, LINEAR_KINDS, FusedOps, PackedLinear, linear_kind
 from paged_core.contract.graph_strategy import EagerStrategy, GraphCaptureStrategy, StepFn
 from paged_core.contract.inputs import check_attention_inputs, check_default_cache, check_write_inputs
 from paged_core.contract.metadata import AttentionMetadata, build_attention_metadata
@@ -39,10 +39,13 @@ from paged_core.quant import (
     round_activations_q8,
 )
 from paged_core.reference.backend import ReferenceBackend
+from paged_core.reference.fused import ReferenceFusedOps
 from paged_core.registry import hookimpl, load_registry
 
 __all__ = [
+    "DENSE_LINEAR_KINDS",
     "LINEAR_FORMATS",
+    "LINEAR_KINDS",
     "PLUGIN_API_VERSION",
     "SUPPORTED_PLUGIN_API_VERSIONS",
     "AttentionBackend",
@@ -65,6 +68,7 @@ __all__ = [
     "PagedError",
     "QuantizedWeight",
     "ReferenceBackend",
+    "ReferenceFusedOps",
     "StaticInput",
     "StepFn",
     "TorchDeviceHooks",
@@ -78,6 +82,7 @@ __all__ = [
     "default_device_hooks",
     "dequantize",
     "hookimpl",
+    "linear_kind",
     "load_registry",
     "quantize_blocks",
     "random_packed",

@@ -34,6 +34,8 @@ def test_plain_values_are_normalised() -> None:
         ({"head_sizes": [64.0]}, "head_sizes"),
         ({"gqa_ratios": 4}, "gqa_ratios"),
         ({"kv_cache_dtypes": [torch.float32, "fp8"]}, "kv_cache_dtypes"),
+        ({"batch_invariant": 1}, "batch_invariant must be True or False, got 1"),
+        ({"batch_invariant": "yes"}, "batch_invariant"),
     ],
 )
 def test_bad_declarations_are_refused_by_name(kw: dict[str, object], needle: str) -> None:
@@ -85,3 +87,9 @@ def test_availability_normalises_and_checks_device() -> None:
     assert a.available is True and a.reason == ""
     with pytest.raises(PagedError, match="not a torch device"):
         Availability(True, device="warp-drive")
+
+
+def test_batch_invariance_is_declared_not_assumed() -> None:
+    assert caps().batch_invariant is False and caps().to_dict()["batch_invariant"] is False
+    declared = caps(batch_invariant=True)
+    assert declared.batch_invariant is True and declared.to_dict()["batch_invariant"] is True

@@ -116,3 +116,41 @@ def test_padding_tokens_beyond_actual_are_zero(helpers: SimpleNamespace) -> None
     out = backend.attention(query, cache, md, spec)
     assert torch.equal(out[1:], torch.zeros(3, 2, 4))
     torch.testing.assert_close(out[:1], helpers.sdpa_oracle(query[:1], batch.keys[0], batch.values[0], spec))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("window", [None, 7])
+def test_a_token_has_the_same_bits_in_a_chunk_as_a_decode_row_in_any_batch(
+    helpers: SimpleNamespace, dtype: torch.dtype, window: int | None
+) -> None:
+    # Batch invariance (capabilities().batch_invariant): positions 560..599 of a 600-token row, as one
+    # prefill chunk, as chunks of 1..13 tokens among other rows, and as decode rows in shuffled order.
+    spec = AttentionSpec(num_heads=4, num_kv_heads=2, head_size=16, sliding_window=window)
+    lens = [600, 9, 130]
+    batch = helpers.make_batch(lens, spec, 16, dtype, seed=5)
+    backend = ReferenceBackend()
+    cache = backend.allocate_kv_cache(batch.num_blocks, 16, spec, dtype)
+    helpers.fill_cache(cache, batch, lens, 16)
+    query = torch.randn(600, 4, 16, generator=torch.Generator().manual_seed(6)).to(dtype)
+    other = torch.randn(20, 4, 16, generator=torch.Generator().manual_seed(7)).to(dtype)
+
+    def step(rows: list[tuple[int, int, int]], q: torch.Tensor) -> torch.Tensor:
+        """Attention of rows ``(sequence, query_len, seq_len)`` (decodes first) over the filled cache."""
+        md = build_attention_metadata([r[1] for r in rows], [r[2] for r in rows], [batch.tables[r[0]] for r in rows],
+                                      16)  # fmt: skip
+        return backend.attention(q, cache, md, spec)
+
+    chunk = step([(0, 40, 600)], query[560:])
+    shuffled = [(1, 1, 9)] + [(0, 1, p + 1) for p in range(599, 559, -1)]
+    decodes = step(shuffled, torch.cat([other[:1], query[560:].flip(0)]))
+    assert torch.equal(decodes[1:].flip(0), chunk)
+    start = 560
+    for size in (1, 13, 4, 2, 7, 13):
+        end = start + size
+        if size == 1:  # a decode row: decodes come first
+            out = step([(1, 1, 9), (0, 1, end), (2, 5, 130)], torch.cat([other[:1], query[start:end], other[1:6]]))[1:2]
+        else:
+            out = step([(1, 1, 9), (2, 5, 130), (0, size, end)], torch.cat([other[:6], query[start:end]]))[6:]
+        assert torch.equal(out, chunk[start - 560 : end - 560]), (start, size)
+        start = end
+    assert start == 600

@@ -88,6 +88,17 @@ class BackendCapabilities:
     logits_soft_cap: bool = False
     graph_support: GraphSupport = GraphSupport.NEVER
     extra: dict[str, object] = field(default_factory=dict, compare=False)
+    batch_invariant: bool = False
+    """The attention gives each query row the same output bits whatever else is in the batch: other rows
+    (how many, which), the row's position in the batch, and whether the row is one of a prefill chunk (of
+    any size, after cached context or not), a speculative verify row or a decode row at the same position
+    over the same keys. So every output is reduced in an order fixed by the row's own shapes (its key
+    count, the layer's sizes), never by the batch: a long key range is split at fixed sizes, and a chunk
+    and a decode row sum alike. The conformance suite checks it bit for bit when declared; the engine
+    reports a configuration invariant only on a backend that declares it (see also
+    :attr:`FusedOps.batch_invariant_linear <paged_core.contract.fused_ops.FusedOps.batch_invariant_linear>`
+    and :attr:`FusedOps.batch_invariant_layer_ops
+    <paged_core.contract.fused_ops.FusedOps.batch_invariant_layer_ops>`)."""
 
     def __post_init__(self) -> None:
         # Declarations come from third-party code: normalise types here so that a
@@ -120,6 +131,8 @@ class BackendCapabilities:
             set_(self, "head_sizes", int_set("head_sizes", self.head_sizes))
         if self.gqa_ratios is not None:
             set_(self, "gqa_ratios", int_set("gqa_ratios", self.gqa_ratios))
+        if not isinstance(self.batch_invariant, bool):
+            raise UnsupportedConfigError(f"batch_invariant must be True or False, got {self.batch_invariant!r}")
         try:
             set_(self, "graph_support", GraphSupport(self.graph_support))
         except ValueError:
@@ -177,4 +190,5 @@ class BackendCapabilities:
             "sliding_window": self.sliding_window,
             "logits_soft_cap": self.logits_soft_cap,
             "graph_support": self.graph_support.name.lower(),
+            "batch_invariant": self.batch_invariant,
         }

@@ -40,6 +40,19 @@ the activations to int8 per 32-wide block
 ``q8_activation_formats``: the suite then accepts the exact product with
 either the activations given or those rounded ones.
 
+**Batch invariance** (DESIGN.md, "a contract property"). ``batch_invariant_linear`` names the
+weight kinds (packed formats and dense dtypes, :func:`linear_kind`) whose ``linear`` gives each
+row of ``x`` the same output bits whatever other rows share the call, and
+``batch_invariant_layer_ops`` says the same of the four layer ops, row by row (token by token
+for ``rotary``). This base class declares neither: torch picks its matmul kernel, and so the
+order of each row's sums, by the row count (measured with MKL: float32 rows differ between
+``M = 1`` and ``M = 2``, bfloat16 from 33 rows), and splits an elementwise op between threads
+by its total size, so that part of a row can take the scalar path of ``silu``'s ``exp``
+(measured: one row of 429 in ``silu_and_mul``). The reference backend's ops
+(:class:`paged_core.reference.fused.ReferenceFusedOps`) run this arithmetic one row at a time
+and declare every kind. The conformance suite's batch-invariance section checks declarations
+bit for bit; the engine reports whether a running configuration is invariant from them.
+
 Like attention, these are called inside captured or compiled steps: an
 override must be a torch custom op with a fake (meta) implementation, must
 not read tensors on the host, and must return new tensors (inputs are never
@@ -54,6 +67,22 @@ from typing import Any, ClassVar
 import torch
 
 from paged_core.quant import FORMATS, QuantizedWeight, reference_linear
+
+DENSE_LINEAR_KINDS: tuple[str, ...] = ("float32", "bfloat16", "float16")
+"""Dense weight dtypes by name, as :attr:`FusedOps.batch_invariant_linear` lists them."""
+LINEAR_KINDS: tuple[str, ...] = (*FORMATS, *DENSE_LINEAR_KINDS)
+"""Every weight kind :attr:`FusedOps.batch_invariant_linear` may name: the packed formats
+(:data:`paged_core.quant.FORMATS`), then the dense dtypes."""
+LAYER_OPS: tuple[str, ...] = ("rms_norm", "add_rms_norm", "silu_and_mul", "rotary")
+"""The ops :attr:`FusedOps.batch_invariant_layer_ops` speaks for."""
+
+
+def linear_kind(weight: torch.Tensor | QuantizedWeight) -> str:
+    """A weight's kind as :attr:`FusedOps.batch_invariant_linear` names it: its packed format (``"q4_0"``...)
+    or its dense dtype (``"bfloat16"``...)."""
+    if isinstance(weight, QuantizedWeight):
+        return weight.format.name
+    return str(weight.dtype).removeprefix("torch.")
 
 
 @dataclass
@@ -101,12 +130,42 @@ class FusedOps:
     small integers are what makes one stream over q4 weights fast on CPUs (llama.cpp's q8
     activations); a backend that does so says it here so that its conformance tolerance says so too."""
 
+    batch_invariant_linear: ClassVar[frozenset[str]] = frozenset()
+    """Weight kinds whose :meth:`linear` gives each row of ``x`` the same output bits whatever other rows
+    share the call: how many, which, in what order, in what chunks (a row of a 512-row prefill equals the
+    same row alone, bit for bit). Entries are packed format names (:data:`paged_core.quant.FORMATS`:
+    ``q4_0``, ``q4_1``, ``q8_0``, ``q4_k``, ``q6_k``, ``int8``) and dense dtype names (``float32``,
+    ``bfloat16``, ``float16``): :func:`linear_kind` of the weight, for every compute dtype of ``x`` the
+    backend declares. Such a kernel reduces each output in an order fixed by the layer's sizes, never by
+    the row count (fixed tiles, one rounding rule for the activations at every row count).
+
+    This class declares none (torch's matmul changes kernels with the row count; see the module
+    docstring). A subclass that overrides ``pack_linear`` or ``linear`` without declaring (nor inheriting
+    from a class between it and this one) gets ``frozenset()``, as for :attr:`linear_formats`. The
+    conformance suite checks every declared kind bit for bit; the engine counts a model's linear
+    layers invariant only when their kinds are declared here."""
+
+    batch_invariant_layer_ops: ClassVar[bool] = False
+    """Whether :meth:`rms_norm`, :meth:`add_rms_norm`, :meth:`silu_and_mul` and :meth:`rotary` give each
+    row (token) the same output bits whatever other rows share the call, in every dtype the backend
+    declares. This class does not promise it (torch splits an elementwise op between threads by its size;
+    see the module docstring). A subclass that overrides any of the four without declaring (nor
+    inheriting from a class between it and this one) gets ``False``."""
+
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        declared = any("linear_formats" in vars(c) for c in cls.__mro__ if c is not FusedOps)
+
+        def declared(name: str) -> bool:
+            return any(name in vars(c) for c in cls.__mro__ if c is not FusedOps)
+
         overrides = cls.pack_linear is not FusedOps.pack_linear or cls.linear is not FusedOps.linear
-        if overrides and not declared:
+        if overrides and not declared("linear_formats"):
             cls.linear_formats = frozenset()
+        if overrides and not declared("batch_invariant_linear"):
+            cls.batch_invariant_linear = frozenset()
+        layer_ops = any(getattr(cls, op) is not getattr(FusedOps, op) for op in LAYER_OPS)
+        if layer_ops and not declared("batch_invariant_layer_ops"):
+            cls.batch_invariant_layer_ops = False
 
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         """RMS normalisation of ``[T, H]`` over ``H``, times ``weight`` ``[H]``."""

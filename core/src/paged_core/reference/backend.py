@@ -6,10 +6,12 @@ import torch
 
 from paged_core.contract.backend import AttentionBackend, Availability
 from paged_core.contract.capabilities import AttentionSpec, BackendCapabilities, GraphSupport
+from paged_core.contract.fused_ops import FusedOps
 from paged_core.contract.inputs import check_default_cache
 from paged_core.contract.metadata import AttentionMetadata
 from paged_core.errors import PagedError
-from paged_core.reference.dense import dense_causal_attention
+from paged_core.reference.dense import attend, expand_kv
+from paged_core.reference.fused import ReferenceFusedOps
 
 _DTYPES = frozenset({torch.float32, torch.bfloat16, torch.float16})
 
@@ -19,6 +21,12 @@ class ReferenceBackend(AttentionBackend):
 
     Runs on whatever torch device it is constructed with. It loops in Python
     and reads metadata on the host, so it can never be captured in a graph.
+    It is batch-invariant (``capabilities().batch_invariant``): each query
+    token attends on its own over exactly its visible keys, so its bits never
+    depend on the batch (torch's batched matmuls change their summation order
+    with the number of query rows: measured, a prefill chunk and decode rows
+    at the same positions differed). Its layer ops are
+    :class:`~paged_core.reference.fused.ReferenceFusedOps`, row by row too.
     """
 
     name = "reference"
@@ -42,6 +50,7 @@ class ReferenceBackend(AttentionBackend):
             sliding_window=True,
             logits_soft_cap=True,
             graph_support=GraphSupport.NEVER,
+            batch_invariant=True,
         )
 
     def write_kv(
@@ -99,11 +108,22 @@ class ReferenceBackend(AttentionBackend):
             blocks = torch.tensor(tables[b][:num_blocks], dtype=torch.int64, device=kv_cache.device)
             keys = kv_cache[0, blocks].reshape(-1, spec.num_kv_heads, spec.head_size)[:seq_len]
             values = kv_cache[1, blocks].reshape(-1, spec.num_kv_heads, spec.head_size)[:seq_len]
+            kf, vf = expand_kv(keys, values, spec)
             context = seq_len - q_len
-            q_pos = torch.arange(context, seq_len, device=query.device)
-            k_pos = torch.arange(seq_len, device=query.device)
-            out[start:end] = dense_causal_attention(query[start:end], keys, values, spec, q_pos, k_pos)
+            for t in range(q_len):
+                # Batch invariance: each token attends alone over exactly the keys it sees (positions
+                # lo..pos, the rule of dense.visibility_mask), in new tensors whose shapes, strides and
+                # offsets depend on that token only: a decode row and the same position inside a prefill
+                # chunk of any size, in any batch, run the same arithmetic on the same bits.
+                pos = context + t
+                lo = max(0, pos + 1 - spec.sliding_window) if spec.sliding_window is not None else 0
+                row = query[start + t].clone(memory_format=torch.contiguous_format).unsqueeze(0)
+                out[start + t] = attend(row, kf[lo : pos + 1], vf[lo : pos + 1], spec)[0]
         return out
+
+    def fused_ops(self) -> FusedOps:
+        """:class:`~paged_core.reference.fused.ReferenceFusedOps`: the reference arithmetic, one row at a time."""
+        return ReferenceFusedOps()
 
     def copy_blocks(self, kv_caches: list[torch.Tensor], src_to_dst: torch.Tensor) -> None:
         """Copy keys and values of each (source, destination) block pair, in order, in every layer."""

@@ -55,17 +55,36 @@ def dense_causal_attention(
             f"need one position per token: {q_positions.numel()} for {q.shape[0]} queries, "
             f"{k_positions.numel()} for {k.shape[0]} keys"
         )
-    # Expand KV heads so head h of the expanded tensors is KV head h // gqa_ratio.
+    kf, vf = expand_kv(k, v, spec)
+    visible = visibility_mask(q_positions.to(q.device), k_positions.to(q.device), spec.sliding_window)
+    return attend(q, kf, vf, spec, visible)
+
+
+def expand_kv(k: torch.Tensor, v: torch.Tensor, spec: AttentionSpec) -> tuple[torch.Tensor, torch.Tensor]:
+    """Keys and values ``[Tk, H_kv, D]`` as new float32 ``[Tk, H, D]`` tensors: head ``h`` is KV head
+    ``h // spec.gqa_ratio``."""
     kf = k.float().repeat_interleave(spec.gqa_ratio, dim=1)
     vf = v.float().repeat_interleave(spec.gqa_ratio, dim=1)
+    return kf, vf
+
+
+def attend(
+    q: torch.Tensor, kf: torch.Tensor, vf: torch.Tensor, spec: AttentionSpec, visible: torch.Tensor | None = None
+) -> torch.Tensor:
+    """The arithmetic of :func:`dense_causal_attention` on expanded keys and values (:func:`expand_kv`).
+
+    ``visible`` is the bool ``[Tq, Tk]`` mask (:func:`visibility_mask`); ``None`` means every key is
+    visible to every query (no masking step at all). Returns ``[Tq, H, D]`` in ``q.dtype``.
+    """
     scores = torch.einsum("qhd,khd->hqk", q.float(), kf) * spec.softmax_scale
     if spec.logits_soft_cap is not None:
         cap = spec.logits_soft_cap
         scores = cap * torch.tanh(scores / cap)
-    visible = visibility_mask(q_positions.to(q.device), k_positions.to(q.device), spec.sliding_window)
-    scores = scores.masked_fill(~visible, float("-inf"))
+    if visible is not None:
+        scores = scores.masked_fill(~visible, float("-inf"))
     probs = torch.softmax(scores, dim=-1)
-    # A fully masked row softmaxes to NaN; define its output as zero instead.
-    probs = torch.where(visible.any(dim=-1, keepdim=True), probs, torch.zeros_like(probs))
+    if visible is not None:
+        # A fully masked row softmaxes to NaN; define its output as zero instead.
+        probs = torch.where(visible.any(dim=-1, keepdim=True), probs, torch.zeros_like(probs))
     out = torch.einsum("hqk,khd->qhd", probs, vf)
     return out.to(q.dtype)
