@@ -11,7 +11,7 @@ import pytest
 from .serve_helpers import MODEL_NAME, MODES, ServerThread, metric_values, serve
 
 GAUGES = ("paged_kv_cache_usage_ratio", "paged_kv_cache_free_blocks", "paged_kv_cache_blocks",
-          "paged_requests_running", "paged_requests_waiting")  # fmt: skip
+          "paged_requests_running", "paged_requests_waiting", "paged_batch_invariant")  # fmt: skip
 COUNTERS = ("paged_preemptions_total", "paged_prefix_cache_queries_tokens_total",
             "paged_prefix_cache_hits_tokens_total", "paged_prompt_tokens_total", "paged_generation_tokens_total",
             "paged_requests_aborted_total")  # fmt: skip
@@ -38,6 +38,7 @@ def test_every_metric_is_exposed(server: ServerThread) -> None:
     for name in HISTOGRAMS:
         assert f"{name}_count" in m and f"{name}_sum" in m and f"{name}_bucket{{le=+Inf}}" in m, name
     assert m["paged_kv_cache_blocks"] > 0 and m["paged_kv_cache_usage_ratio"] == 0.0
+    assert m["paged_batch_invariant"] in (0.0, 1.0)
 
 
 def test_counters_move_as_requests_complete(server: ServerThread) -> None:

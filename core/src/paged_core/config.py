@@ -92,6 +92,9 @@ class ModelConfig:
                              "int8 per output channel", choices=QUANTIZATIONS)  # fmt: skip
     seed: int = _opt(0, "seed of the sampler's shared generator and of torch (requests may bring their own)",
                      flag="--engine-seed")  # fmt: skip
+    batch_invariant: bool = _opt(False, "refuse to start unless this configuration is batch-invariant (a request's "
+                                 "tokens do not depend on what it is batched with), naming each part that is not; "
+                                 "the engine logs and reports it either way")  # fmt: skip
 
     def __post_init__(self) -> None:
         for name in ("model", "backend", "device"):
@@ -101,6 +104,7 @@ class ModelConfig:
         _require_choice("model_impl", self.model_impl, MODEL_IMPLS)
         _require_choice("quantization", self.quantization, QUANTIZATIONS)
         _require_int("seed", self.seed, 0, MAX_SEED)
+        _require_bool("batch_invariant", self.batch_invariant)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -91,3 +91,12 @@ def test_every_engine_command_takes_every_flag(command: str) -> None:
     args = build_parser().parse_args([command, *extra, "--policy", "priority", "--num-lookahead-tokens", "1"])
     cfg = engine_config_from(args)
     assert (cfg.scheduler.policy, cfg.scheduler.num_lookahead_tokens) == ("priority", 1)
+
+
+def test_batch_invariant_is_a_switch_off_by_default() -> None:
+    flag, kwargs = engine_flag("batch_invariant", flat_fields()["batch_invariant"])
+    assert flag == "--batch-invariant" and kwargs["action"] == "store_true" and "batch-invariant" in kwargs["help"]
+    assert engine_config_from(_parser().parse_args(["--batch-invariant"])).model.batch_invariant is True
+    assert EngineConfig().model.batch_invariant is False
+    with pytest.raises(ConfigError, match="batch_invariant must be True or False"):
+        EngineConfig.of(batch_invariant="yes")

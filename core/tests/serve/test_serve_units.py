@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from types import SimpleNamespace
 
 import pytest
 from fastapi.testclient import TestClient
@@ -16,6 +17,7 @@ from paged_core.errors import ConfigError, RequestRejectedError
 from paged_core.serve import AsyncEngine, EngineDeadError, ServeConfig, build_app
 from paged_core.serve.body import decode_json
 from paged_core.serve.core_client import ThreadCoreClient
+from paged_core.serve.dp_client import sum_stats
 from paged_core.serve.errors import APIError
 from paged_core.serve.metrics import ServerMetrics
 from paged_core.serve.params import check_context
@@ -96,6 +98,23 @@ def test_metrics_count_tokens_latencies_and_aborts() -> None:
     assert samples["paged_requests_aborted_total[]"] == 1
     assert samples["paged_kv_cache_usage_ratio[]"] == 0.25 and samples["paged_preemptions_total[]"] == 3
     assert samples["paged_prefix_cache_hits_tokens_total[]"] == 7 and samples["paged_requests_running[]"] == 2
+    assert samples["paged_batch_invariant[]"] == 0  # not reported invariant: 0
+
+
+def test_the_batch_invariant_gauge_reads_the_running_configuration() -> None:
+    def gauge(*stats: EngineStats, cores: bool = False) -> dict[str, float]:
+        read_cores = (lambda: [SimpleNamespace(index=i, stats=s, alive=True, routed={})
+                               for i, s in enumerate(stats)]) if cores else None  # fmt: skip
+        m = ServerMetrics(lambda: stats[0], read_cores)
+        return {str(sorted(s.labels.items())): s.value for f in text_string_to_metric_families(m.render().decode())
+                for s in f.samples if s.name == "paged_batch_invariant"}  # fmt: skip
+
+    assert gauge(EngineStats(batch_invariant=True)) == {"[]": 1.0}
+    per_core = gauge(EngineStats(batch_invariant=True), EngineStats(), cores=True)
+    assert per_core == {"[('engine', '0')]": 1.0, "[('engine', '1')]": 0.0}
+    assert sum_stats([], [EngineStats(batch_invariant=True)] * 2).batch_invariant
+    assert not sum_stats([], [EngineStats(batch_invariant=True), EngineStats()]).batch_invariant
+    assert not sum_stats([], []).batch_invariant
 
 
 def test_async_engine_serves_refuses_aborts_and_stops() -> None:

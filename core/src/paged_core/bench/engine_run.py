@@ -154,6 +154,7 @@ def engine_config_summary(engine: LLMEngine) -> dict[str, Any]:
         "max_model_len": engine.core.scheduler.max_len,
         "model_path": engine.core.runner.forward_impl.name,
         "graph_mode": engine.core.runner.graph_mode,
+        "batch_invariant": engine.facts.batch_invariant,
         "runtime": _runtime(),
     }
 

@@ -14,10 +14,12 @@ from paged_core.config import blocks_for_memory
 from paged_core.contract.backend import AttentionBackend
 from paged_core.contract.capabilities import AttentionSpec
 from paged_core.engine.attention import layer_specs, register_paged_attention
+from paged_core.engine.batch_invariance import BatchInvariance, VariantPart, batch_invariance, model_linear_kinds
 from paged_core.engine.compile_cache import CompileCache
 from paged_core.engine.config import EngineConfig
 from paged_core.engine.dtype import resolve_dtype
-from paged_core.engine.forward import ModelForward, make_forward
+from paged_core.engine.executors import resolve_graph_mode
+from paged_core.engine.forward import ModelForward, make_forward, model_path
 from paged_core.engine.kv_budget import default_budget
 from paged_core.engine.loader import (
     ModelSource,
@@ -56,6 +58,8 @@ class EngineParts:
     """The configuration as built: block size, number of blocks and ``max_model_len`` resolved."""
     proposer: Proposer | None = None
     """Speculative decoding's draft proposer (``None`` when off)."""
+    batch_invariance: BatchInvariance | None = None
+    """Whether this configuration is batch-invariant, and the parts that are not (see :func:`check_invariance`)."""
 
 
 def meta_specs(source: ModelSource) -> tuple[Any, list[AttentionSpec]]:
@@ -301,9 +305,34 @@ def build_parts(config: EngineConfig, loaded: LoadedModel | None = None) -> Engi
     return _build(config, loaded)
 
 
+def check_invariance(config: EngineConfig, loaded: LoadedModel, draft: LoadedModel | None = None) -> BatchInvariance:
+    """The batch-invariance report of ``config`` on ``loaded`` (and a speculative draft model, whose drafts decide
+    which sampled tokens are kept), logged in one line; refused when ``config.model.batch_invariant`` demands it."""
+    backend = loaded.backend
+    mode = resolve_graph_mode(config.graph.graph_mode, backend)
+    tp = loaded.tp.world_size if loaded.tp is not None else 1
+
+    def report(model: LoadedModel) -> BatchInvariance:
+        return batch_invariance(type(model.backend).capabilities(), model.backend.fused_ops(),
+                                model_linear_kinds(model.model), backend=model.backend.name,
+                                model_path=model_path(config.model.model_impl, model.model), graph_mode=mode,
+                                tensor_parallel_size=tp)  # fmt: skip
+
+    invariance = report(loaded)
+    if draft is not None:
+        extra = tuple(VariantPart(f"draft model {p.part}", p.reason) for p in report(draft).variant
+                      if p not in invariance.variant)  # fmt: skip
+        invariance = BatchInvariance(invariance.variant + extra, invariance.parts)
+    log.info("%s", invariance.describe())
+    if config.model.batch_invariant:
+        invariance.require()
+    return invariance
+
+
 def _build(config: EngineConfig, loaded: LoadedModel) -> EngineParts:
     loaded.in_use = True
     draft = _load_draft(config, loaded)
+    invariance = check_invariance(config, loaded, draft)
     config = resolve(config, loaded, draft)
     backend, specs, dtype = loaded.backend, loaded.specs, loaded.dtype
     cache, sched = config.cache, config.scheduler
@@ -328,7 +357,7 @@ def _build(config: EngineConfig, loaded: LoadedModel) -> EngineParts:
     runner.warm_up()
     if runner.executor.stats.warmup_seconds:
         log.info("start-up %s took %.1f s", runner.graph_mode, runner.executor.stats.warmup_seconds)
-    return EngineParts(loaded, runner, scheduler, scheduler.max_len, config, proposer)
+    return EngineParts(loaded, runner, scheduler, scheduler.max_len, config, proposer, invariance)
 
 
 def _load_draft(config: EngineConfig, loaded: LoadedModel) -> LoadedModel | None:

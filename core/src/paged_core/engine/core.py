@@ -84,6 +84,8 @@ class EngineCore:
         self.vocab_size = int(self.loaded.model.config.get_text_config().vocab_size)
         self.leader = self.loaded.leader
         """Tensor parallel: the workers this core sends each step's plan to (``None`` on one rank)."""
+        self.batch_invariance = parts.batch_invariance
+        """The configuration's batch-invariance report (logged at start; in :meth:`facts` and :meth:`stats`)."""
         self.proposer = parts.proposer
         """Speculative decoding: who proposes drafts (``None`` when off)."""
         self.num_spec_tokens = self.config.speculative.num_speculative_tokens
@@ -115,8 +117,12 @@ class EngineCore:
             block_size=int(sched.block_size), num_usable_blocks=int(sched.kv.pool.num_usable_blocks),
             max_num_seqs=int(sched.config.max_num_seqs), backend=loaded.backend.name,
             dtype=str(loaded.dtype).removeprefix("torch."), graph_mode=self.runner.graph_mode,
-            model_path=self.runner.forward_impl.name,
+            model_path=self.runner.forward_impl.name, batch_invariant=self._invariant(),
+            batch_variant=self.batch_invariance.reasons() if self.batch_invariance is not None else [],
         )  # fmt: skip
+
+    def _invariant(self) -> bool:
+        return self.batch_invariance is not None and self.batch_invariance.invariant
 
     def stats(self) -> SchedulerStats:
         """The scheduler's and the executor's figures now."""
@@ -130,7 +136,7 @@ class EngineCore:
             graph_mode=executor.mode, graph_replays=int(executor.stats.replays),
             eager_steps=int(executor.stats.eager_steps), graph_fallbacks=dict(executor.stats.fallback_reasons),
             spec_verify_rows=self.spec_stats.verify_rows, spec_draft_tokens=self.spec_stats.draft_tokens,
-            spec_accepted_tokens=self.spec_stats.accepted_tokens,
+            spec_accepted_tokens=self.spec_stats.accepted_tokens, batch_invariant=self._invariant(),
         )  # fmt: skip
 
     def call(self, method: str) -> Any:

@@ -72,6 +72,14 @@ class TransformersForward:
         return logits
 
 
+def model_path(model_impl: str, model: Any) -> str:
+    """The path :func:`make_forward` takes for ``model_impl``: ``fused`` or ``transformers`` (``fused`` when
+    asked for, even where :func:`make_forward` will refuse it)."""
+    if model_impl == "transformers" or (model_impl == "auto" and fused_refusal(model) is not None):
+        return "transformers"
+    return "fused"
+
+
 def make_forward(
     model_impl: str,
     model: Any,

@@ -100,6 +100,8 @@ class SchedulerStats(msgspec.Struct, frozen=True):
     """Draft tokens verified so far."""
     spec_accepted_tokens: int = 0
     """Draft tokens the model kept so far."""
+    batch_invariant: bool = False
+    """Whether the running configuration is batch-invariant (:mod:`paged_core.engine.batch_invariance`)."""
 
 
 class CoreOutputs(msgspec.Struct, tag="outputs"):
@@ -130,6 +132,11 @@ class CoreFacts(msgspec.Struct, frozen=True):
     dtype: str
     graph_mode: str
     model_path: str
+    batch_invariant: bool = False
+    """Whether a request's tokens do not depend on what it is batched with (see
+    :mod:`paged_core.engine.batch_invariance`)."""
+    batch_variant: list[str] = []
+    """Each part that is not batch-invariant, as ``"part: reason"`` (empty when ``batch_invariant``)."""
 
 
 class CoreReady(msgspec.Struct, tag="ready", frozen=True):

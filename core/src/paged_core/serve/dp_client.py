@@ -81,7 +81,8 @@ def start_core_processes(
 
 
 def sum_stats(live: list[SchedulerStats], every: list[SchedulerStats]) -> SchedulerStats:
-    """Gauges (KV blocks, queues) summed over the ``live`` cores, counters over ``every`` core (so they never drop)."""
+    """Gauges (KV blocks, queues) summed over the ``live`` cores, counters over ``every`` core (so they never drop);
+    batch-invariant when every core is."""
     usable = sum(s.num_usable_blocks for s in live)
     used = sum(s.kv_usage * s.num_usable_blocks for s in live)
     fallbacks: Counter[str] = Counter()
@@ -97,6 +98,7 @@ def sum_stats(live: list[SchedulerStats], every: list[SchedulerStats]) -> Schedu
         graph_fallbacks=dict(fallbacks), spec_verify_rows=sum(s.spec_verify_rows for s in every),
         spec_draft_tokens=sum(s.spec_draft_tokens for s in every),
         spec_accepted_tokens=sum(s.spec_accepted_tokens for s in every),
+        batch_invariant=bool(every) and all(s.batch_invariant for s in every),
     )  # fmt: skip
 
 

@@ -30,6 +30,8 @@ _GAUGES = (
     ("paged_kv_cache_blocks", "KV blocks that can hold tokens.", "num_usable_blocks"),
     ("paged_requests_running", "Requests being scheduled.", "num_running"),
     ("paged_requests_waiting", "Requests waiting for KV blocks or budget.", "num_waiting"),
+    ("paged_batch_invariant", "1 when the running configuration is batch-invariant (a request's tokens do not "
+     "depend on what it is batched with), else 0; the start-up log names each part that is not.", "batch_invariant"),
 )
 _COUNTERS = (
     ("paged_preemptions", "Requests preempted to free KV blocks.", "num_preemptions"),
@@ -82,7 +84,7 @@ def _engine_families(labels: list[str], rows: list[tuple[tuple[str, ...], Schedu
         gauge = GaugeMetricFamily(name, doc, labels=labels)
         for values, s, alive in rows:
             if alive:
-                gauge.add_metric(list(values), getattr(s, attr))
+                gauge.add_metric(list(values), float(getattr(s, attr)))
         yield gauge
     ratio = GaugeMetricFamily("paged_prefix_cache_hit_ratio", "Prompt tokens found in the prefix cache / looked up.",
                               labels=labels)  # fmt: skip
