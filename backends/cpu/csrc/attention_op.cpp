@@ -67,26 +67,6 @@ void merge_tile(const MergeTask& task, const float* partials, float* out, int64_
   }
 }
 
-// A decode-sized batch whose keys and values come to fewer bytes than this is planned as if for one thread:
-// no key splits, so no partial records and no merge pass, which cost more than they save there (its work
-// items, one per KV head run and tile, still go to every thread). One decode row, 9 heads over 3 fp32 KV
-// heads of 64 (the embedded model), 2-core Zen 4, two threads: 288 keys (442 KB) 15.2 us unsplit against
-// 21.7 split (19.2 on one thread); 1,024 keys (1.5 MB) 40-48 unsplit against 33-38 split.
-constexpr int64_t kUnsplitKvBytes = 640 * 1024;
-constexpr int64_t kUnsplitMaxTokens = 8;
-
-// The thread count the plan is made for: 1 for a small decode batch (above), else torch's.
-int64_t plan_threads(const at::Tensor& seq_lens, int64_t tokens, int64_t kv_heads, int64_t head_size,
-                     int64_t elem_size, int64_t split_tokens) {
-  const int64_t threads = at::get_num_threads();
-  if (threads == 1 || split_tokens > 0 || tokens > kUnsplitMaxTokens) return threads;
-  const at::Tensor lens = seq_lens.contiguous();
-  const int32_t* len = lens.data_ptr<int32_t>();
-  int64_t keys = 0;
-  for (int64_t b = 0; b < lens.numel(); ++b) keys += std::max<int32_t>(len[b], 0);
-  return keys * kv_heads * head_size * elem_size * 2 < kUnsplitKvBytes ? 1 : threads;
-}
-
 // Run fn(i) for i in [0, n) on torch's threads, handing out indices dynamically (items differ in cost).
 template <typename Fn>
 void run_dynamic(int64_t n, int64_t workspace, const Fn& fn) {
@@ -112,9 +92,8 @@ at::Tensor attention(const at::Tensor& query, const at::Tensor& kv_cache, const 
   at::Tensor out = at::empty({tokens, heads, head_size}, query.options().dtype(at::kFloat));
 
   const Shape shape{tokens, heads, kv_heads, head_size, kv_cache.size(1), kv_cache.size(3), kv_cache.element_size()};
-  const int64_t threads = plan_threads(seq_lens, tokens, kv_heads, head_size, kv_cache.element_size(), split_tokens);
   const Plan plan = make_plan(shape, query_start_loc.contiguous(), seq_lens.contiguous(), block_table, split_tokens,
-                              threads, debug_checks());
+                              debug_checks());
   if (plan.used_tokens < tokens) out.narrow(0, plan.used_tokens, tokens - plan.used_tokens).zero_();
 
   AttnProblem p{};

@@ -350,32 +350,52 @@ at::Tensor quant_linear(const at::Tensor& x_in, const at::Tensor& data, const st
   a.out = out.data_ptr();
   a.out_type = out_type;
   const QuantKernels& kernels = quant();
-  if (rows <= stream_rows) {
-    QuantFn fn = kernels.stream;
-    if (q8_format(format) && g_q8_activations().load(std::memory_order_relaxed)) {
-      // Round x once here, before the threads split the features (quant_q8_body.h). Grow-only buffers per
-      // calling thread: no allocation per call in a decode loop.
-      const int64_t blocks = k / 32;
-      thread_local std::vector<int8_t> xq;
-      thread_local std::vector<float> scales;
-      if (xq.size() < static_cast<size_t>(rows * k)) xq.resize(static_cast<size_t>(rows * k));
-      if (scales.size() < static_cast<size_t>(2 * rows * blocks)) scales.resize(static_cast<size_t>(2 * rows * blocks));
-      const Q8Kernels& q8 = q8_kernels();
-      q8.round(a.x, a.ldx, rows, k, xq.data(), scales.data());
-      a.xq = xq.data();
-      a.xds = scales.data();
-      fn = q8.stream;
-      if (has_x8 && q8.stream_x8 != nullptr) {
-        // Lanes are features: threads take units of 16 (two groups of 8), each at least kQuantParallelBytes.
-        a.w = static_cast<const uint8_t*>(interleaved->data_ptr());
-        const QuantFn x8 = q8.stream_x8;
-        const int64_t unit_bytes = 16 * row_bytes * ((rows + 3) / 4);
-        at::parallel_for(0, (n + 15) / 16, std::max<int64_t>(1, kQuantParallelBytes / unit_bytes),
-                         [&](int64_t begin, int64_t end) { x8(a, begin * 16, std::min(n, end * 16)); });
-        return out;
-      }
+  if (q8_format(format) && g_q8_activations().load(std::memory_order_relaxed)) {
+    // One rule at every row count (batch invariance, quant_q8_body.h / quant_x8_body.h): x rounded once here,
+    // before the threads split the features. Grow-only buffers per calling thread: no allocation per call in a
+    // decode loop.
+    const int64_t blocks = k / 32;
+    thread_local std::vector<int8_t> xq;
+    thread_local std::vector<float> scales;
+    if (xq.size() < static_cast<size_t>(rows * k)) xq.resize(static_cast<size_t>(rows * k));
+    if (scales.size() < static_cast<size_t>(2 * rows * blocks)) scales.resize(static_cast<size_t>(2 * rows * blocks));
+    const Q8Kernels& q8 = q8_kernels();
+    q8.round(a.x, a.ldx, rows, k, xq.data(), scales.data());
+    a.xq = xq.data();
+    a.xds = scales.data();
+    if (has_x8 && q8.stream_x8 != nullptr) {
+      // Lanes are features: threads take units of 16 (two groups of 8), each at least kQuantParallelBytes.
+      a.w = static_cast<const uint8_t*>(interleaved->data_ptr());
+      const QuantFn x8 = q8.stream_x8;
+      // 16 rows at a time on AMX tiles where the CPU has them (the same bits, quant_amx.cpp), the rest on VNNI.
+      const QuantFn amx = std::strcmp(q8.name, "vnni") == 0 ? amx_x8_stream() : nullptr;
+      const int64_t tiled = amx != nullptr ? rows / 16 * 16 : 0;
+      QuantArgs rest = a;
+      rest.rows = rows - tiled;
+      rest.xq = a.xq + tiled * k;
+      rest.xds = a.xds + 2 * tiled * blocks;
+      rest.out = static_cast<char*>(a.out) + tiled * n * out.element_size();
+      QuantArgs head = a;
+      head.rows = tiled;
+      const int64_t unit_bytes = 16 * row_bytes * ((rows + 3) / 4);
+      at::parallel_for(0, (n + 15) / 16, std::max<int64_t>(1, kQuantParallelBytes / unit_bytes),
+                       [&](int64_t begin, int64_t end) {
+                         if (tiled > 0) amx(head, begin * 16, std::min(n, end * 16));
+                         if (rest.rows > 0) x8(rest, begin * 16, std::min(n, end * 16));
+                       });
+      return out;
     }
+    const QuantFn fn = q8.stream;
+    const int64_t units = (n + kQuantGroup - 1) / kQuantGroup;
+    const int64_t unit_bytes = kQuantGroup * row_bytes * ((rows + 3) / 4);
+    at::parallel_for(0, units, std::max<int64_t>(1, kQuantParallelBytes / unit_bytes), [&](int64_t begin, int64_t end) {
+      fn(a, begin * kQuantGroup, std::min(n, end * kQuantGroup));
+    });
+    return out;
+  }
+  if (rows <= stream_rows) {
     // Units of kQuantGroup features; a thread streams at least kQuantParallelBytes of packed rows.
+    const QuantFn fn = kernels.stream;
     const int64_t units = (n + kQuantGroup - 1) / kQuantGroup;
     const int64_t unit_bytes = kQuantGroup * row_bytes * ((rows + 3) / 4);
     at::parallel_for(0, units, std::max<int64_t>(1, kQuantParallelBytes / unit_bytes), [&](int64_t begin, int64_t end) {
@@ -401,6 +421,8 @@ std::string fused_isa() { return fused().name; }
 std::string quant_isa() { return quant().name; }
 
 std::string quant_q8_isa() { return q8_kernels().name; }
+
+bool quant_amx() { return std::strcmp(q8_kernels().name, "vnni") == 0 && amx_x8_stream() != nullptr; }
 
 std::string linear_activations() { return g_q8_activations().load() ? "int8" : "fp32"; }
 

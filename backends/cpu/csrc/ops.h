@@ -57,6 +57,8 @@ std::string quant_isa();
 std::string set_quant_isa(const std::string& name);
 // The q8 path's kernels (vnni, avx2 or scalar) and whether streaming calls use it (int8 or fp32).
 std::string quant_q8_isa();
+// Whether the q8 path runs 16-row tiles on AMX (quant_amx.cpp: the CPU and OS allow it, PAGED_CPU_AMX is not 0).
+bool quant_amx();
 std::string linear_activations();
 std::string set_linear_activations(const std::string& mode);
 

@@ -10,7 +10,14 @@ struct Tile {
   int32_t row, q_start, q_count, first_pos, k_end;
 };
 
-constexpr int64_t kMinSplit = 256;  // below this a split's fixed cost outweighs the parallelism
+// Key splits (flash-decoding) start at fixed key positions, multiples of this, whatever the batch: a row's keys
+// are then reduced in the same pieces, chunks and order whether it decodes alone, among other rows, or as one
+// row of a prefill tile (batch invariance: the conformance suite checks it bit for bit). A multiple of every
+// chunk length (kernel_api.h), so chunks inside a piece start at fixed positions too. 512 keys: long enough
+// that a split's partial record and merge are small beside its work, short enough that one long decode row
+// still gives two threads several pieces (a 4k context: 8).
+constexpr int64_t kSplitKeys = 512;
+static_assert(kSplitKeys % kMaxChunk == 0, "pieces must start at chunk boundaries");
 
 void check_block_ids(const int32_t* ids, int64_t row, int64_t count, int64_t num_blocks) {
   for (int64_t i = 0; i < count; ++i)
@@ -45,7 +52,7 @@ std::vector<Tile> make_tiles(const Shape& shape, const int32_t* qsl, const int32
 }  // namespace
 
 Plan make_plan(const Shape& shape, const at::Tensor& query_start_loc, const at::Tensor& seq_lens,
-               const at::Tensor& block_table, int64_t split_tokens, int64_t threads, bool debug) {
+               const at::Tensor& block_table, int64_t split_tokens, bool debug) {
   const int64_t group = shape.heads / shape.kv_heads;
   // Prefill tiles hold about 32 query rows (tokens x group), so each staged key serves many rows.
   const auto q_tile = static_cast<int32_t>(std::max<int64_t>(1, 32 / group));
@@ -58,19 +65,12 @@ Plan make_plan(const Shape& shape, const at::Tensor& query_start_loc, const at::
   const auto heads_per_item = static_cast<int32_t>(
       std::clamp<int64_t>(512 / (shape.head_size * elem), 1, std::min<int64_t>(shape.kv_heads, kMaxItemHeads)));
   const int64_t items_per_tile = (shape.kv_heads + heads_per_item - 1) / heads_per_item;
-  int64_t total_keys = 0;
-  for (const Tile& t : tiles) total_keys += static_cast<int64_t>(t.k_end) * items_per_tile;
-  // Flash-decoding: cut long key ranges so that every thread gets several items.
-  int64_t split = split_tokens;
-  if (split <= 0) {
-    split = std::max<int64_t>(kMinSplit, (total_keys + 4 * threads - 1) / (4 * std::max<int64_t>(threads, 1)));
-    split = (split + 63) / 64 * 64;
-  }
+  // split_tokens > 0 (tests) forces another piece length; it must keep pieces at whole 16-key groups.
+  const int64_t split = split_tokens > 0 ? (split_tokens + kKeyGroup - 1) / kKeyGroup * kKeyGroup : kSplitKeys;
   for (const Tile& t : tiles) {
-    // Splits start at whole 16-key groups (the kernels score keys group by group).
-    int64_t pieces = (t.k_end + split - 1) / split;
-    const int64_t piece = ((t.k_end + pieces - 1) / pieces + kKeyGroup - 1) / kKeyGroup * kKeyGroup;
-    pieces = (t.k_end + piece - 1) / piece;
+    // Pieces [s * split, (s + 1) * split): the same boundaries for every row that reaches them.
+    const int64_t piece = split;
+    const int64_t pieces = (t.k_end + piece - 1) / piece;
     for (int32_t h = 0; h < shape.kv_heads; h += heads_per_item) {
       const int32_t count = std::min<int32_t>(heads_per_item, static_cast<int32_t>(shape.kv_heads) - h);
       const int32_t rows = count * t.q_count * static_cast<int32_t>(group);

@@ -32,8 +32,8 @@ struct Plan {
   int64_t used_tokens = 0;       // tokens covered by rows; later ones are padding
 };
 
-// split_tokens > 0 forces the key-split length (tests); 0 picks one from the batch and thread count.
+// split_tokens > 0 forces the key-split length (tests); 0 takes the fixed one (plan.cpp: kSplitKeys).
 Plan make_plan(const Shape& shape, const at::Tensor& query_start_loc, const at::Tensor& seq_lens,
-               const at::Tensor& block_table, int64_t split_tokens, int64_t threads, bool debug);
+               const at::Tensor& block_table, int64_t split_tokens, bool debug);
 
 }  // namespace paged_cpu

@@ -32,6 +32,11 @@ PAGED_FORCE_INLINE inline VI vdot(VB u, VB s) {
 }
 PAGED_FORCE_INLINE inline VI vdot_acc(VI acc, VB u, VB s) { return _mm256_add_epi32(acc, vdot(u, s)); }
 
+// quant_x8_body.h: rows per tile (16 ymm registers: 4 rows' accumulators beside the 8 nibble vectors), and
+// the packed bytes of the groups a slice keeps in L1 while many rows pass over them.
+constexpr int kX8Rows = 4;
+constexpr int64_t kX8SliceBytes = 16 * 1024;
+
 #include "quant_body.h"
 #include "quant_q8_body.h"
 #include "quant_x8_body.h"
@@ -52,6 +57,10 @@ namespace vnni_quant {
 
 PAGED_FORCE_INLINE inline VI vdot(VB u, VB s) { return _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s); }
 PAGED_FORCE_INLINE inline VI vdot_acc(VI acc, VB u, VB s) { return _mm256_dpbusd_epi32(acc, u, s); }
+
+// 32 ymm registers with AVX-512VL: 8 rows' integer and fp32 accumulators beside the 8 nibble vectors.
+constexpr int kX8Rows = 8;
+constexpr int64_t kX8SliceBytes = 16 * 1024;
 
 #include "quant_body.h"
 #include "quant_q8_body.h"

@@ -16,12 +16,19 @@
 
 // Features n0 .. n0 + 8 of R rows of x (rounded: a.xq, a.xds) into out[r * 8 + f]; w is the group's first byte.
 // One group at a time: its bytes are one sequential stream (two groups interleaved measured slower at one row,
-// as interleaved rows did for q8_0 in quant_body.h). Each row sums low and high nibbles in separate chains,
-// one row in four (alternate vectors too), so that enough dot products are in flight.
+// as interleaved rows did for q8_0 in quant_body.h). A row's integer products go into C chains per nibble half
+// (one row: two, so that enough dot products are in flight; many rows: one, so that the accumulators of kX8Rows
+// rows fit the registers); the integer sums are exact, so C never changes a bit of the result.
+//
+// The rule every row count follows (batch invariance): per output and block b in order,
+//   acc = fma(float(isum_b), d_b * da_b, acc);  acc = fma(m_b, da_b * sum(qa_b), acc)
+// with isum_b the exact integer dot product of the block's nibbles and int8 activations, d_b * da_b one fp32
+// product, and acc starting at 0: a row's bits depend on its own activations only, not on R or the tile.
 template <bool kMin, int R>
 inline void x8_tile(const QuantArgs& a, const uint8_t* w, int64_t r0, float* out) {
   constexpr int kScaleBytes = x8_scale_bytes(kMin), kBlockBytes = x8_block_bytes(kMin);
-  constexpr int C = R == 1 ? 2 : 1;  // chains per row and nibble half
+  constexpr int C = R == 1 ? 2 : 1;      // chains per row and nibble half
+  constexpr bool kHalves = R <= 4;       // low and high nibbles in chains of their own
   const int64_t blocks = a.in_features / 32;
   const __m256i low = _mm256_set1_epi8(15);
   VF acc[R];
@@ -29,8 +36,11 @@ inline void x8_tile(const QuantArgs& a, const uint8_t* w, int64_t r0, float* out
   for (int64_t blk = 0; blk < blocks; ++blk) {
     const uint8_t* b = w + blk * kBlockBytes;
     for (int o = 0; o < kBlockBytes; o += 64) __builtin_prefetch(b + 4 * kBlockBytes + o);
-    VI lo[R * C], hi[R * C];
-    unroll<R * C>([&](auto j) PAGED_FORCE_INLINE { lo[j] = _mm256_setzero_si256(); hi[j] = _mm256_setzero_si256(); });
+    VI lo[R * C], hi[kHalves ? R * C : 1];
+    unroll<R * C>([&](auto j) PAGED_FORCE_INLINE {
+      lo[j] = _mm256_setzero_si256();
+      if constexpr (kHalves) hi[j] = _mm256_setzero_si256();
+    });
     unroll<4>([&](auto v) PAGED_FORCE_INLINE {
       const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + kScaleBytes + 32 * v));
       const __m256i ql = _mm256_and_si256(q, low), qh = _mm256_and_si256(_mm256_srli_epi16(q, 4), low);
@@ -38,7 +48,8 @@ inline void x8_tile(const QuantArgs& a, const uint8_t* w, int64_t r0, float* out
         const int32_t* xa = reinterpret_cast<const int32_t*>(a.xq + (r0 + r) * a.in_features + 32 * blk);
         constexpr int j = decltype(r)::value * C + decltype(v)::value % C;
         lo[j] = vdot_acc(lo[j], ql, _mm256_set1_epi32(xa[v]));
-        hi[j] = vdot_acc(hi[j], qh, _mm256_set1_epi32(xa[4 + v]));
+        if constexpr (kHalves) hi[j] = vdot_acc(hi[j], qh, _mm256_set1_epi32(xa[4 + v]));
+        else lo[j] = vdot_acc(lo[j], qh, _mm256_set1_epi32(xa[4 + v]));
       });
     });
     const VF d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b)));
@@ -47,7 +58,8 @@ inline void x8_tile(const QuantArgs& a, const uint8_t* w, int64_t r0, float* out
     unroll<R>([&](auto r) PAGED_FORCE_INLINE {
       constexpr int j = decltype(r)::value * C;
       const float* ds = a.xds + 2 * ((r0 + r) * blocks + blk);  // (da, da * sum(qa))
-      VI sum = _mm256_add_epi32(lo[j], hi[j]);
+      VI sum = lo[j];
+      if constexpr (kHalves) sum = _mm256_add_epi32(sum, hi[j]);
       if constexpr (C == 2) sum = _mm256_add_epi32(sum, _mm256_add_epi32(lo[j + 1], hi[j + 1]));
       acc[r] = vfma(vcvt(sum), vmul(d, vset1(ds[0])), acc[r]);
       acc[r] = vfma(m, vset1(ds[1]), acc[r]);
@@ -56,18 +68,39 @@ inline void x8_tile(const QuantArgs& a, const uint8_t* w, int64_t r0, float* out
   unroll<R>([&](auto r) PAGED_FORCE_INLINE { vstore(out + 8 * r, acc[r]); });
 }
 
+// The rows of x cut into tiles of at most kX8Rows (the including build's: as many as its registers hold), as
+// even as possible; fn(Int<rows>, first row).
+template <typename Fn>
+inline void for_x8_row_tiles(int64_t m, const Fn& fn) {
+  const int64_t tiles = (m + kX8Rows - 1) / kX8Rows;
+  int64_t r0 = 0;
+  for (int64_t i = 0; i < tiles; ++i) {
+    const int rows = static_cast<int>((m - r0) / (tiles - i) + ((m - r0) % (tiles - i) != 0));
+    unroll<kX8Rows>([&](auto c) PAGED_FORCE_INLINE {
+      if (rows == decltype(c)::value + 1) fn(Int<decltype(c)::value + 1>(), r0);
+    });
+    r0 += rows;
+  }
+}
+
 // Output features [begin, end) (multiples of 8) of every row, from the interleaved copy a.w (a.ldw unused).
+// Few rows (decode): each row tile streams every group once. Many rows: the groups of a slice of kX8Slice
+// features stay in L1 while every row tile passes over them.
 template <bool kMin>
 void x8_stream(const QuantArgs& a, int64_t begin, int64_t end) {
   const int64_t group_bytes = a.in_features / 32 * x8_block_bytes(kMin);
-  for_stream_row_tiles(a.rows, [&](auto rows, int64_t r0) {
-    constexpr int R = decltype(rows)::value;
-    for (int64_t n0 = begin; n0 < end; n0 += 8) {
-      float v[R * 8];
-      x8_tile<kMin, R>(a, a.w + n0 / 8 * group_bytes, r0, v);
-      store_tile<R, 8>(a, v, 8, r0, n0);
-    }
-  });
+  const int64_t slice = a.rows <= kX8Rows ? end - begin : std::max<int64_t>(8, kX8SliceBytes / group_bytes * 8);
+  for (int64_t s0 = begin; s0 < end; s0 += slice) {
+    const int64_t s1 = std::min(end, s0 + slice);
+    for_x8_row_tiles(a.rows, [&](auto rows, int64_t r0) {
+      constexpr int R = decltype(rows)::value;
+      for (int64_t n0 = s0; n0 < s1; n0 += 8) {
+        float v[R * 8];
+        x8_tile<kMin, R>(a, a.w + n0 / 8 * group_bytes, r0, v);
+        store_tile<R, 8>(a, v, 8, r0, n0);
+      }
+    });
+  }
 }
 
 inline void quant_stream_x8(const QuantArgs& a, int64_t begin, int64_t end) {

@@ -25,6 +25,7 @@ TORCH_LIBRARY(paged_cpu, m) {
   m.def("quant_isa() -> str", &paged_cpu::quant_isa);
   m.def("set_quant_isa(str name) -> str", &paged_cpu::set_quant_isa);
   m.def("quant_q8_isa() -> str", &paged_cpu::quant_q8_isa);
+  m.def("quant_amx() -> bool", &paged_cpu::quant_amx);
   m.def("linear_activations() -> str", &paged_cpu::linear_activations);
   m.def("set_linear_activations(str mode) -> str", &paged_cpu::set_linear_activations);
 }

@@ -521,7 +521,8 @@ def test_q8_a_corrupted_byte_is_caught(int8_activations: None, fmt: str) -> None
 
 
 def test_q8_mode_switch_and_what_it_covers(int8_activations: None) -> None:
-    """fp32 mode is the exact path again; q8_0, q4_k, and the dequantize path are always exact."""
+    """fp32 mode is the exact path again; int8 mode rounds at every row count (stream_rows does not apply to it);
+    q8_0 and q4_k are always exact."""
     w = make_weight("q4_1", 40, 128, seed=1)
     x = rand(2, 128, dtype=torch.float32, seed=2)
     fid = ops.QUANT_FORMATS["q4_1"]
@@ -531,7 +532,7 @@ def test_q8_mode_switch_and_what_it_covers(int8_activations: None) -> None:
     check(exact, x, dequantize(w).double(), None)
     assert not torch.equal(rounded, exact)
     ops.set_linear_activations("int8")
-    check(ops.quant_linear(x, w.data, None, None, fid, 40, 0), x, dequantize(w).double(), None)  # dequantize path
+    assert torch.equal(ops.quant_linear(x, w.data, None, None, fid, 40, 0), rounded)  # no exact dequantize path
     q8 = make_weight("q8_0", 40, 128, seed=5)  # 8-bit weights keep exact activations
     check(ops.quant_linear(x, q8.data, None, None, ops.QUANT_FORMATS["q8_0"], 40, STREAM_ALL), x,
           dequantize(q8).double(), None)  # fmt: skip
@@ -585,20 +586,24 @@ def test_interleaved_matches_the_rounded_oracle(int8_activations: None, q8_varia
 
 @pytest.mark.parametrize("fmt", Q8_FORMATS)
 def test_interleaved_is_read_not_the_rows(int8_activations: None, fmt: str) -> None:
-    """With the copy given, decoding reads it: a byte changed there (and not in the rows) moves the result
-    far out of tolerance; exact activations and many rows read the rows themselves."""
+    """With the copy given, int8 activations read it at every row count: a byte changed there (and not in the
+    rows) moves the result far out of tolerance, for 2 rows and for 64 (the AMX tiles where the CPU has them);
+    exact activations read the rows themselves."""
     fid = ops.QUANT_FORMATS[fmt]
     w = make_weight(fmt, 64, 576, seed=2)
     wd = dequantize(w).double()
     interleaved = ops.interleave_q4(w.data, fid)
     interleaved[3, 40] ^= 0x77  # group 3, block 0: nibbles of rows 24-31
-    x = rand(2, 576, dtype=torch.float32, seed=3)
     if ops.quant_q8_isa() != "scalar":
-        with pytest.raises(AssertionError, match="outside the tolerance"):
-            check_q8(ops.quant_linear(x, w.data, None, None, fid, 64, STREAM_ALL, interleaved), x, wd, None)
-    check(ops.quant_linear(x, w.data, None, None, fid, 64, DEQUANT_ALL, interleaved), x, wd, None)
+        for rows in (2, 64):
+            x = rand(rows, 576, dtype=torch.float32, seed=3)
+            for stream_rows in (STREAM_ALL, DEQUANT_ALL):
+                with pytest.raises(AssertionError, match="outside the tolerance"):
+                    check_q8(ops.quant_linear(x, w.data, None, None, fid, 64, stream_rows, interleaved), x, wd, None)
     ops.set_linear_activations("fp32")
+    x = rand(2, 576, dtype=torch.float32, seed=3)
     check(ops.quant_linear(x, w.data, None, None, fid, 64, STREAM_ALL, interleaved), x, wd, None)
+    check(ops.quant_linear(x, w.data, None, None, fid, 64, DEQUANT_ALL, interleaved), x, wd, None)
 
 
 def test_interleave_refuses_what_it_cannot_lay_out() -> None:
@@ -625,3 +630,26 @@ def test_pack_linear_interleaves_q4_rows_in_groups_of_8() -> None:
         assert isinstance(packed.packed, fused.CpuQuantWeight)
         assert (packed.packed.interleaved is not None) == expected, (fmt, n)
     assert CpuFusedOps(interleave=False).pack_linear(make_weight("q4_1", 64, 64, seed=1)).packed.interleaved is None
+
+
+# ---- one rule at every row count (batch invariance) ---------------------------------------------------------
+
+
+@pytest.mark.parametrize("fmt", Q8_FORMATS)
+@pytest.mark.parametrize("interleave", [True, False], ids=["interleaved", "rows"])
+def test_int8_rows_are_batch_invariant(int8_activations: None, fmt: str, interleave: bool) -> None:
+    """Every row's bits are the same alone, in any batch (1 to 80 rows: the 1-8 row tiles, the AMX 16-row tiles
+    where the CPU has them, and their tails), shuffled, and whatever stream_rows says."""
+    fid = ops.QUANT_FORMATS[fmt]
+    w = make_weight(fmt, 72, 576, seed=4)
+    copy = ops.interleave_q4(w.data, fid) if interleave else None
+    x = rand(80, 576, dtype=torch.float32, seed=5)
+    full = ops.quant_linear(x, w.data, None, None, fid, 72, STREAM_ALL, copy)
+    for rows in (1, 2, 3, 4, 5, 8, 9, 15, 16, 17, 33, 64):
+        for stream_rows in (STREAM_ALL, DEQUANT_ALL):
+            part = ops.quant_linear(x[:rows].clone(), w.data, None, None, fid, 72, stream_rows, copy)
+            assert torch.equal(part, full[:rows]), (rows, stream_rows)
+    perm = torch.randperm(80, generator=torch.Generator().manual_seed(0))
+    assert torch.equal(ops.quant_linear(x[perm], w.data, None, None, fid, 72, STREAM_ALL, copy), full[perm])
+    one = torch.cat([ops.quant_linear(x[i : i + 1], w.data, None, None, fid, 72, STREAM_ALL, copy) for i in range(80)])
+    assert torch.equal(one, full)

@@ -243,6 +243,13 @@ def quant_q8_isa() -> str:
     return name
 
 
+def quant_amx() -> bool:
+    """Whether the int8-activation path multiplies 16 rows at a time on AMX tiles (same bits as its VNNI
+    tiles): the CPU has AMX-INT8, Linux grants the tile state, and ``PAGED_CPU_AMX`` is not ``0``."""
+    used: bool = torch.ops.paged_cpu.quant_amx()
+    return used
+
+
 def fused_isa() -> str:
     """The layer kernels in use: ``scalar`` when :func:`set_isa` chose it (or no AVX2), else ``avx2``."""
     name: str = torch.ops.paged_cpu.fused_isa()
