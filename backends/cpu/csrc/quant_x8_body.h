@@ -70,6 +70,7 @@ inline void x8_tile(const QuantArgs& a, const uint8_t* w, int64_t r0, float* out
 
 // The rows of x cut into tiles of at most kX8Rows (the including build's: as many as its registers hold), as
 // even as possible; fn(Int<rows>, first row).
+constexpr int64_t kX8RowBlock = 128;
 template <typename Fn>
 inline void for_x8_row_tiles(int64_t m, const Fn& fn) {
   const int64_t tiles = (m + kX8Rows - 1) / kX8Rows;
@@ -90,9 +91,12 @@ template <bool kMin>
 void x8_stream(const QuantArgs& a, int64_t begin, int64_t end) {
   const int64_t group_bytes = a.in_features / 32 * x8_block_bytes(kMin);
   const int64_t slice = a.rows <= kX8Rows ? end - begin : std::max<int64_t>(8, kX8SliceBytes / group_bytes * 8);
+  // Many rows also go in blocks of kX8RowBlock (outside the slices), for the reasons of quant_amx.cpp.
+  for (int64_t rb = 0; rb < a.rows; rb += kX8RowBlock)
   for (int64_t s0 = begin; s0 < end; s0 += slice) {
     const int64_t s1 = std::min(end, s0 + slice);
-    for_x8_row_tiles(a.rows, [&](auto rows, int64_t r0) {
+    for_x8_row_tiles(std::min<int64_t>(kX8RowBlock, a.rows - rb), [&](auto rows, int64_t r) {
+      const int64_t r0 = rb + r;
       constexpr int R = decltype(rows)::value;
       for (int64_t n0 = s0; n0 < s1; n0 += 8) {
         float v[R * 8];

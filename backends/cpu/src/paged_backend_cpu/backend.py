@@ -74,6 +74,9 @@ class CpuBackend(AttentionBackend):
             sliding_window=False,
             logits_soft_cap=False,
             graph_support=GraphSupport.NEVER,
+            # Key splits at fixed positions, chunks inside them at fixed positions, masked keys adding exact
+            # zeros: a row's bits depend on its own query, keys and position only (csrc/plan.cpp).
+            batch_invariant=True,
             extra={"isa": ops.isa() if ops.LOAD_ERROR is None else "unavailable"},
         )
 

@@ -19,11 +19,14 @@ unless ``max_rows`` says otherwise.
 
 Packed weights (:class:`~paged_core.quant.QuantizedWeight` in any of ``linear_formats``) are
 kept as they are, no copy, and multiplied by ``paged_cpu.quant_linear``, which reads the GGUF
-blocks (or int8 rows) in place, dequantizes them exactly in fp32 and sums in fp32: streaming the
-packed rows up to :data:`QUANT_STREAM_MAX_ROWS` rows of x, dequantizing chunks once for more
-(README, "Packed weights"). When streaming ``q4_0`` and ``q4_1`` it rounds ``x`` to int8 per
-32-wide block first and multiplies in integer dot products (``q8_activation_formats``; off with
-``ops.set_linear_activations("fp32")`` or ``PAGED_CPU_LINEAR_ACTIVATIONS=fp32``).
+blocks (or int8 rows) in place. ``q4_0`` and ``q4_1`` (``q8_activation_formats``) round ``x`` to
+int8 per 32-wide block at every row count and multiply in integer dot products: VNNI tiles of up
+to 8 rows, AMX tiles of 16 rows where the CPU has AMX-INT8, with the same bits (off with
+``ops.set_linear_activations("fp32")`` or ``PAGED_CPU_LINEAR_ACTIVATIONS=fp32``). The other
+formats (and q4 with fp32 activations) dequantize exactly in fp32 and sum in fp32: streaming the
+packed rows up to :data:`QUANT_STREAM_MAX_ROWS` rows of x, dequantizing chunks once for more, each
+output summed in the same order either way (README, "Packed weights"). Every packed path is
+batch-invariant (``batch_invariant_linear``).
 """
 
 from __future__ import annotations
@@ -60,7 +63,7 @@ QUANT_STREAM_DEFAULT = QUANT_STREAM_MAX_ROWS["avx2"]
 
 INTERLEAVED_FORMATS = frozenset({"q4_0", "q4_1"})
 """Packed formats that also get a copy with rows in groups of 8 at load (:func:`ops.interleave_q4`), which
-decoding with int8 activations reads: 8 features per vector, so no per-row scale gathers or horizontal
+the int8-activation path reads at every row count: 8 features per vector, so no per-row scale gathers or horizontal
 sums (README, "Packed weights"). It costs a second copy of those weights in memory."""
 
 
@@ -148,8 +151,17 @@ class CpuFusedOps(FusedOps):
     name = "cpu"
     linear_formats = frozenset({"q4_0", "q4_1", "q8_0", "q4_k", "q6_k", "int8"})
     q8_activation_formats = frozenset({"q4_0", "q4_1"})
-    """At streaming row counts these round ``x`` to int8 unless ``ops.set_linear_activations('fp32')``
+    """At every row count these round ``x`` to int8 per 32-wide block unless ``ops.set_linear_activations('fp32')``
     (or ``PAGED_CPU_LINEAR_ACTIVATIONS=fp32``) says not to (README, "Packed weights")."""
+    batch_invariant_linear = frozenset({"q4_0", "q4_1", "q8_0", "q4_k", "q6_k", "int8"})
+    """Every packed format, in either activation mode: int8 activations follow one rule at every row count
+    (csrc/quant_x8_body.h; the AMX tiles give the same bits), and the exact fp32 paths sum each output in the
+    same order whether they stream or dequantize (csrc/quant_body.h). No dense dtype: above the native
+    kernel's rows, oneDNN and torch choose their GEMM blocking, and so each row's summation order, by the
+    row count."""
+    batch_invariant_layer_ops = True
+    """The norms, ``silu_and_mul`` and ``rotary`` are C++ loops over rows, each row's arithmetic fixed by
+    its own length."""
 
     def __init__(
         self,
