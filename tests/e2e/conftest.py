@@ -13,7 +13,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 from paged_core import LLM
 from paged_core.registry import load_registry
 
-from .e2e_helpers import GREEDY, cpu_linear_activations, hf_greedy, mixed_prompts
+from .e2e_helpers import GREEDY, cpu_linear_activations, cpu_linear_activations_mode, hf_greedy, mixed_prompts
 
 # The fastest installed CPU backend runs the parity tests; the reference backend checks the single-prompt case.
 PREFERRED = ("cpu", "example")
@@ -27,6 +27,9 @@ def fast_backend() -> str:
             return name
     return "reference"
 
+
+DEFAULT_ACTIVATIONS = cpu_linear_activations_mode()
+"""The cpu backend's packed-linear activations as a user's process starts (read before any fixture changes them)."""
 
 VARIANTS = {
     "fused-eager": {"model_impl": "fused", "graph_mode": "eager"},
@@ -42,7 +45,7 @@ cores, too long for CI; the tiny Qwen3 and Mistral models run the whole battery 
 ``PAGED_E2E_SMOL_COMPILED=1`` adds it (a manual run: ``pytest tests/e2e/test_greedy_parity.py``)."""
 
 
-@pytest.fixture(scope="session", autouse=True)
+@pytest.fixture(scope="module")
 def exact_activations() -> Iterator[None]:
     """Parity means token for token whatever the batch: the cpu backend's packed linears keep fp32 activations.
 
@@ -50,6 +53,11 @@ def exact_activations() -> Iterator[None]:
     request's tokens would depend on what it is batched with, and transformers' one-prompt-at-a-time
     ``generate`` on the same kernels would take the other path. test_packed_weights.py measures the int8
     path itself (its decoding NLL against the dequantized model).
+
+    Not autouse: the files that compare the embedded model with transformers ask for it
+    (``pytestmark = pytest.mark.usefixtures("exact_activations")``); the others, test_batch_invariance.py
+    among them, run the backend's defaults as a user gets them. Module scope, so it is undone before the next
+    file runs on the same worker (a session fixture would stay on for every later file).
     """
     with cpu_linear_activations("fp32"):
         yield
@@ -77,5 +85,8 @@ def prompts32(smol_base: LLM) -> list[list[int]]:
 
 @pytest.fixture(scope="session")
 def hf32(smol_base: LLM, prompts32: list[list[int]]) -> list[list[int]]:
-    """transformers' greedy continuation of the 32 mixed prompts (computed once)."""
-    return hf_greedy(smol_base, prompts32, GREEDY.max_tokens)
+    """transformers' greedy continuation of the 32 mixed prompts (computed once).
+
+    With exact activations itself: a session fixture is made before any module's ``exact_activations``."""
+    with cpu_linear_activations("fp32"):
+        return hf_greedy(smol_base, prompts32, GREEDY.max_tokens)

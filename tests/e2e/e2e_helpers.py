@@ -70,6 +70,15 @@ def mixed_prompts(tokenizer: Any, count: int, seed: int = 0, longest: int = 300)
 ACTIVATIONS_ENV = "PAGED_CPU_LINEAR_ACTIVATIONS"
 
 
+def cpu_linear_activations_mode() -> str | None:
+    """The cpu backend's packed-linear activations now (``None`` without the cpu backend)."""
+    try:
+        from paged_backend_cpu import ops
+    except ImportError:
+        return None
+    return ops.linear_activations()
+
+
 @contextlib.contextmanager
 def cpu_linear_activations(mode: str) -> Iterator[bool]:
     """The cpu backend's packed-linear activations set to ``mode`` here and in engine processes started meanwhile

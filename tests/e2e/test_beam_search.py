@@ -22,6 +22,8 @@ from paged_core.errors import RequestRejectedError
 
 from .tiny_models import VOCAB, save_tiny_model
 
+pytestmark = pytest.mark.usefixtures("exact_activations")  # parity with transformers: exact fp32 activations
+
 MAX_TOKENS = 8
 
 

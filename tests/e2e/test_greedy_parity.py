@@ -10,10 +10,14 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import pytest
+
 from paged_core import LLM, LLMEngine
 from paged_core.reference.backend import ReferenceBackend
 
 from .e2e_helpers import GREEDY, assert_same_tokens, hf_greedy
+
+pytestmark = pytest.mark.usefixtures("exact_activations")  # parity with transformers: exact fp32 activations
 
 
 def test_single_prompt_matches_transformers_on_the_reference_backend(smol_base: LLM) -> None:

@@ -14,6 +14,8 @@ from paged_core import LLM, SamplingParams
 from .conftest import fast_backend
 from .e2e_helpers import GREEDY, assert_same_tokens
 
+pytestmark = pytest.mark.usefixtures("exact_activations")  # parity with transformers: exact fp32 activations
+
 
 @pytest.fixture(scope="module")
 def smol_mp() -> Iterator[LLM]:

@@ -18,6 +18,8 @@ from paged_core.quant.module import PackedLinearModule, packed_modules
 
 from .e2e_helpers import GREEDY, assert_same_tokens, cpu_linear_activations, hf_greedy
 
+pytestmark = pytest.mark.usefixtures("exact_activations")  # NLL and parity: fp32 unless a test asks for int8
+
 LICENSE = Path(__file__).resolve().parents[2] / "LICENSE"
 
 

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import pytest
 import torch
 
 from paged_core import LLM, SamplingParams
 from paged_core.bench.hf_runs import attention
+
+pytestmark = pytest.mark.usefixtures("exact_activations")  # logprobs bit for bit and against transformers: fp32
 
 SEEDED = SamplingParams(temperature=0.9, top_p=0.95, top_k=50, seed=1234, max_tokens=24, ignore_eos=True)
 

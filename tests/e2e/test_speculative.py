@@ -18,6 +18,8 @@ from paged_core.api import ConfigError
 from .e2e_helpers import GREEDY, assert_same_tokens
 from .tiny_models import VOCAB, save_tiny_model
 
+pytestmark = pytest.mark.usefixtures("exact_activations")  # parity with transformers: exact fp32 activations
+
 
 def _tiny_draft_for(llm: LLM, directory: Path) -> Path:
     """A 2-layer random Llama with the embedded model's tokenizer and vocabulary (a poor but valid draft)."""
