@@ -41,7 +41,8 @@ def test_reference_passes_and_is_named(run_suite) -> None:
     assert set(_statuses(report).values()) == {"pass"} and len(_statuses(report)) == len(FUSED_OPS) + 1
     assert report["backend"]["fused_ops"] == {"name": "reference", "class": "paged_core.contract.fused_ops:FusedOps",
                                               "overrides": [], "linear_formats": list(LINEAR_FORMATS),
-                                              "q8_activation_formats": []}
+                                              "q8_activation_formats": [], "batch_invariant_linear": [],
+                                              "batch_invariant_layer_ops": False}
     counts = report["capabilities"]["fused:trace"]["counts"]
     assert counts["passed"] == len(FUSED_OPS)  # one dtype traced under quick
     assert report["grid"]["fused"]["ops"] == list(FUSED_OPS)

@@ -19,7 +19,7 @@ import torch
 from paged_conformance.grid import LINEAR_FORMATS, ROTARY_BASE, ROTARY_MAX_POSITION, dtype_name
 from paged_conformance.harness import TOLERANCES
 from paged_conformance.tracing import first_line
-from paged_core.api import AttentionBackend, FusedOps
+from paged_core.api import LINEAR_KINDS, AttentionBackend, FusedOps
 
 REFERENCE = FusedOps()
 """The oracle of every fused check."""
@@ -265,8 +265,9 @@ def linear_weight(gen: torch.Generator, out_features: int, in_features: int) -> 
 
 def fused_ops_info(make_backend: Callable[[], AttentionBackend]) -> dict[str, object]:
     """What the report says of a backend's ``fused_ops()``: ``name``, ``class``, ``overrides``, ``linear_formats``
-    (the packed formats it declares, in the core's order, then any unknown names sorted) and
-    ``q8_activation_formats`` (likewise); or ``error``."""
+    (the packed formats it declares, in the core's order, then any unknown names sorted),
+    ``q8_activation_formats`` and ``batch_invariant_linear`` (likewise) and ``batch_invariant_layer_ops``; or
+    ``error``."""
     try:
         ops = make_backend().fused_ops()
     except Exception as exc:
@@ -280,5 +281,10 @@ def fused_ops_info(make_backend: Callable[[], AttentionBackend]) -> dict[str, ob
     q8: object = getattr(ops, "q8_activation_formats", frozenset())
     q8_names = {str(f) for f in q8} if isinstance(q8, (set, frozenset, list, tuple)) else set()
     q8_formats = [f for f in LINEAR_FORMATS if f in q8_names] + sorted(q8_names - set(LINEAR_FORMATS))
+    kinds: object = getattr(ops, "batch_invariant_linear", frozenset())
+    kind_names = {str(k) for k in kinds} if isinstance(kinds, (set, frozenset, list, tuple)) else set()
+    invariant = [k for k in LINEAR_KINDS if k in kind_names] + sorted(kind_names - set(LINEAR_KINDS))
     return {"name": str(getattr(ops, "name", "")), "class": f"{cls.__module__}:{cls.__qualname__}",
-            "overrides": overrides, "linear_formats": formats, "q8_activation_formats": q8_formats}
+            "overrides": overrides, "linear_formats": formats, "q8_activation_formats": q8_formats,
+            "batch_invariant_linear": invariant,
+            "batch_invariant_layer_ops": getattr(ops, "batch_invariant_layer_ops", False) is True}

@@ -20,8 +20,8 @@ from dataclasses import dataclass
 
 import torch
 
+from paged_core.api import DENSE_LINEAR_KINDS, LINEAR_KINDS, BackendCapabilities
 from paged_core.api import LINEAR_FORMATS as FORMATS_BY_NAME
-from paged_core.api import BackendCapabilities
 
 DTYPES: tuple[torch.dtype, ...] = (torch.float32, torch.bfloat16, torch.float16)
 """Every dtype the suite knows how to test."""
@@ -401,6 +401,109 @@ def linear_format_cases(caps: BackendCapabilities, grid: str) -> list[LinearForm
     return [LinearFormatCase(f, d) for f in LINEAR_FORMATS for d in dtypes]
 
 
+INVARIANCE_PARTS: tuple[str, ...] = ("attention", "layer_ops", *(f"linear:{k}" for k in LINEAR_KINDS))
+"""Rows of the batch-invariance section: ``batch_invariance:attention`` (``capabilities().batch_invariant``),
+``batch_invariance:layer_ops`` (``fused_ops().batch_invariant_layer_ops``) and one per weight kind
+(``batch_invariance:linear:q4_0``... ``batch_invariance:linear:float32``: ``fused_ops().batch_invariant_linear``)."""
+INVARIANCE_ROWS: tuple[int, ...] = (1, 2, 3, 4, 5, 7, 8, 9, 16, 17, 33, 64, 333, 512)
+"""Row counts each fused op and linear is called at (rows drawn from one pool, in random order): decode, small
+batches around the sizes kernels tile by, and prefill-sized calls (333 rows of 100 values: torch's elementwise
+ops split that between threads in the middle of a row)."""
+INVARIANCE_POOL = 512
+"""Rows in the pool the calls draw from; all of them are also computed as one prefill call, in order."""
+INVARIANCE_ALONE = 64
+"""Rows of the pool computed alone, each in a call of its own; every call holds as many of them as it can."""
+INVARIANCE_CHUNKS: tuple[int, ...] = (100, 1, 37, 200, 5, 169)
+"""The pool once more, in calls of these sizes, in order (a prefill run in chunks)."""
+INVARIANCE_LINEAR_SHAPES: tuple[tuple[int, int], ...] = ((192, 576), (256, 2048))
+"""``(N, K)`` of the invariance linear: the first whose ``K`` is a multiple of the kind's block (SmolLM2-135M's k/v
+projection; TinyLlama-1.1B's for the 256-blocks of ``q4_k``/``q6_k``)."""
+INVARIANCE_NORM_HIDDEN: tuple[int, ...] = (67, 576)
+"""Hidden sizes of the norm invariance checks: an odd one, and SmolLM2-135M's."""
+INVARIANCE_SILU_INTERMEDIATE: tuple[int, ...] = (100, 1536)
+"""``I`` of the ``silu_and_mul`` invariance checks: no multiple of a vector (a thread's share of 333 rows starts
+mid-row, off the vector grid: measured, torch's batched silu then gives a row other bits), and SmolLM2-135M's."""
+INVARIANCE_ROTARY_HEADS: tuple[int, int] = (8, 2)
+"""``(query heads, key heads)`` of the rotary invariance check (q and k slices of one QKV buffer)."""
+INVARIANCE_SEQ_LENS: tuple[str | int, ...] = (1, 2, "block-1", "block", "block+1", 37, 100, 255, 256, 257, 513,
+                                              640, 777, 1024, 1283)  # fmt: skip
+"""Key counts of the attention pool's sequences (labels resolved at the block size), plus
+:data:`INVARIANCE_RANDOM_SEQS` random ones up to :data:`LONG_CONTEXT`: short rows, block edges, and key ranges
+past 512 and 1024, where kernels split keys (flash decoding)."""
+INVARIANCE_RANDOM_SEQS = 6
+INVARIANCE_BATCHES = 24
+"""Random mixed steps of the attention check: 1 to 17 rows, decodes at random positions first, then prefill chunks
+of 2 to 16 tokens continuing random contexts (prefix-cache hits), in random order."""
+INVARIANCE_CHUNK = 64
+"""Positions of the chunk comparison: the last 64 positions of a sequence, as one prefill chunk, as chunks of
+random sizes, as speculative verify rows of 4, and as decode rows in one step in shuffled order."""
+INVARIANCE_CHUNK_SEQS: tuple[int, ...] = (513, 1024, 1283)
+"""Key counts of the sequences the chunk comparison runs on: just past 512 keys, a multiple of 512, the longest."""
+
+
+@dataclass(frozen=True)
+class InvarianceCase:
+    """One compute dtype of the batch-invariance checks of attention and the layer ops."""
+
+    dtype: torch.dtype
+
+    @property
+    def id(self) -> str:
+        return dtype_name(self.dtype)
+
+    @property
+    def seed(self) -> int:
+        return zlib.crc32(f"invariance-{self.id}".encode())
+
+
+@dataclass(frozen=True)
+class InvarianceLinearCase:
+    """One weight kind (a packed format or a dense dtype) at one compute dtype of ``x``."""
+
+    kind: str
+    dtype: torch.dtype
+
+    @property
+    def id(self) -> str:
+        """``q4_k-bfloat16`` for a packed format at a dtype; ``dense-float32`` for a dense weight."""
+        return f"dense-{self.kind}" if self.kind in DENSE_LINEAR_KINDS else f"{self.kind}-{dtype_name(self.dtype)}"
+
+    @property
+    def seed(self) -> int:
+        return zlib.crc32(f"invariance-linear-{self.id}".encode())
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        """The weight's ``(N, K)`` (:data:`INVARIANCE_LINEAR_SHAPES`)."""
+        block = FORMATS_BY_NAME[self.kind].block_size if self.kind in FORMATS_BY_NAME else 1
+        return next(s for s in INVARIANCE_LINEAR_SHAPES if s[1] % block == 0)
+
+    def capabilities(self) -> list[str]:
+        return [f"batch_invariance:linear:{self.kind}"]
+
+
+def invariance_cases(caps: BackendCapabilities, grid: str) -> list[InvarianceCase]:
+    """Every declared dtype (the first two under ``quick``)."""
+    dtypes = declared_dtypes(caps)
+    return [InvarianceCase(d) for d in (dtypes if grid == "full" else dtypes[:2])]
+
+
+def invariance_linear_cases(caps: BackendCapabilities, grid: str) -> list[InvarianceLinearCase]:
+    """Each packed format at every declared dtype (the first two under ``quick``), then each dense dtype at itself.
+
+    Every kind is generated; those ``fused_ops().batch_invariant_linear`` leaves out report N/A."""
+    dtypes = [c.dtype for c in invariance_cases(caps, grid)]
+    packed = [InvarianceLinearCase(k, d) for k in FORMATS_BY_NAME for d in dtypes]
+    return packed + [InvarianceLinearCase(k, getattr(torch, k)) for k in DENSE_LINEAR_KINDS]
+
+
+def invariance_seq_lens(block_size: int, gen: torch.Generator) -> list[int]:
+    """The attention pool's key counts: :data:`INVARIANCE_SEQ_LENS` at ``block_size``, then random ones."""
+    fixed = [v if isinstance(v, int) else length_value(v, block_size) for v in INVARIANCE_SEQ_LENS]
+    extra = torch.randint(1, LONG_CONTEXT + 1, (INVARIANCE_RANDOM_SEQS,), generator=gen).tolist()
+    return [max(1, n) for n in fixed + extra]
+
+
 def rotary_head_sizes(caps: BackendCapabilities) -> list[int]:
     """Declared head sizes (the suite's own when any is allowed) that rotary can rotate (even ones)."""
     sizes = sorted(caps.head_sizes) if caps.head_sizes is not None else list(HEAD_SIZES)
@@ -437,3 +540,5 @@ def iter_universe() -> Iterator[tuple[str, str]]:
     for name in LINEAR_FORMATS:
         yield "linear_format", name
     yield "linear_format", "fallback"
+    for part in INVARIANCE_PARTS:
+        yield "batch_invariance", part

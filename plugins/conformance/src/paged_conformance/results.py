@@ -87,12 +87,20 @@ class CapabilityRow:
         return {"declared": self.declared, "status": self.status, "counts": dict(self.counts)}
 
 
-def declared_rows(caps: BackendCapabilities, linear_formats: frozenset[str] = frozenset()) -> dict[str, CapabilityRow]:
+def declared_rows(
+    caps: BackendCapabilities,
+    linear_formats: frozenset[str] = frozenset(),
+    invariant_linear: frozenset[str] = frozenset(),
+    invariant_layer_ops: bool = False,
+) -> dict[str, CapabilityRow]:
     """Every capability row for a backend, each marked declared or not.
 
     ``linear_formats`` are the packed formats its ``fused_ops()`` declares:
     each is a declared ``linear_format:*`` row, and ``linear_format:fallback``
     (the reference-packed route) is declared when some known format is not.
+    ``batch_invariance:*`` rows are declared by ``caps.batch_invariant`` (attention),
+    ``invariant_layer_ops`` and the weight kinds of ``invariant_linear`` (``fused_ops()``'s
+    ``batch_invariant_layer_ops`` and ``batch_invariant_linear``).
     """
     rows: dict[str, CapabilityRow] = {}
     for axis, value in iter_universe():
@@ -106,6 +114,9 @@ def declared_rows(caps: BackendCapabilities, linear_formats: frozenset[str] = fr
             declared = value in {dtype_name(d) for d in caps.effective_kv_cache_dtypes}
         elif axis == "linear_format":
             declared = value in linear_formats if value != "fallback" else bool(set(LINEAR_FORMATS) - linear_formats)
+        elif axis == "batch_invariance":
+            declared = {"attention": caps.batch_invariant, "layer_ops": invariant_layer_ops}.get(
+                value, value.removeprefix("linear:") in invariant_linear)
         else:
             declared = True
         rows[f"{axis}:{value}"] = CapabilityRow(f"{axis}:{value}", declared)

@@ -70,6 +70,12 @@ def _params(family: str, conf: Conformance) -> tuple[str, list[object], list[str
     if family == "linear_formats":
         linear = grids.linear_format_cases(caps, conf.grid)
         return "linear_case", list(linear), [c.id for c in linear]
+    if family == "batch_invariance":
+        inv = grids.invariance_cases(caps, conf.grid)
+        return "invariance", list(inv), [c.id for c in inv]
+    if family == "batch_invariance_linear":
+        lin = grids.invariance_linear_cases(caps, conf.grid)
+        return "invariance_linear", list(lin), [c.id for c in lin]
     if family == "graph_sizes":
         sizes = grids.graph_batch_sizes(conf.grid)
         return "batch_size", list(sizes), [f"rows{s}" for s in sizes]
@@ -94,6 +100,19 @@ def linear_formats_grid(grid: str) -> dict[str, object]:
             "fallback": {f: [[w.n, w.k] for w in grids.linear_fallback_weights(f)] for f in grids.LINEAR_FORMATS}}
 
 
+def invariance_grid(grid: str) -> dict[str, object]:
+    """The ``grid.batch_invariance`` section of the report: the rows, shapes and steps the section uses."""
+    return {"rows": list(grids.INVARIANCE_ROWS), "pool": grids.INVARIANCE_POOL, "alone": grids.INVARIANCE_ALONE,
+            "chunks": list(grids.INVARIANCE_CHUNKS),
+            "linear_shapes": [list(s) for s in grids.INVARIANCE_LINEAR_SHAPES],
+            "norm_hidden": list(grids.INVARIANCE_NORM_HIDDEN),
+            "silu_intermediate": list(grids.INVARIANCE_SILU_INTERMEDIATE),
+            "rotary_heads": list(grids.INVARIANCE_ROTARY_HEADS),
+            "seq_lens": [str(v) for v in grids.INVARIANCE_SEQ_LENS], "random_seqs": grids.INVARIANCE_RANDOM_SEQS,
+            "random_steps": grids.INVARIANCE_BATCHES, "chunk": grids.INVARIANCE_CHUNK,
+            "chunk_seqs": list(grids.INVARIANCE_CHUNK_SEQS)}
+
+
 def item_capabilities(item: pytest.Item) -> list[str]:
     """The report rows an item counts towards: its marker's names, else its case's axes; plus its block size."""
     caps: list[str] = []
@@ -107,6 +126,9 @@ def item_capabilities(item: pytest.Item) -> list[str]:
     linear = params.get("linear_case")
     if isinstance(linear, grids.LinearFormatCase) and not caps:  # the fallback check counts under its own row
         caps.extend(linear.capabilities())
+    invariance = params.get("invariance_linear")
+    if isinstance(invariance, grids.InvarianceLinearCase) and not caps:
+        caps.extend(invariance.capabilities())
     if "block_size" in params:
         caps.append(f"block_size:{params['block_size']}")
     return list(dict.fromkeys(caps))
@@ -170,7 +192,8 @@ class ConformanceSession:
                 "num_kv_heads": grids.NUM_KV_HEADS, "num_kv_heads_sweep": list(grids.KV_HEAD_SWEEP),
                 "long_context": grids.LONG_CONTEXT, "scale": grids.SCALE, "layouts": list(grids.LAYOUTS),
                 "kv_dtypes": [grids.dtype_name(d) for d in grids.KV_DTYPES], "layers": LAYERS,
-                "fused": fused_grid(), "linear_formats": linear_formats_grid(conf.grid)}
+                "fused": fused_grid(), "linear_formats": linear_formats_grid(conf.grid),
+                "batch_invariance": invariance_grid(conf.grid)}
         return {"backend": info, "grid": grid, "oracle": conf.oracle}
 
     def info_dict(self) -> dict[str, object]:
@@ -196,9 +219,13 @@ class ConformanceSession:
                 warnings.warn(StaleExpectationWarning(f"stale expectation {line}"), stacklevel=1)
         if stale and self.strict and session.exitstatus == pytest.ExitCode.OK:
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
-        formats = self.fused_info().get("linear_formats")
+        fused = self.fused_info()
+        formats, kinds = fused.get("linear_formats"), fused.get("batch_invariant_linear")
         declared_formats = frozenset(str(f) for f in formats) if isinstance(formats, list) else frozenset()
-        rows = fold(declared_rows(self.conf.caps, declared_formats), list(self.results.values()))
+        invariant_kinds = frozenset(str(k) for k in kinds) if isinstance(kinds, list) else frozenset()
+        rows = fold(declared_rows(self.conf.caps, declared_formats, invariant_kinds,
+                                  fused.get("batch_invariant_layer_ops") is True),
+                    list(self.results.values()))  # fmt: skip
         self.rows = rows
         self.report = build_report(self.context(), rows, list(self.results.values()), self.expectations,
                                    int(session.exitstatus))
@@ -220,6 +247,11 @@ class ConformanceSession:
             packed = ", ".join(str(f) for f in formats) if isinstance(formats, list) and formats else "none"
             tr.write_line(f"fused ops: {fused['name']} ({fused['class']}); overrides: {overrides}; "
                           f"linear formats: {packed}")
+            kinds = fused.get("batch_invariant_linear")
+            invariant = ", ".join(str(k) for k in kinds) if isinstance(kinds, list) and kinds else "none"
+            tr.write_line(f"batch invariance: attention {'yes' if self.conf.caps.batch_invariant else 'no'}; "
+                          f"layer ops {'yes' if fused.get('batch_invariant_layer_ops') is True else 'no'}; "
+                          f"linear: {invariant}")
         for line in render_table(getattr(self, "rows", {})):
             tr.write_line(line)
         for line in self.stale():
