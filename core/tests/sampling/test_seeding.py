@@ -124,3 +124,19 @@ def test_stream_seeds_depend_on_seed_and_index() -> None:
     assert len(seeds) == 15
     assert all(0 <= s < 2**63 for s in seeds)
     assert stream_seed(1, 0) == stream_seed(1, 0)
+
+
+def test_a_rows_probabilities_have_the_same_bits_in_any_batch() -> None:
+    # Batch invariance of the sampler's logits path (DESIGN.md): temperature, top-k, top-p and min-p work row by
+    # row, so a seeded request's distribution, like its stream, is the same whatever shares its step.
+    vocab, gen = 49152, torch.Generator().manual_seed(0)
+    pool = 3 * torch.randn(64, vocab, generator=gen)
+    params: list[dict[str, float]] = [{"temperature": 0.7}, {"top_p": 0.9}, {"temperature": 0.8, "top_k": 40},
+                                      {"temperature": 1.2, "min_p": 0.05}]  # fmt: skip
+    states = [make_state(seed=i, **params[i % 4]) for i in range(64)]
+    alone = [Sampler.probabilities(pool[i : i + 1].clone(), [states[i]], [0]) for i in range(64)]
+    for m in (2, 3, 17, 64):
+        rows = torch.randperm(64, generator=gen)[:m].tolist()
+        probs = Sampler.probabilities(pool[rows], [states[i] for i in rows], list(range(m)))
+        for j, i in enumerate(rows):
+            assert torch.equal(probs[j : j + 1], alone[i]), (m, i)

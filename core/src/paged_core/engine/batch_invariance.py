@@ -17,9 +17,10 @@ replayed device graphs are compared with eager steps within a tolerance, not bit
 proven) and one rank (a tensor-parallel all-reduce's summation order is the collective library's).
 Embedding lookups, slicing and concatenation between the parts move values without arithmetic.
 
-The report covers the model's logits. Sampling works row by row: greedy is an argmax, and a request with
-a seed draws from a generator of its own; requests without a seed share the engine's generator, so their
-draws depend on the order requests arrive in by design.
+The report covers the model's logits. Sampling works row by row: greedy is an argmax, a row's probabilities
+(temperature, top-k, top-p, min-p) have the same bits in any batch (core/tests/sampling/test_seeding.py),
+and a request with a seed draws from a generator of its own; requests without a seed share the engine's
+generator, so their draws depend on the order requests arrive in by design.
 """
 
 from __future__ import annotations
