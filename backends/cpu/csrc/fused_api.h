@@ -149,6 +149,8 @@ const QuantKernels* avx2_quant_kernels();  // nullptr when not built (non-x86 or
 const QuantKernels* avx512_quant_kernels();  // likewise
 // The q8 path with AVX-512 VNNI dot products on 256-bit vectors; nullptr when not built or the CPU lacks it.
 const Q8Kernels* vnni_q8_kernels();
+// The avx2 build's exact paths compiled with AVX-512VL's 32 registers (same bits, wider tiles); nullptr likewise.
+const QuantKernels* avx2_vl_quant_kernels();
 // Q8Kernels::stream_x8 on AMX tiles for rows [0, a.rows), a.rows a multiple of 16, with the same bits
 // (quant_amx.cpp); nullptr where the build, the CPU or the OS (or PAGED_CPU_AMX=0) says no.
 QuantFn amx_x8_stream();

@@ -35,6 +35,7 @@ PAGED_FORCE_INLINE inline VI vdot_acc(VI acc, VB u, VB s) { return _mm256_add_ep
 // quant_x8_body.h: rows per tile (16 ymm registers: 4 rows' accumulators beside the 8 nibble vectors), and
 // the packed bytes of the groups a slice keeps in L1 while many rows pass over them.
 constexpr int kX8Rows = 4;
+constexpr int kVecRegs = 16;
 constexpr int64_t kX8SliceBytes = 16 * 1024;
 
 #include "quant_body.h"
@@ -60,6 +61,7 @@ PAGED_FORCE_INLINE inline VI vdot_acc(VI acc, VB u, VB s) { return _mm256_dpbusd
 
 // 32 ymm registers with AVX-512VL: 8 rows' integer and fp32 accumulators beside the 8 nibble vectors.
 constexpr int kX8Rows = 8;
+constexpr int kVecRegs = 32;
 constexpr int64_t kX8SliceBytes = 16 * 1024;
 
 #include "quant_body.h"
@@ -67,6 +69,9 @@ constexpr int64_t kX8SliceBytes = 16 * 1024;
 #include "quant_x8_body.h"
 
 const Q8Kernels kQ8{"vnni", &round_q8_rows, &quant_stream_q8, &quant_stream_x8};
+// The exact paths of this build: the AVX2 build's arithmetic (8 lanes, the same sums in the same order), with
+// the 32 registers of AVX-512VL for wider dequantize tiles (quant_body.h: dot_width).
+const QuantKernels kKernels{"avx2", &quant_stream, &quant_dequant_dot, &kQ8};
 
 }  // namespace vnni_quant
 #pragma GCC pop_options
@@ -81,10 +86,12 @@ const Q8Kernels* vnni_q8_kernels() {
                              __builtin_cpu_supports("avx512vnni");
   return usable ? &vnni_quant::kQ8 : nullptr;
 }
+const QuantKernels* avx2_vl_quant_kernels() { return vnni_q8_kernels() != nullptr ? &vnni_quant::kKernels : nullptr; }
 }  // namespace paged_cpu
 #else
 namespace paged_cpu {
 const QuantKernels* avx2_quant_kernels() { return nullptr; }
 const Q8Kernels* vnni_q8_kernels() { return nullptr; }
+const QuantKernels* avx2_vl_quant_kernels() { return nullptr; }
 }  // namespace paged_cpu
 #endif

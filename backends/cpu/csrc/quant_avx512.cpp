@@ -26,6 +26,7 @@ namespace avx512_quant {
 #define PAGED_FORCE_INLINE __attribute__((always_inline))
 
 constexpr int kLanes = 16;
+constexpr int kVecRegs = 32;
 
 using VF = __m512;
 using VI = __m512i;

@@ -395,11 +395,13 @@ inline void dequant_row(const QuantArgs& a, int64_t n, float* dst) {
 
 // The dequantize path's tile: 4 rows x 3 features, 12 accumulators + 3 weight vectors + 1 activation
 // (4 x 2, 6 x 2 and 5 x 2 measured slower on one core, 3 x 3 about the same); a format that splits its
-// sums (acc_split) keeps its split here too, in 4 x 1 tiles (8 accumulators).
+// sums (acc_split) keeps its split here too: in 4 x 1 tiles (8 accumulators) with 16 vector registers, in
+// 4 x 3 tiles (24) with 32 (kVecRegs, the including build's; the tile's shape never changes an output's
+// order, so both give the same bits).
 constexpr int kDotRows = 4;
 template <class F>
 constexpr int dot_width() {
-  return acc_split<F>() == 1 ? 3 : 1;
+  return acc_split<F>() == 1 || kVecRegs >= 32 ? 3 : 1;
 }
 
 // Dequantize path: a.chunk features at a time into an fp32 scratch (kept in L2), then every tile of

@@ -20,6 +20,7 @@ namespace scalar_quant {
 #define PAGED_FORCE_INLINE __attribute__((always_inline))
 
 constexpr int kLanes = 8;
+constexpr int kVecRegs = 16;
 
 struct VF {
   float v[8];
