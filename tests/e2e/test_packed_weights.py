@@ -44,14 +44,16 @@ def test_nll_of_a_fixed_text_is_within_half_a_percent_of_the_dequantized_model(s
     ids = smol_base.tokenizer.encode(LICENSE.read_text())
     assert len(ids) >= 2000
     ours = engine_nll(smol_base, ids)
-    # One token per forward, as decoding runs: the backend's streaming kernels, with the cpu backend's default
-    # int8 activations (conftest keeps them exact for the parity tests), score every token.
-    with cpu_linear_activations("int8"):
+    # The cpu backend's default activations (int8, two levels; conftest keeps them exact for the parity tests),
+    # one rule at every row count: in chunks of 256 (prefill tiles) and one token per forward, as decoding runs.
+    with cpu_linear_activations("int8x2"):
+        ours_int8 = engine_nll(smol_base, ids)
         ours_decoding = engine_nll(smol_base, ids[:1024], chunk=1)
     src = smol_base.engine.loaded.source
     dense = AutoModelForCausalLM.from_pretrained(str(src.directory), gguf_file=src.gguf_file, dtype=torch.float32)
     theirs = transformers_nll(dense.eval(), ids)
     assert abs(ours - theirs) / theirs < 0.005, (ours, theirs)
+    assert abs(ours_int8 - theirs) / theirs < 0.005, (ours_int8, theirs)
     theirs_1k = transformers_nll(dense, ids[:1024])
     assert abs(ours_decoding - theirs_1k) / theirs_1k < 0.005, (ours_decoding, theirs_1k)
 

@@ -314,7 +314,7 @@ def main() -> None:
     parser.add_argument("--formats", nargs="+", default=["q4_0", "q8_0", "int8"])
     parser.add_argument("--quant-rows", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32, 64, 128, 512])
     parser.add_argument("--best", action="store_true", help="report the fastest timing, not the median")
-    parser.add_argument("--activations", choices=["int8", "fp32"], default=None,
+    parser.add_argument("--activations", choices=["int8x2", "int8", "fp32"], default=None,
                         help="the packed linear's activations at streaming row counts (default: the backend's)")
     parser.add_argument("--cold-mb", type=int, default=128, help="MB of weight copies each path cycles through")
     args = parser.parse_args()

@@ -249,21 +249,26 @@ const QuantKernels& quant() {
   return *scalar_quant_kernels();
 }
 
-// Whether streaming calls round activations to int8 for the formats of q8_format (quant_q8_body.h):
-// on unless PAGED_CPU_LINEAR_ACTIVATIONS=fp32 or set_linear_activations("fp32").
-std::atomic<bool>& g_q8_activations() {
-  static std::atomic<bool> on{[] {
+// How q4_0 / q4_1 multiply (quant_q8_body.h): 0 exact fp32 activations, 1 one int8 level per 32-wide block,
+// 2 two levels (the default: x rounded, then what that left rounded again). PAGED_CPU_LINEAR_ACTIVATIONS=
+// fp32|int8|int8x2 or set_linear_activations() choose; every mode is batch-invariant.
+int activation_mode(const std::string& mode) {
+  TORCH_CHECK(mode == "int8x2" || mode == "int8" || mode == "fp32", "paged_cpu: linear activations must be int8x2, "
+              "int8 or fp32, got '", mode, "'");
+  return mode == "fp32" ? 0 : mode == "int8" ? 1 : 2;
+}
+
+std::atomic<int>& g_q8_activations() {
+  static std::atomic<int> mode{[] {
     const char* env = std::getenv("PAGED_CPU_LINEAR_ACTIVATIONS");
-    if (env == nullptr || *env == '\0') return true;
-    const std::string mode(env);
-    TORCH_CHECK(mode == "int8" || mode == "fp32", "paged_cpu: PAGED_CPU_LINEAR_ACTIVATIONS must be int8 or fp32, got '",
-                mode, "'");
-    return mode == "int8";
+    return env == nullptr || *env == '\0' ? 2 : activation_mode(env);
   }()};
-  return on;
+  return mode;
 }
 
 bool q8_format(QFormat f) { return f == QFormat::Q4_0 || f == QFormat::Q4_1; }
+
+int q8_levels() { return g_q8_activations().load(std::memory_order_relaxed); }
 
 // The q8 path's kernels: those of a forced avx2 or scalar build; otherwise (auto, avx512) the VNNI build where
 // the CPU has it, else those of quant() (the avx512 build has none of its own, and implies AVX2).
@@ -354,47 +359,79 @@ at::Tensor quant_linear(const at::Tensor& x_in, const at::Tensor& data, const st
   a.out = out.data_ptr();
   a.out_type = out_type;
   const QuantKernels& kernels = quant();
-  if (q8_format(format) && g_q8_activations().load(std::memory_order_relaxed)) {
+  if (q8_format(format) && g_q8_activations().load(std::memory_order_relaxed) != 0) {
     // One rule at every row count (batch invariance, quant_q8_body.h / quant_x8_body.h): x rounded once here,
     // before the threads split the features. Grow-only buffers per calling thread: no allocation per call in a
     // decode loop.
     const int64_t blocks = k / 32;
-    thread_local std::vector<int8_t> xq;
-    thread_local std::vector<float> scales;
-    if (xq.size() < static_cast<size_t>(rows * k)) xq.resize(static_cast<size_t>(rows * k));
-    if (scales.size() < static_cast<size_t>(2 * rows * blocks)) scales.resize(static_cast<size_t>(2 * rows * blocks));
     const Q8Kernels& q8 = q8_kernels();
-    q8.round(a.x, a.ldx, rows, k, xq.data(), scales.data());
-    a.xq = xq.data();
-    a.xds = scales.data();
-    if (has_x8 && q8.stream_x8 != nullptr) {
-      // Lanes are features: threads take units of 16 (two groups of 8), each at least kQuantParallelBytes.
-      a.w = static_cast<const uint8_t*>(interleaved->data_ptr());
-      const QuantFn x8 = q8.stream_x8;
-      // 16 rows at a time on AMX tiles where the CPU has them (the same bits, quant_amx.cpp), the rest on VNNI.
-      const QuantFn amx = std::strcmp(q8.name, "vnni") == 0 ? amx_x8_stream() : nullptr;
-      const int64_t tiled = amx != nullptr ? rows / 16 * 16 : 0;
-      QuantArgs rest = a;
-      rest.rows = rows - tiled;
-      rest.xq = a.xq + tiled * k;
-      rest.xds = a.xds + 2 * tiled * blocks;
-      rest.out = static_cast<char*>(a.out) + tiled * n * out.element_size();
-      QuantArgs head = a;
-      head.rows = tiled;
-      const int64_t unit_bytes = 16 * row_bytes * ((rows + 3) / 4);
-      at::parallel_for(0, (n + 15) / 16, std::max<int64_t>(1, kQuantParallelBytes / unit_bytes),
-                       [&](int64_t begin, int64_t end) {
-                         if (tiled > 0) amx(head, begin * 16, std::min(n, end * 16));
-                         if (rest.rows > 0) x8(rest, begin * 16, std::min(n, end * 16));
-                       });
+    const int levels = q8_levels();
+    thread_local std::vector<int8_t> xq[2];
+    thread_local std::vector<float> scales[2];
+    thread_local std::vector<float> residual;
+    for (int l = 0; l < levels; ++l) {
+      if (xq[l].size() < static_cast<size_t>(rows * k)) xq[l].resize(static_cast<size_t>(rows * k));
+      if (scales[l].size() < static_cast<size_t>(2 * rows * blocks)) scales[l].resize(static_cast<size_t>(2 * rows * blocks));
+    }
+    q8.round(a.x, a.ldx, rows, k, xq[0].data(), scales[0].data());
+    if (levels == 2) {
+      // Second level: what the first left, x - d * q per element, rounded by the same rule; the product is the
+      // sum of the two levels' products (each with its own m term), so activations keep ~15 bits per block.
+      if (residual.size() < static_cast<size_t>(rows * k)) residual.resize(static_cast<size_t>(rows * k));
+      for (int64_t r = 0; r < rows; ++r)
+        for (int64_t j = 0; j < k; ++j)
+          residual[r * k + j] = a.x[r * a.ldx + j] - scales[0][2 * (r * blocks + j / 32)] * static_cast<float>(xq[0][r * k + j]);
+      q8.round(residual.data(), k, rows, k, xq[1].data(), scales[1].data());
+    }
+    // One level's product into `dst` (rows x n, of `type`), with `bias` or none.
+    auto product = [&](int level, void* dst, Elem type, const float* bias_ptr) {
+      QuantArgs b = a;
+      b.xq = xq[level].data();
+      b.xds = scales[level].data();
+      b.out = dst;
+      b.out_type = type;
+      b.bias = bias_ptr;
+      const size_t elem = type == Elem::F32 ? 4 : 2;
+      if (has_x8 && q8.stream_x8 != nullptr) {
+        // Lanes are features: threads take units of 16 (two groups of 8), each at least kQuantParallelBytes.
+        b.w = static_cast<const uint8_t*>(interleaved->data_ptr());
+        const QuantFn x8 = q8.stream_x8;
+        // 16 rows at a time on AMX tiles where the CPU has them (the same bits, quant_amx.cpp), the rest on VNNI.
+        const QuantFn amx = std::strcmp(q8.name, "vnni") == 0 ? amx_x8_stream() : nullptr;
+        const int64_t tiled = amx != nullptr ? rows / 16 * 16 : 0;
+        QuantArgs rest = b;
+        rest.rows = rows - tiled;
+        rest.xq = b.xq + tiled * k;
+        rest.xds = b.xds + 2 * tiled * blocks;
+        rest.out = static_cast<char*>(b.out) + tiled * n * elem;
+        QuantArgs head = b;
+        head.rows = tiled;
+        const int64_t unit_bytes = 16 * row_bytes * ((rows + 3) / 4);
+        at::parallel_for(0, (n + 15) / 16, std::max<int64_t>(1, kQuantParallelBytes / unit_bytes),
+                         [&](int64_t begin, int64_t end) {
+                           if (tiled > 0) amx(head, begin * 16, std::min(n, end * 16));
+                           if (rest.rows > 0) x8(rest, begin * 16, std::min(n, end * 16));
+                         });
+        return;
+      }
+      const QuantFn fn = q8.stream;
+      const int64_t units = (n + kQuantGroup - 1) / kQuantGroup;
+      const int64_t unit_bytes = kQuantGroup * row_bytes * ((rows + 3) / 4);
+      at::parallel_for(0, units, std::max<int64_t>(1, kQuantParallelBytes / unit_bytes), [&](int64_t begin, int64_t end) {
+        fn(b, begin * kQuantGroup, std::min(n, end * kQuantGroup));
+      });
+    };
+    if (levels == 1) {
+      product(0, a.out, a.out_type, a.bias);
       return out;
     }
-    const QuantFn fn = q8.stream;
-    const int64_t units = (n + kQuantGroup - 1) / kQuantGroup;
-    const int64_t unit_bytes = kQuantGroup * row_bytes * ((rows + 3) / 4);
-    at::parallel_for(0, units, std::max<int64_t>(1, kQuantParallelBytes / unit_bytes), [&](int64_t begin, int64_t end) {
-      fn(a, begin * kQuantGroup, std::min(n, end * kQuantGroup));
-    });
+    at::Tensor first = at::empty({rows, n}, x_in.options().dtype(at::kFloat));
+    at::Tensor second = at::empty({rows, n}, x_in.options().dtype(at::kFloat));
+    product(0, first.data_ptr(), Elem::F32, nullptr);
+    product(1, second.data_ptr(), Elem::F32, nullptr);
+    first.add_(second);  // elementwise: each output's bits depend on its own two sums only
+    if (b.defined()) first.add_(b);
+    out.copy_(first);  // one rounding to x's dtype
     return out;
   }
   if (rows <= stream_rows) {
@@ -428,11 +465,13 @@ std::string quant_q8_isa() { return q8_kernels().name; }
 
 bool quant_amx() { return std::strcmp(q8_kernels().name, "vnni") == 0 && amx_x8_stream() != nullptr; }
 
-std::string linear_activations() { return g_q8_activations().load() ? "int8" : "fp32"; }
+std::string linear_activations() {
+  const int mode = g_q8_activations().load();
+  return mode == 0 ? "fp32" : mode == 1 ? "int8" : "int8x2";
+}
 
 std::string set_linear_activations(const std::string& mode) {
-  TORCH_CHECK(mode == "int8" || mode == "fp32", "paged_cpu: linear activations must be int8 or fp32, got '", mode, "'");
-  g_q8_activations().store(mode == "int8");
+  g_q8_activations().store(activation_mode(mode));
   return linear_activations();
 }
 

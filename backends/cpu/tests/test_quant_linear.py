@@ -540,7 +540,7 @@ def test_q8_mode_switch_and_what_it_covers(int8_activations: None) -> None:
     xk = rand(2, 256, dtype=torch.float32, seed=4)
     check(ops.quant_linear(xk, k4.data, None, None, ops.QUANT_FORMATS["q4_k"], 40, STREAM_ALL), xk,
           dequantize(k4).double(), None)  # fmt: skip
-    with pytest.raises(RuntimeError, match="linear activations must be int8 or fp32, got 'int4'"):
+    with pytest.raises(RuntimeError, match="linear activations must be int8x2, int8 or fp32, got 'int4'"):
         ops.set_linear_activations("int4")
     assert ops.linear_activations() == "int8"
 
