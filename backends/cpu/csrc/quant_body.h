@@ -341,21 +341,22 @@ constexpr int stream_width() {
 }
 constexpr int kStreamRows = 4;
 
-// The rows of x cut into tiles of at most kStreamRows, as even as possible; fn(Int<rows>, first row).
-template <typename Fn>
-inline void for_stream_row_tiles(int64_t m, const Fn& fn) {
-  const int64_t tiles = (m + kStreamRows - 1) / kStreamRows;
+// The rows of x cut into tiles of at most kMax, as even as possible; fn(Int<rows>, first row).
+template <int kMax, typename Fn>
+inline void for_row_tiles(int64_t m, const Fn& fn) {
+  const int64_t tiles = (m + kMax - 1) / kMax;
   int64_t r0 = 0;
   for (int64_t i = 0; i < tiles; ++i) {
     const int rows = static_cast<int>((m - r0) / (tiles - i) + ((m - r0) % (tiles - i) != 0));
-    switch (rows) {
-      case 1: fn(Int<1>(), r0); break;
-      case 2: fn(Int<2>(), r0); break;
-      case 3: fn(Int<3>(), r0); break;
-      default: fn(Int<4>(), r0); break;
-    }
+    unroll<kMax>([&](auto c) PAGED_FORCE_INLINE {
+      if (rows == decltype(c)::value + 1) fn(Int<decltype(c)::value + 1>(), r0);
+    });
     r0 += rows;
   }
+}
+template <typename Fn>
+inline void for_stream_row_tiles(int64_t m, const Fn& fn) {
+  for_row_tiles<kStreamRows>(m, fn);
 }
 
 // Streaming: for each group of kQuantGroup features (whose packed rows then stay in L1), every row tile

@@ -68,21 +68,8 @@ inline void x8_tile(const QuantArgs& a, const uint8_t* w, int64_t r0, float* out
   unroll<R>([&](auto r) PAGED_FORCE_INLINE { vstore(out + 8 * r, acc[r]); });
 }
 
-// The rows of x cut into tiles of at most kX8Rows (the including build's: as many as its registers hold), as
-// even as possible; fn(Int<rows>, first row).
+// Rows per tile: at most kX8Rows (the including build's: as many as its registers hold); many rows in blocks.
 constexpr int64_t kX8RowBlock = 128;
-template <typename Fn>
-inline void for_x8_row_tiles(int64_t m, const Fn& fn) {
-  const int64_t tiles = (m + kX8Rows - 1) / kX8Rows;
-  int64_t r0 = 0;
-  for (int64_t i = 0; i < tiles; ++i) {
-    const int rows = static_cast<int>((m - r0) / (tiles - i) + ((m - r0) % (tiles - i) != 0));
-    unroll<kX8Rows>([&](auto c) PAGED_FORCE_INLINE {
-      if (rows == decltype(c)::value + 1) fn(Int<decltype(c)::value + 1>(), r0);
-    });
-    r0 += rows;
-  }
-}
 
 // Output features [begin, end) (multiples of 8) of every row, from the interleaved copy a.w (a.ldw unused).
 // Few rows (decode): each row tile streams every group once. Many rows: the groups of a slice of kX8Slice
@@ -95,7 +82,7 @@ void x8_stream(const QuantArgs& a, int64_t begin, int64_t end) {
   for (int64_t rb = 0; rb < a.rows; rb += kX8RowBlock)
   for (int64_t s0 = begin; s0 < end; s0 += slice) {
     const int64_t s1 = std::min(end, s0 + slice);
-    for_x8_row_tiles(std::min<int64_t>(kX8RowBlock, a.rows - rb), [&](auto rows, int64_t r) {
+    for_row_tiles<kX8Rows>(std::min<int64_t>(kX8RowBlock, a.rows - rb), [&](auto rows, int64_t r) {
       const int64_t r0 = rb + r;
       constexpr int R = decltype(rows)::value;
       for (int64_t n0 = s0; n0 < s1; n0 += 8) {
