@@ -109,8 +109,8 @@ def attention(
 ) -> torch.Tensor:
     """Causal paged attention of ``query`` ``[T, H, D]`` for every row; returns a new ``[T, H, D]`` in its dtype.
 
-    ``split_tokens`` > 0 forces the length of key splits (normally chosen from the
-    batch and torch's thread count); tests use it to exercise the split reduction.
+    ``split_tokens`` > 0 forces the length of key splits (normally 512 keys, at fixed key positions whatever
+    the batch, so that each row's result is batch-invariant); tests use it to exercise the split reduction.
     """
     out: torch.Tensor = torch.ops.paged_cpu.attention(
         query, kv_cache, query_start_loc, seq_lens, block_table, scale, split_tokens
@@ -183,12 +183,13 @@ def quant_linear(
 ) -> torch.Tensor:
     """``x @ W.T + bias`` for a packed ``W`` read in place (``data`` and ``scale`` of a ``QuantizedWeight``).
 
-    ``fmt`` is a :data:`QUANT_FORMATS` id. Weights are dequantized exactly in fp32 and the products
-    summed in fp32; a new ``[T, out_features]`` in ``x.dtype``. Up to ``stream_rows`` rows the packed
-    rows are streamed once per tile of 4 rows and dequantized in registers; above, dequantized once
-    into fp32 chunks that every row is multiplied against. ``interleaved`` (q4_0 / q4_1, from
-    :func:`interleave_q4`) is the same weight in groups of 8 rows, read instead of ``data`` at streaming
-    row counts with int8 activations (:func:`linear_activations`) where the build has that kernel.
+    ``fmt`` is a :data:`QUANT_FORMATS` id; a new ``[T, out_features]`` in ``x.dtype``. q4_0 and q4_1 follow
+    :func:`linear_activations` at every row count (int8 modes: integer dot products over the rounded rows, reading
+    ``interleaved``, the same weight in groups of 8 rows from :func:`interleave_q4`, where given and the build has
+    that kernel); ``stream_rows`` does not apply to them then. Otherwise weights are dequantized exactly in fp32
+    and the products summed in fp32: up to ``stream_rows`` rows the packed rows are streamed once per tile of 4
+    rows and dequantized in registers; above, dequantized once into fp32 chunks that every row is multiplied
+    against, each output summed in the same order either way.
     """
     out: torch.Tensor = torch.ops.paged_cpu.quant_linear(x, data, scale, bias, fmt, out_features, stream_rows,
                                                          interleaved)  # fmt: skip
