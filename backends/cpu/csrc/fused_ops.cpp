@@ -268,8 +268,6 @@ std::atomic<int>& g_q8_activations() {
 
 bool q8_format(QFormat f) { return f == QFormat::Q4_0 || f == QFormat::Q4_1; }
 
-int q8_levels() { return g_q8_activations().load(std::memory_order_relaxed); }
-
 // The q8 path's kernels: those of a forced avx2 or scalar build; otherwise (auto, avx512) the VNNI build where
 // the CPU has it, else those of quant() (the avx512 build has none of its own, and implies AVX2).
 const Q8Kernels& q8_kernels() {
@@ -359,13 +357,14 @@ at::Tensor quant_linear(const at::Tensor& x_in, const at::Tensor& data, const st
   a.out = out.data_ptr();
   a.out_type = out_type;
   const QuantKernels& kernels = quant();
-  if (q8_format(format) && g_q8_activations().load(std::memory_order_relaxed) != 0) {
+  // 0: exact fp32 activations; 1 or 2: int8 levels (g_q8_activations), read once per call.
+  const int levels = q8_format(format) ? g_q8_activations().load(std::memory_order_relaxed) : 0;
+  if (levels != 0) {
     // One rule at every row count (batch invariance, quant_q8_body.h / quant_x8_body.h): x rounded once here,
     // before the threads split the features. Grow-only buffers per calling thread: no allocation per call in a
     // decode loop.
     const int64_t blocks = k / 32;
     const Q8Kernels& q8 = q8_kernels();
-    const int levels = q8_levels();
     thread_local std::vector<int8_t> xq[2];
     thread_local std::vector<float> scales[2];
     thread_local std::vector<float> residual;
@@ -385,26 +384,26 @@ at::Tensor quant_linear(const at::Tensor& x_in, const at::Tensor& data, const st
     }
     // One level's product into `dst` (rows x n, of `type`), with `bias` or none.
     auto product = [&](int level, void* dst, Elem type, const float* bias_ptr) {
-      QuantArgs b = a;
-      b.xq = xq[level].data();
-      b.xds = scales[level].data();
-      b.out = dst;
-      b.out_type = type;
-      b.bias = bias_ptr;
+      QuantArgs args = a;
+      args.xq = xq[level].data();
+      args.xds = scales[level].data();
+      args.out = dst;
+      args.out_type = type;
+      args.bias = bias_ptr;
       const size_t elem = type == Elem::F32 ? 4 : 2;
       if (has_x8 && q8.stream_x8 != nullptr) {
         // Lanes are features: threads take units of 16 (two groups of 8), each at least kQuantParallelBytes.
-        b.w = static_cast<const uint8_t*>(interleaved->data_ptr());
+        args.w = static_cast<const uint8_t*>(interleaved->data_ptr());
         const QuantFn x8 = q8.stream_x8;
         // 16 rows at a time on AMX tiles where the CPU has them (the same bits, quant_amx.cpp), the rest on VNNI.
         const QuantFn amx = std::strcmp(q8.name, "vnni") == 0 ? amx_x8_stream() : nullptr;
         const int64_t tiled = amx != nullptr ? rows / 16 * 16 : 0;
-        QuantArgs rest = b;
+        QuantArgs rest = args;
         rest.rows = rows - tiled;
-        rest.xq = b.xq + tiled * k;
-        rest.xds = b.xds + 2 * tiled * blocks;
-        rest.out = static_cast<char*>(b.out) + tiled * n * elem;
-        QuantArgs head = b;
+        rest.xq = args.xq + tiled * k;
+        rest.xds = args.xds + 2 * tiled * blocks;
+        rest.out = static_cast<char*>(args.out) + tiled * n * elem;
+        QuantArgs head = args;
         head.rows = tiled;
         const int64_t unit_bytes = 16 * row_bytes * ((rows + 3) / 4);
         at::parallel_for(0, (n + 15) / 16, std::max<int64_t>(1, kQuantParallelBytes / unit_bytes),
@@ -418,7 +417,7 @@ at::Tensor quant_linear(const at::Tensor& x_in, const at::Tensor& data, const st
       const int64_t units = (n + kQuantGroup - 1) / kQuantGroup;
       const int64_t unit_bytes = kQuantGroup * row_bytes * ((rows + 3) / 4);
       at::parallel_for(0, units, std::max<int64_t>(1, kQuantParallelBytes / unit_bytes), [&](int64_t begin, int64_t end) {
-        fn(b, begin * kQuantGroup, std::min(n, end * kQuantGroup));
+        fn(args, begin * kQuantGroup, std::min(n, end * kQuantGroup));
       });
     };
     if (levels == 1) {
