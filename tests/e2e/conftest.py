@@ -47,12 +47,10 @@ cores, too long for CI; the tiny Qwen3 and Mistral models run the whole battery 
 
 @pytest.fixture(scope="module")
 def exact_activations() -> Iterator[None]:
-    """Parity means token for token whatever the batch: the cpu backend's packed linears keep fp32 activations.
-
-    By default it rounds them to int8 for few rows (decode) and not for many (prefill, big batches), so a
-    request's tokens would depend on what it is batched with, and transformers' one-prompt-at-a-time
-    ``generate`` on the same kernels would take the other path. test_packed_weights.py measures the int8
-    path itself (its decoding NLL against the dequantized model).
+    """Parity with transformers' fp32 dequantized model, token for token: the cpu backend's packed linears keep
+    fp32 activations. By default they round them to int8 (two levels, at every row count: batch-invariant, but not
+    the dequantized model's arithmetic). test_packed_weights.py measures the default itself (its NLL against the
+    dequantized model), test_batch_invariance.py its invariance.
 
     Not autouse: the files that compare the embedded model with transformers ask for it
     (``pytestmark = pytest.mark.usefixtures("exact_activations")``); the others, test_batch_invariance.py
