@@ -131,7 +131,7 @@ def measure(system: str, timeout: float, poll: float, dtype: str) -> dict[str, A
 def _auto_dtype() -> str:
     import torch
 
-    from paged_core.engine.dtype import resolve_dtype
+    from paged_core.loading.dtype import resolve_dtype
 
     return str(resolve_dtype("auto", torch.device("cpu"))).removeprefix("torch.")
 

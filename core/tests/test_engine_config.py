@@ -7,6 +7,7 @@ import dataclasses
 import msgspec
 import pytest
 
+from paged_core import engine_config
 from paged_core.config import (
     CacheConfig,
     GraphConfig,
@@ -15,8 +16,7 @@ from paged_core.config import (
     SchedulerConfig,
     SpeculativeConfig,
 )
-from paged_core.engine import config as engine_config
-from paged_core.engine.config import EngineConfig, flat_fields
+from paged_core.engine_config import EngineConfig, flat_fields
 from paged_core.errors import ConfigError
 
 FULL = EngineConfig(

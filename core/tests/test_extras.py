@@ -41,7 +41,7 @@ def test_unknown_extra_needs_nothing() -> None:
 
 
 def test_lazy_user_names_and_their_hint(monkeypatch) -> None:
-    assert paged_core.LLM is __import__("paged_core.engine.llm", fromlist=["LLM"]).LLM
+    assert paged_core.LLM is __import__("paged_core.frontend.llm", fromlist=["LLM"]).LLM
     assert "SamplingParams" in dir(paged_core)
     with pytest.raises(AttributeError, match="no attribute 'Nope'"):
         _ = paged_core.Nope  # type: ignore[attr-defined]
@@ -50,7 +50,7 @@ def test_lazy_user_names_and_their_hint(monkeypatch) -> None:
     real = __import__("importlib").import_module
 
     def failing(name: str, *args: object) -> object:
-        if name == "paged_core.engine.config":
+        if name == "paged_core.engine_config":
             raise ModuleNotFoundError("No module named 'msgspec'", name="msgspec")
         return real(name, *args)
 

@@ -8,7 +8,7 @@ import pytest
 
 from paged_core import LLM, RequestRejectedError, SamplingParams
 from paged_core.api import BackendNotFoundError, ConfigError, UnsupportedConfigError
-from paged_core.engine.loader import embedded_model_path
+from paged_core.loading.loader import embedded_model_path
 
 from .tiny_models import save_tiny_model
 

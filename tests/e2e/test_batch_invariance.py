@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 
 from paged_core import LLM, RequestOutput
-from paged_core.engine.config import EngineConfig
+from paged_core.engine_config import EngineConfig
 
 from .conftest import DEFAULT_ACTIVATIONS
 from .e2e_helpers import ACTIVATIONS_ENV, GREEDY, cpu_linear_activations_mode, mixed_prompts

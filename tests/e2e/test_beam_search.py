@@ -17,8 +17,8 @@ import torch
 
 from paged_core import LLM, SamplingParams
 from paged_core.bench.hf_runs import attention
-from paged_core.engine.beam_outputs import BeamSearchOutput
 from paged_core.errors import RequestRejectedError
+from paged_core.frontend.beam_outputs import BeamSearchOutput
 
 from .tiny_models import VOCAB, save_tiny_model
 
@@ -173,7 +173,7 @@ def test_beams_beside_speculating_requests(qwen: tuple[LLM, list[list[int]], int
 
 
 def _beam(width: int) -> Any:
-    from paged_core.engine.beam_params import BeamParams
+    from paged_core.engine_core.beam_params import BeamParams
 
     return BeamParams(width)
 

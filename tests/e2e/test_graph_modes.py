@@ -17,9 +17,9 @@ import pytest
 
 from paged_core import LLMEngine
 from paged_core.api import BackendCapabilities, EagerStrategy, GraphSupport, UnsupportedConfigError
-from paged_core.engine import executors
-from paged_core.engine.llm import LLM
+from paged_core.frontend.llm import LLM
 from paged_core.reference.backend import ReferenceBackend
+from paged_core.runner import executors
 
 from .e2e_helpers import GREEDY, assert_same_tokens, hf_greedy
 from .tiny_models import VOCAB, save_tiny_model

@@ -16,7 +16,7 @@ GREEDY = SamplingParams(temperature=0.0, max_tokens=24)
 
 
 def test_tensor_parallel_2_is_refused_before_any_weight_loads(monkeypatch: pytest.MonkeyPatch) -> None:
-    import paged_core.engine.build as build
+    import paged_core.loading.build as build
 
     def no_weights(*args: Any, **kwargs: Any) -> Any:
         raise AssertionError("weights were loaded before the size was checked")

@@ -33,7 +33,7 @@ def backend_name() -> str:
 @pytest.fixture(scope="session")
 def loaded(tiny_model_dir: Path, backend_name: str) -> Any:
     """Weights and tokenizer loaded once; each server gets a fresh KV cache and scheduler around them."""
-    from paged_core.engine.config import EngineConfig
-    from paged_core.engine.core import EngineCore
+    from paged_core.engine_config import EngineConfig
+    from paged_core.engine_core.core import EngineCore
 
     return EngineCore(EngineConfig.of(model=str(tiny_model_dir), backend=backend_name, kv_cache_memory="2MiB")).loaded

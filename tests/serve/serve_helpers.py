@@ -120,8 +120,8 @@ def metric_values(text: str) -> dict[str, float]:
 
 def make_engine(loaded: Any, **overrides: Any) -> Any:
     """A fresh in-process engine core over the shared weights (2 MiB of KV unless overridden)."""
-    from paged_core.engine.config import EngineConfig
-    from paged_core.engine.core import EngineCore
+    from paged_core.engine_config import EngineConfig
+    from paged_core.engine_core.core import EngineCore
 
     fields = {"model": str(loaded.source.directory), "kv_cache_memory": "2MiB", "max_num_seqs": 128}
     fields.update(overrides)
@@ -137,10 +137,10 @@ MODES = ("inproc", "mp")
 
 def make_mp_engine(loaded: Any, **overrides: Any) -> Any:
     """An :class:`AsyncEngine` over a fresh core process loading the same model (as ``paged serve`` starts one)."""
-    from paged_core.engine.config import EngineConfig
-    from paged_core.engine.mp_client import start_with_tokenizer
+    from paged_core.clients.async_client import AsyncMPClient
+    from paged_core.clients.sync_mp_client import start_with_tokenizer
+    from paged_core.engine_config import EngineConfig
     from paged_core.serve.async_engine import AsyncEngine
-    from paged_core.serve.core_client import AsyncMPClient
 
     fields = {"model": str(loaded.source.directory), "backend": loaded.backend.name, "kv_cache_memory": "2MiB",
               "max_num_seqs": 128}  # fmt: skip
@@ -151,7 +151,7 @@ def make_mp_engine(loaded: Any, **overrides: Any) -> Any:
 
 def make_dp_engine(loaded: Any, cores: int = 2, **overrides: Any) -> Any:
     """An :class:`AsyncEngine` over ``cores`` data-parallel core processes (``paged serve --data-parallel-size``)."""
-    from paged_core.engine.config import EngineConfig
+    from paged_core.engine_config import EngineConfig
     from paged_core.serve.server import start_engine
 
     fields = {"model": str(loaded.source.directory), "backend": loaded.backend.name, "kv_cache_memory": "2MiB",

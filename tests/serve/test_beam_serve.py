@@ -45,7 +45,7 @@ def test_beams_come_back_best_first_as_the_engine_finds_them(server: ServerThrea
 
 
 def _config(loaded: Any) -> Any:
-    from paged_core.engine.config import EngineConfig
+    from paged_core.engine_config import EngineConfig
 
     return EngineConfig.of(model=str(loaded.source.directory), kv_cache_memory="2MiB", max_num_seqs=4)
 

@@ -26,11 +26,11 @@ if TYPE_CHECKING:
         SchedulerConfig,
         SpeculativeConfig,
     )
-    from paged_core.engine.beam_outputs import BeamSearchOutput, BeamSequence
-    from paged_core.engine.config import EngineConfig
-    from paged_core.engine.engine import LLMEngine
-    from paged_core.engine.llm import LLM
-    from paged_core.engine.outputs import CompletionOutput, RequestMetrics, RequestOutput
+    from paged_core.engine_config import EngineConfig
+    from paged_core.frontend.beam_outputs import BeamSearchOutput, BeamSequence
+    from paged_core.frontend.llm import LLM
+    from paged_core.frontend.llm_engine import LLMEngine
+    from paged_core.frontend.outputs import CompletionOutput, RequestMetrics, RequestOutput
     from paged_core.sampling.params import SamplingParams
 
 # name -> module that defines it (imported on first access by __getattr__)
@@ -41,14 +41,14 @@ _LAZY: dict[str, str] = {
     "ParallelConfig": "paged_core.config",
     "SchedulerConfig": "paged_core.config",
     "SpeculativeConfig": "paged_core.config",
-    "BeamSearchOutput": "paged_core.engine.beam_outputs",
-    "BeamSequence": "paged_core.engine.beam_outputs",
-    "EngineConfig": "paged_core.engine.config",
-    "LLMEngine": "paged_core.engine.engine",
-    "LLM": "paged_core.engine.llm",
-    "CompletionOutput": "paged_core.engine.outputs",
-    "RequestMetrics": "paged_core.engine.outputs",
-    "RequestOutput": "paged_core.engine.outputs",
+    "BeamSearchOutput": "paged_core.frontend.beam_outputs",
+    "BeamSequence": "paged_core.frontend.beam_outputs",
+    "EngineConfig": "paged_core.engine_config",
+    "LLMEngine": "paged_core.frontend.llm_engine",
+    "LLM": "paged_core.frontend.llm",
+    "CompletionOutput": "paged_core.frontend.outputs",
+    "RequestMetrics": "paged_core.frontend.outputs",
+    "RequestOutput": "paged_core.frontend.outputs",
     "SamplingParams": "paged_core.sampling.params",
 }
 

@@ -23,10 +23,10 @@ from paged_core.sizes import parse_size
 DTYPES = ("auto", "bfloat16", "float16", "float32")
 MODEL_IMPLS = ("auto", "fused", "transformers")
 QUANTIZATIONS = ("auto", "none", "int8")
-"""How linear weights are held; see :func:`paged_core.engine.loader.load_model`."""
-"""Which model path runs; see :mod:`paged_core.engine.forward`."""
+"""How linear weights are held; see :func:`paged_core.loading.loader.load_model`."""
+"""Which model path runs; see :mod:`paged_core.runner.forward`."""
 GRAPH_MODES = ("auto", "eager", "compiled", "device")
-"""How steps run; see :mod:`paged_core.engine.executors`."""
+"""How steps run; see :mod:`paged_core.runner.executors`."""
 POLICIES = ("fcfs", "priority")
 DISTRIBUTED_INITS = ("local", "env")
 """How tensor-parallel ranks find each other; see :class:`ParallelConfig`."""
@@ -114,7 +114,7 @@ class CacheConfig:
     ``num_blocks`` includes the null block (id 0), so ``num_blocks - 1``
     blocks hold KV. When it is set it wins; else the engine derives it from
     ``kv_cache_memory`` or, without that, from free memory after profiling
-    (``memory_fraction`` of a GPU; see :mod:`paged_core.engine.kv_budget`).
+    (``memory_fraction`` of a GPU; see :mod:`paged_core.loading.kv_budget`).
     """
 
     block_size: int | None = _opt(None, "tokens per KV block (default: the backend's)")
@@ -197,7 +197,7 @@ class SchedulerConfig:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class GraphConfig:
-    """How steps run (see :mod:`paged_core.engine.executors`) and where compiled steps are cached."""
+    """How steps run (see :mod:`paged_core.runner.executors`) and where compiled steps are cached."""
 
     graph_mode: str = _opt("auto", "eager, compiled (torch.compile), device (CUDA/HIP/XPU graphs); auto: device "
                            "graphs where the backend captures, else eager", choices=GRAPH_MODES)  # fmt: skip
@@ -256,7 +256,7 @@ class SpeculativeConfig:
     longest earlier match, ``prompt_lookup_max`` down to ``prompt_lookup_min`` tokens long, of the
     sequence's last tokens) or the path of a draft model sharing the target's tokenizer. Each
     step proposes up to ``num_speculative_tokens`` drafts per sequence; see
-    :mod:`paged_core.engine.spec`.
+    :mod:`paged_core.speculative`.
     """
 
     speculative: str | None = _opt(None, "speculative decoding: ngram (prompt lookup) or a draft model's path "

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 from paged_core.errors import ConfigError
 
 if TYPE_CHECKING:
-    from paged_core.engine.config import EngineConfig
+    from paged_core.engine_config import EngineConfig
 
 __all__ = ["require_one_engine_core"]
 

@@ -184,7 +184,7 @@ def test_check_ready_refuses_other_workloads_and_models(tmp_path: Path, fake_ben
 
 
 def test_default_model_is_the_embedded_gguf(fake_bench: Path) -> None:
-    from paged_core.engine.loader import embedded_model_path
+    from paged_core.loading.loader import embedded_model_path
 
     try:
         embedded = embedded_model_path()

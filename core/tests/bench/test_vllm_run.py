@@ -24,7 +24,7 @@ from paged_core.bench.result import RunResult
 from paged_core.bench.schema import validate_report
 from paged_core.bench.vllm_run import VLLMRunResult, cpu_list, driver_env, find_venv, resolve_model, run_vllm
 from paged_core.bench.workloads import BenchRequest, throughput
-from paged_core.engine.config import EngineConfig
+from paged_core.engine_config import EngineConfig
 from paged_core.errors import ConfigError
 
 FAKE_DRIVER = """

@@ -9,7 +9,7 @@ import pytest
 
 from paged_core.cli.engine_args import add_engine_args, add_sampling_args, engine_config_from, engine_flag
 from paged_core.cli.main import build_parser
-from paged_core.engine.config import EngineConfig, FlatField, flat_fields
+from paged_core.engine_config import EngineConfig, FlatField, flat_fields
 from paged_core.errors import ConfigError
 
 # Flags users already type; they must keep working.

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from paged_core.engine.messages import CoreAbort, CoreFacts, CoreOutputs, CoreRequest, SchedulerStats, SeqDelta
+from paged_core.engine_core.messages import CoreAbort, CoreFacts, CoreOutputs, CoreRequest, SchedulerStats, SeqDelta
 from paged_core.errors import RequestRejectedError
 from paged_core.sampling.params import SamplingParams
 

@@ -9,11 +9,11 @@ from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
 from paged_core import SamplingParams
-from paged_core.engine.messages import CoreOutputs
+from paged_core.clients.async_client import ThreadCoreClient
+from paged_core.clients.dp_client import DataParallelClient
+from paged_core.engine_core.messages import CoreOutputs
 from paged_core.errors import EngineDeadError
 from paged_core.serve import AsyncEngine, ServeConfig, build_app
-from paged_core.serve.core_client import ThreadCoreClient
-from paged_core.serve.dp_client import DataParallelClient
 
 from .fake_engine import FakeEngine
 
@@ -144,7 +144,7 @@ def test_metrics_and_health_report_each_core() -> None:
 
 def test_data_parallel_is_refused_in_process_and_offline() -> None:
     from paged_core.data_parallel import require_one_engine_core
-    from paged_core.engine.config import EngineConfig
+    from paged_core.engine_config import EngineConfig
     from paged_core.errors import ConfigError
     from paged_core.serve.server import start_engine
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from paged_core.engine.messages import CoreAbort, SchedulerStats
+from paged_core.clients.dp_router import AFFINITY_SLACK, MAX_AFFINITY_BLOCKS, Router, prefix_keys
+from paged_core.engine_core.messages import CoreAbort, SchedulerStats
 from paged_core.errors import EngineDeadError
-from paged_core.serve.dp_router import AFFINITY_SLACK, MAX_AFFINITY_BLOCKS, Router, prefix_keys
 
 BS = 4
 SHARED = list(range(100, 100 + 6 * BS))  # six full blocks

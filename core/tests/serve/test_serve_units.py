@@ -11,13 +11,13 @@ from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
 from paged_core import RequestMetrics, RequestOutput, SamplingParams
-from paged_core.engine.messages import CoreRequest
-from paged_core.engine.messages import SchedulerStats as EngineStats
+from paged_core.clients.async_client import ThreadCoreClient
+from paged_core.clients.dp_client import sum_stats
+from paged_core.engine_core.messages import CoreRequest
+from paged_core.engine_core.messages import SchedulerStats as EngineStats
 from paged_core.errors import ConfigError, RequestRejectedError
 from paged_core.serve import AsyncEngine, EngineDeadError, ServeConfig, build_app
 from paged_core.serve.body import decode_json
-from paged_core.serve.core_client import ThreadCoreClient
-from paged_core.serve.dp_client import sum_stats
 from paged_core.serve.errors import APIError
 from paged_core.serve.metrics import ServerMetrics
 from paged_core.serve.params import check_context

@@ -16,11 +16,11 @@ from tqdm.auto import tqdm
 
 from paged_core.bench.result import RunResult
 from paged_core.bench.workloads import BenchRequest
-from paged_core.engine.engine import LLMEngine
-from paged_core.engine.spec.proposer import SpecStats
+from paged_core.frontend.llm_engine import LLMEngine
 from paged_core.sampling.params import SamplingParams
 from paged_core.sched.output import SchedulerOutput
 from paged_core.sched.scheduler import Scheduler
+from paged_core.speculative.proposer import SpecStats
 
 WARMUP = [BenchRequest([100 + i % 997 for i in range(512)], 4), BenchRequest(list(range(200, 232)), 4)]
 """Run before timing: the first steps of each shape pay one-off costs (allocator, kernel set-up), so one long
@@ -160,7 +160,7 @@ def engine_config_summary(engine: LLMEngine) -> dict[str, Any]:
 
 
 def _runtime() -> dict[str, Any]:
-    """The allocator and OpenMP library in effect (see :mod:`paged_core.cli.runtime`)."""
-    from paged_core.cli.runtime import runtime_status
+    """The allocator and OpenMP library in effect (see :mod:`paged_core.process.runtime`)."""
+    from paged_core.process.runtime import runtime_status
 
     return dict(runtime_status())

@@ -139,7 +139,7 @@ def find_llama_bench(env: Mapping[str, str] | None = None) -> Path:
 def resolve_model(model: str | None) -> Path:
     """The GGUF file llama.cpp runs: the embedded one for ``None``, else ``model``, which must be a .gguf file."""
     if model is None:
-        from paged_core.engine.loader import embedded_model_path
+        from paged_core.loading.loader import embedded_model_path
 
         return embedded_model_path()
     path = Path(model).expanduser()

@@ -22,9 +22,9 @@ from paged_core.bench.options import BenchOptions
 from paged_core.bench.result import RunResult
 from paged_core.bench.roofline import ModelShape, bandwidth_roofline, flops_roofline
 from paged_core.bench.workloads import BenchRequest
-from paged_core.engine.build import bytes_per_block
-from paged_core.engine.config import EngineConfig
-from paged_core.engine.engine import LLMEngine
+from paged_core.engine_config import EngineConfig
+from paged_core.frontend.llm_engine import LLMEngine
+from paged_core.loading.build import bytes_per_block
 from paged_core.reference.backend import ReferenceBackend
 
 log = logging.getLogger("paged.bench")

@@ -30,7 +30,7 @@ def parse_baselines(text: str | None) -> tuple[str, ...]:
 class BenchOptions:
     """One benchmark run.
 
-    ``engine`` holds flat :class:`~paged_core.engine.config.EngineConfig` fields (``EngineConfig.of``) for
+    ``engine`` holds flat :class:`~paged_core.engine_config.EngineConfig` fields (``EngineConfig.of``) for
     our engine (model workloads); ``kv_util`` is the simulated budget of the
     ``kv-util`` workload. ``output_len`` caps every request's output tokens
     (for quick runs; full figures leave it ``None``).

@@ -110,7 +110,7 @@ def _is_embedded(model: str) -> bool:
     if not model.lower().endswith(".gguf"):
         return False
     try:
-        from paged_core.engine.loader import embedded_model_path
+        from paged_core.loading.loader import embedded_model_path
 
         return Path(model).expanduser().resolve() == embedded_model_path().resolve()
     except (ConfigError, OSError):
@@ -191,7 +191,7 @@ def request_spec(
 
 
 def engine_settings(config: Any, enforce_eager: bool) -> dict[str, Any]:
-    """vLLM's settings from our :class:`~paged_core.engine.config.EngineConfig`: same dtype, budgets and seed."""
+    """vLLM's settings from our :class:`~paged_core.engine_config.EngineConfig`: same dtype, budgets and seed."""
     m, sched = config.model, config.scheduler
     return {
         "dtype": m.dtype if m.dtype != "auto" else "bfloat16",

@@ -17,8 +17,8 @@ from typing import Any
 
 from paged_core.cli.bench_serve import add_serve_bench_args
 from paged_core.cli.engine_args import add_engine_args
-from paged_core.cli.logs import setup_logging
 from paged_core.errors import ConfigError
+from paged_core.process.logs import setup_logging
 
 WORKLOAD_NAMES = ("throughput", "prefix", "kv-util", "decode-1", "edit-1", "long", "serve")
 """The workloads, and ``serve``: the ``throughput`` requests streamed to ``paged serve`` (see ``bench_serve``)."""

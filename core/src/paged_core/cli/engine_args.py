@@ -6,7 +6,7 @@ import argparse
 import types
 from typing import Any, Union, get_args, get_origin
 
-from paged_core.engine.config import EngineConfig, FlatField, flat_fields
+from paged_core.engine_config import EngineConfig, FlatField, flat_fields
 from paged_core.errors import ConfigError
 from paged_core.sampling.params import SamplingParams
 

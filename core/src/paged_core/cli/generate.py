@@ -8,7 +8,7 @@ import sys
 from typing import Any
 
 from paged_core.cli.engine_args import add_engine_args, add_sampling_args, engine_config_from, sampling_params_from
-from paged_core.cli.logs import setup_logging
+from paged_core.process.logs import setup_logging
 
 EXTRA = "models"
 """The optional part of paged-core this subcommand needs (``paged-core[models]``)."""
@@ -32,7 +32,7 @@ def register(subparsers: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Load the engine, run the prompts as one batch, print the completions."""
-    from paged_core.engine.llm import LLM
+    from paged_core.frontend.llm import LLM
 
     setup_logging(args.verbose)
     params = sampling_params_from(args)

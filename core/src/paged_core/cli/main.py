@@ -23,9 +23,9 @@ from typing import Any
 import paged_core.cli as cli_package
 from paged_core import extras
 from paged_core._version import __version__
-from paged_core.cli import runtime
 from paged_core.contract.version import PLUGIN_API_VERSION, SUPPORTED_PLUGIN_API_VERSIONS
 from paged_core.errors import PagedError
+from paged_core.process import runtime
 
 
 def version_line() -> str:
@@ -89,7 +89,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI; returns the exit status instead of exiting (the console script exits with it).
 
     Started from the command line (``argv`` None), the heavy subcommands first re-execute the
-    process with tcmalloc preloaded (:mod:`paged_core.cli.runtime`; ``PAGED_RUNTIME=0`` turns
+    process with tcmalloc preloaded (:mod:`paged_core.process.runtime`; ``PAGED_RUNTIME=0`` turns
     that off, ``PAGED_RUNTIME=iomp`` adds Intel OpenMP).
     """
     if argv is None:

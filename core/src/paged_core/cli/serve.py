@@ -7,7 +7,7 @@ import os
 from typing import Any
 
 from paged_core.cli.engine_args import add_engine_args, engine_config_from
-from paged_core.cli.logs import setup_logging
+from paged_core.process.logs import setup_logging
 
 EXTRA = "serve"
 """The optional part of paged-core this subcommand needs (``paged-core[serve]``)."""
@@ -15,7 +15,7 @@ EXTRA = "serve"
 
 def register(subparsers: Any) -> None:
     """Add the ``serve`` subcommand."""
-    from paged_core.serve.config import ServeConfig
+    from paged_core.serve.settings import ServeConfig
 
     parser = subparsers.add_parser(
         "serve",
@@ -59,8 +59,8 @@ def register(subparsers: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     """Load the engine and serve until interrupted."""
     from paged_core.errors import ConfigError
-    from paged_core.serve.config import ServeConfig
     from paged_core.serve.server import run_server
+    from paged_core.serve.settings import ServeConfig
 
     setup_logging(args.log_level in ("info", "debug"))
     if args.model_path is not None and args.model is not None and args.model_path != args.model:

@@ -1,6 +1,6 @@
 """Layer kernels a backend may supply beside attention (plugin API v1, optional).
 
-The engine's fused decoder (:mod:`paged_core.engine.fused`) runs every layer
+The engine's fused decoder (:mod:`paged_core.runner.fused`) runs every layer
 of the model families it knows through one :class:`FusedOps` object, which a
 backend returns from :meth:`AttentionBackend.fused_ops`. The methods of this
 base class are the pure-torch reference (and the conformance suite's

@@ -22,7 +22,7 @@ from paged_core.contract.capabilities import GraphSupport
 from paged_core.contract.graph_strategy import GraphCaptureStrategy, StepFn
 from paged_core.contract.metadata import AttentionMetadata
 from paged_core.errors import ConfigError
-from paged_core.graph.sizes import padded_size
+from paged_core.graph.capture_sizes import padded_size
 from paged_core.graph.static_batch import NUM_METADATA_ARGS, StaticBatch, StaticInput
 
 Step = Callable[..., torch.Tensor]
@@ -42,7 +42,7 @@ class GraphStats:
 class GraphRunner:
     """Runs a step function through the backend's capture strategy when the batch allows it.
 
-    ``capture_sizes`` (see :func:`~paged_core.graph.sizes.capture_sizes`) are
+    ``capture_sizes`` (see :func:`~paged_core.graph.capture_sizes.capture_sizes`) are
     the padded token counts that get a graph; buffers are allocated once at
     the largest. ``inputs`` describe the per-token tensors the step takes as
     keyword arguments besides the metadata. ``strategy`` overrides

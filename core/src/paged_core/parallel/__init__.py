@@ -1,6 +1,6 @@
 """Tensor parallelism on ``torch.distributed``: one model split across ranks, rank 0 inside the engine core.
 
-* :mod:`~paged_core.parallel.sizes`: which tensor-parallel sizes a model allows (checked before weights load).
+* :mod:`~paged_core.parallel.tp_sizes`: which tensor-parallel sizes a model allows (checked before weights load).
 * :mod:`~paged_core.parallel.rendezvous`: how ranks meet (a free loopback port, or torchrun's variables).
 * :mod:`~paged_core.parallel.group`: the process group and the collectives the model path calls.
 * :mod:`~paged_core.parallel.shard`: slicing a loaded model's projections in place (no model code forked).

@@ -85,7 +85,7 @@ class Leader:
 
     def close(self, timeout: float = 5.0) -> None:
         """Tell workers to quit, wait, then terminate and kill; leave the group (idempotent)."""
-        from paged_core.engine.core_process import wait_or_kill
+        from paged_core.clients.core_process import wait_or_kill
 
         if self._closed:
             return
@@ -99,7 +99,7 @@ class Leader:
 
 def _first_death(procs: dict[int, subprocess.Popen[bytes]], store: Any = None) -> str | None:
     """Why the first dead worker of ``procs`` is gone (its own cause from the store when it left one)."""
-    from paged_core.engine.core_process import describe_exit
+    from paged_core.clients.core_process import describe_exit
 
     for rank, proc in procs.items():
         code = proc.poll()
@@ -121,7 +121,7 @@ def _cause(store: Any, rank: int) -> str | None:
 
 
 def _start_local(rdv: Rendezvous, timeout: float) -> dict[int, subprocess.Popen[bytes]]:
-    from paged_core.cli.runtime import child_environ
+    from paged_core.process.runtime import child_environ
 
     threads = threads_per_rank(rdv.world_size)
     procs: dict[int, subprocess.Popen[bytes]] = {}
@@ -164,7 +164,7 @@ def start_leader(config: Any, device: torch.device) -> Leader:
         group = join_group(rdv, device, parallel.distributed_timeout)
         sender = PlanSender(group, rdv.addr, local=local)
     except BaseException as exc:
-        from paged_core.engine.core_process import wait_or_kill
+        from paged_core.clients.core_process import wait_or_kill
 
         for proc in procs.values():
             wait_or_kill(proc, 0.1, "tensor-parallel worker")

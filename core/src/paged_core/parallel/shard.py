@@ -69,7 +69,7 @@ def shard_model(model: Any, group: TPGroup) -> dict[str, str]:
 
     Returns the module names split and how. The all-reduce is a forward hook on the module, so the
     transformers path needs nothing else; the fused decoder, which calls no modules, reduces itself
-    (:class:`~paged_core.engine.fused.FusedDecoder`, ``reduce``).
+    (:class:`~paged_core.runner.fused.FusedDecoder`, ``reduce``).
     """
     rank, world = group.rank, group.world_size
     _, base = _base(model)

@@ -33,7 +33,7 @@ def run_worker(config: Any, rendezvous: Any, parent: int | None = None) -> int:
     """Serve as rank ``rendezvous.rank`` until rank 0 quits or goes away; the exit status."""
     import torch
 
-    from paged_core.engine.build import build_parts, load
+    from paged_core.loading.build import build_parts, load
     from paged_core.parallel.group import STARTUP_TIMEOUT, join_group, local_ranks, threads_per_rank, wait_for_ranks
     from paged_core.parallel.heartbeat import BEAT_INTERVAL, Heart
     from paged_core.parallel.plans import PlanReceiver
@@ -92,7 +92,7 @@ def fetch_config(rendezvous: Any, timeout: float) -> Any:
     """Rank 0's :class:`EngineConfig`, from the rendezvous store (waits up to ``timeout`` for rank 0)."""
     import msgspec
 
-    from paged_core.engine.config import EngineConfig
+    from paged_core.engine_config import EngineConfig
     from paged_core.errors import ConfigError
     from paged_core.parallel.rendezvous import CONFIG_KEY
 
@@ -111,10 +111,10 @@ def fetch_config(rendezvous: Any, timeout: float) -> Any:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of a worker rank 0 started on this machine (``local``): the rank comes from the environment."""
-    from paged_core.cli.logs import setup_logging
-    from paged_core.cli.runtime import adopt
-    from paged_core.engine.core_proc import _die_with_parent
+    from paged_core.engine_core.loop import _die_with_parent
     from paged_core.parallel.rendezvous import env_rendezvous
+    from paged_core.process.logs import setup_logging
+    from paged_core.process.runtime import adopt
 
     _die_with_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the group; rank 0 drives the shutdown

@@ -34,7 +34,7 @@ def verify(
 
     ``logits`` is ``[sum(len(d) + 1), V]``, the rows of each sequence consecutive. States must
     be free of penalties and of an unmet ``min_tokens`` (see
-    :func:`~paged_core.engine.spec.proposer.speculates`): their distribution would depend on the
+    :func:`~paged_core.speculative.proposer.speculates`): their distribution would depend on the
     drafts kept before each position. Seeded rows draw from their own stream.
     """
     if len(states) != len(drafts):

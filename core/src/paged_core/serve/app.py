@@ -10,17 +10,17 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
+from paged_core.clients.async_client import ThreadCoreClient
 from paged_core.serve import chat, completions, openapi
 from paged_core.serve.async_engine import AsyncEngine
 from paged_core.serve.auth import BearerAuth
 from paged_core.serve.body import parse_body
-from paged_core.serve.config import ServeConfig
-from paged_core.serve.core_client import ThreadCoreClient
 from paged_core.serve.errors import APIError, CatchUnexpected, install_handlers
 from paged_core.serve.health import HealthProbe, health_response
 from paged_core.serve.metrics import ServerMetrics
 from paged_core.serve.openapi import install_openapi
 from paged_core.serve.protocol import DetokenizeRequest, TokenizeRequest
+from paged_core.serve.settings import ServeConfig
 from paged_core.serve.state import ServerState, get_state
 from paged_core.serve.tokens import Tokens
 
@@ -29,7 +29,7 @@ def build_app(engine: AsyncEngine | Any, config: ServeConfig | None = None) -> F
     """An OpenAI-compatible app serving ``engine``; the core runs (and is stopped) with the app's lifespan.
 
     ``engine`` is an :class:`AsyncEngine` (over a core process or a core thread), or an in-process
-    :class:`~paged_core.engine.core.EngineCore` (or anything with its interface), which gets a thread.
+    :class:`~paged_core.engine_core.core.EngineCore` (or anything with its interface), which gets a thread.
     """
     config = config or ServeConfig()
     aengine = engine if isinstance(engine, AsyncEngine) else AsyncEngine(ThreadCoreClient(engine), engine.tokenizer)

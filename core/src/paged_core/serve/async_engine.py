@@ -1,8 +1,8 @@
 """AsyncEngine: the server's front end: input and output processing on the event loop, a core behind a client.
 
 HTTP handlers :meth:`~AsyncEngine.add` requests and read their :class:`RequestStream`; the core
-(a thread or a child process, see :mod:`paged_core.serve.core_client`) sends token deltas, which
-the :class:`~paged_core.engine.output.OutputProcessor` turns into cumulative outputs here. When
+(a thread or a child process, see :mod:`paged_core.clients.async_client`) sends token deltas, which
+the :class:`~paged_core.frontend.output_processor.OutputProcessor` turns into cumulative outputs here. When
 the core dies every open stream ends with :class:`EngineDeadError` naming the cause, and
 ``on_dead`` lets the server exit (so a supervisor restarts it).
 """
@@ -15,14 +15,14 @@ import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-from paged_core.engine.beam_params import BeamParams
-from paged_core.engine.input import InputProcessor
-from paged_core.engine.messages import CoreAbort, CoreFacts, CoreOutputs, SchedulerStats
-from paged_core.engine.output import OutputProcessor
-from paged_core.engine.outputs import RequestOutput
+from paged_core.clients.async_client import AsyncCoreClient
+from paged_core.engine_core.beam_params import BeamParams
+from paged_core.engine_core.messages import CoreAbort, CoreFacts, CoreOutputs, SchedulerStats
 from paged_core.errors import EngineDeadError, PagedError
+from paged_core.frontend.input_processor import InputProcessor
+from paged_core.frontend.output_processor import OutputProcessor
+from paged_core.frontend.outputs import RequestOutput
 from paged_core.sampling.params import SamplingParams
-from paged_core.serve.core_client import AsyncCoreClient
 
 log = logging.getLogger("paged.serve")
 
@@ -113,7 +113,7 @@ class AsyncEngine:
 
     @property
     def per_core(self) -> list[Any] | None:
-        """Each core's :class:`~paged_core.serve.dp_client.CoreStatus` when several serve (data parallel), else None."""
+        """Each core's :class:`.CoreStatus` when several serve (data parallel), else None."""
         per_core: list[Any] | None = getattr(self.client, "per_core", None)
         return per_core
 

@@ -9,7 +9,7 @@ from typing import Any
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, Response
 
-from paged_core.engine.outputs import CompletionOutput, RequestOutput
+from paged_core.frontend.outputs import CompletionOutput, RequestOutput
 from paged_core.serve import openapi
 from paged_core.serve.admission import admit
 from paged_core.serve.body import parse_body

@@ -15,9 +15,9 @@ from collections.abc import AsyncIterator
 
 from fastapi import Request
 
-from paged_core.engine.beam_params import BeamParams
-from paged_core.engine.outputs import RequestOutput
+from paged_core.engine_core.beam_params import BeamParams
 from paged_core.errors import EngineDeadError, PagedError
+from paged_core.frontend.outputs import RequestOutput
 from paged_core.sampling.params import SamplingParams
 from paged_core.serve.admission import Ticket
 from paged_core.serve.errors import APIError, internal_error, rejected

@@ -14,9 +14,9 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from paged_core.engine.messages import SchedulerStats
-from paged_core.engine.outputs import RequestOutput
-from paged_core.engine.spec.proposer import SpecStats
+from paged_core.engine_core.messages import SchedulerStats
+from paged_core.frontend.outputs import RequestOutput
+from paged_core.speculative.proposer import SpecStats
 
 # Latency buckets in seconds, from fast CPU decode steps to minute-long requests.
 _TTFT = (0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
@@ -50,7 +50,7 @@ class _EngineCollector(Collector):
     """Reports the engine snapshot at scrape time (the scrape never touches the engine itself).
 
     With one core the series carry no engine label. With several (data parallel, ``read_cores`` returns
-    their :class:`~paged_core.serve.dp_client.CoreStatus`) every engine series has one sample per core,
+    their :class:`~paged_core.clients.dp_client.CoreStatus`) every engine series has one sample per core,
     labelled ``engine="<index>"`` (sum them for the server), gauges for live cores only (a dead core holds
     nothing) and counters for all, plus ``paged_engine_up`` and the router's ``paged_dp_routed_requests``.
     """

@@ -6,12 +6,12 @@ import json
 import math
 from typing import Any
 
-from paged_core.engine.beam_params import BeamParams, BeamRequestError, check_beam
+from paged_core.engine_core.beam_params import BeamParams, BeamRequestError, check_beam
 from paged_core.errors import RequestRejectedError
 from paged_core.sampling.params import MAX_LOGPROBS, SamplingParams
-from paged_core.serve.config import ServeConfig
 from paged_core.serve.errors import APIError, rejected
 from paged_core.serve.protocol import ChatCompletionRequest, CompletionRequest
+from paged_core.serve.settings import ServeConfig
 
 MAX_TEMPLATE_KWARGS_BYTES = 4096
 # apply_chat_template's own parameters and the template's special-token variables (see check_template_kwargs).
@@ -55,7 +55,7 @@ def beam_params(req: CompletionRequest, params: SamplingParams, max_num_seqs: in
     """vLLM's ``use_beam_search``: width ``n``, every beam returned; None when not asked for. Refusals name the field.
 
     Beams are only final when the search ends, so they cannot stream; the sampling fields must be ones beam
-    search can honour (see :func:`~paged_core.engine.beam_params.check_beam`).
+    search can honour (see :func:`~paged_core.engine_core.beam_params.check_beam`).
     """
     if not req.use_beam_search:
         for name in ("length_penalty", "early_stopping"):

@@ -8,7 +8,7 @@ from typing import Any
 
 from fastapi.responses import StreamingResponse
 
-from paged_core.engine.outputs import RequestOutput
+from paged_core.frontend.outputs import RequestOutput
 from paged_core.serve.errors import APIError, internal_error
 from paged_core.serve.generation import ClientGone, Generation
 

@@ -13,9 +13,9 @@ import asyncio
 import logging
 from typing import TYPE_CHECKING
 
-from paged_core.engine.config import EngineConfig
+from paged_core.engine_config import EngineConfig
 from paged_core.errors import ConfigError
-from paged_core.serve.config import ServeConfig
+from paged_core.serve.settings import ServeConfig
 
 if TYPE_CHECKING:
     from paged_core.serve.async_engine import AsyncEngine
@@ -30,27 +30,27 @@ def start_engine(engine_config: EngineConfig, in_process: bool = False) -> Async
     """The :class:`AsyncEngine` over a core process (or, ``in_process``, a core thread); blocks until it runs.
 
     With ``data_parallel_size`` M > 1 it is M core processes behind a
-    :class:`~paged_core.serve.dp_client.DataParallelClient` (not combinable with ``in_process``).
+    :class:`~paged_core.clients.dp_client.DataParallelClient` (not combinable with ``in_process``).
     """
+    from paged_core.clients.async_client import AsyncMPClient, ThreadCoreClient
     from paged_core.serve.async_engine import AsyncEngine
-    from paged_core.serve.core_client import AsyncMPClient, ThreadCoreClient
 
     dp = engine_config.parallel.data_parallel_size
     if dp > 1:
         if in_process:
             raise ConfigError(f"--data-parallel-size {dp} runs one engine-core process per core; it cannot be "
                               "combined with --engine-in-process (one core on a thread of the server)")  # fmt: skip
-        from paged_core.serve.dp_client import DataParallelClient
+        from paged_core.clients.dp_client import DataParallelClient
 
         client, dp_tokenizer = DataParallelClient.launch(engine_config)
         log.info("%d data-parallel engine cores running in processes %s", dp, ", ".join(str(p) for p in client.pids))
         return AsyncEngine(client, dp_tokenizer)
     if in_process:
-        from paged_core.engine.core import EngineCore
+        from paged_core.engine_core.core import EngineCore
 
         core = EngineCore(engine_config)
         return AsyncEngine(ThreadCoreClient(core), core.tokenizer)
-    from paged_core.engine.mp_client import start_with_tokenizer
+    from paged_core.clients.sync_mp_client import start_with_tokenizer
 
     process, tokenizer = start_with_tokenizer(engine_config)
     log.info("engine core running in process %d", process.pid)

@@ -9,9 +9,9 @@ from fastapi import Request
 
 from paged_core.serve.admission import Admission
 from paged_core.serve.async_engine import AsyncEngine
-from paged_core.serve.config import ServeConfig
 from paged_core.serve.errors import APIError
 from paged_core.serve.metrics import ServerMetrics
+from paged_core.serve.settings import ServeConfig
 from paged_core.serve.tokens import Tokens
 
 

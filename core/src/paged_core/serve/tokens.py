@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, ParamSpec, TypeVar
 
-from paged_core.engine.input import InputError, InputProcessor
+from paged_core.frontend.input_processor import InputError, InputProcessor
 from paged_core.serve.errors import APIError
 from paged_core.serve.protocol import ChatMessage
 from paged_core.serve.tokenizer_facts import control_tokens, max_chars_per_token

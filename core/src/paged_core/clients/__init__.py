@@ -1,0 +1,1 @@
+"""How a front end reaches engine cores: in-process, in a thread, in child processes, and over data-parallel cores."""

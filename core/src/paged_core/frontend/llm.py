@@ -1,0 +1,211 @@
+"""The offline API: ``LLM().generate(prompts)`` and ``LLM().chat(messages)``."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator, Mapping
+from collections.abc import Sequence as Seq
+from typing import Any
+
+from tqdm.auto import tqdm
+
+from paged_core.engine_config import EngineConfig
+from paged_core.engine_core.beam_params import BeamParams
+from paged_core.errors import PagedError, RequestRejectedError
+from paged_core.frontend.beam_outputs import BeamSearchOutput
+from paged_core.frontend.llm_engine import LLMEngine
+from paged_core.frontend.outputs import RequestMetrics, RequestOutput
+from paged_core.sampling.params import SamplingParams
+
+log = logging.getLogger("paged.llm")
+
+Prompt = str | Seq[int]
+Message = Mapping[str, Any]
+
+
+class LLM:
+    """A model served from a paged KV cache, for offline batches.
+
+    ``LLM()`` loads the embedded default (SmolLM2-135M-Instruct) on the
+    best available backend; keyword arguments are :class:`EngineConfig`
+    fields (``backend``, ``dtype``, ``kv_cache_memory``, ``max_num_seqs``,
+    ``max_num_batched_tokens``, ``block_size``, ``enable_prefix_caching``...).
+    ``multiprocess=True`` runs the engine core in a child process (as ``paged serve`` does);
+    outputs are the same token for token. Call :meth:`close` (or use ``with``) to stop it.
+    """
+
+    def __init__(self, model: str | None = None, *, multiprocess: bool = False, **kwargs: Any) -> None:
+        self.engine = LLMEngine(EngineConfig.of(model=model, **kwargs), multiprocess=multiprocess)
+
+    def close(self) -> None:
+        """Stop the engine core (a child process exits); idempotent."""
+        self.engine.shutdown()
+
+    def __enter__(self) -> LLM:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def reconfigured(self, **changes: Any) -> LLM:
+        """A new LLM sharing this one's weights, tokenizer and backend, with a fresh KV cache and scheduler.
+
+        ``changes`` are :class:`EngineConfig` fields that do not change what is
+        loaded (KV budget, block size, scheduler limits, prefix caching).
+        """
+        fixed = {"model", "backend", "dtype", "device", "trust_remote_code"} & changes.keys()
+        if fixed:
+            raise ValueError(f"reconfigured() cannot change {sorted(fixed)}: build a new LLM for that")
+        config = self.engine.config.replace(**changes)
+        clone = LLM.__new__(LLM)
+        clone.engine = LLMEngine(config, self.engine.loaded)
+        return clone
+
+    @property
+    def tokenizer(self) -> Any | None:
+        return self.engine.tokenizer
+
+    def generate(
+        self,
+        prompts: Prompt | Seq[Prompt],
+        sampling_params: SamplingParams | Seq[SamplingParams] | None = None,
+        *,
+        use_tqdm: bool = True,
+        cache_salt: str | None = None,
+    ) -> list[RequestOutput]:
+        """Complete every prompt (text, or a list of token ids); outputs come back in prompt order.
+
+        A prompt the engine refuses gets an output with ``error`` set while the
+        others run; if every prompt is refused, the first error is raised.
+        """
+        batch = _as_batch(prompts)
+        params = _per_prompt(sampling_params, len(batch))
+        return self._run(batch, params, use_tqdm, cache_salt)
+
+    def beam_search(
+        self,
+        prompts: Prompt | Seq[Prompt],
+        beam_width: int,
+        max_tokens: int = 16,
+        length_penalty: float = 1.0,
+        *,
+        early_stopping: bool | str = False,
+        min_tokens: int = 0,
+        ignore_eos: bool = False,
+        stop_token_ids: Seq[int] | None = None,
+        skip_special_tokens: bool = True,
+        use_tqdm: bool = True,
+        cache_salt: str | None = None,
+    ) -> list[BeamSearchOutput]:
+        """Beam search over every prompt: its ``beam_width`` best sequences, best first, in prompt order.
+
+        The same search as transformers' ``generate(num_beams=beam_width, do_sample=False,
+        num_return_sequences=beam_width, length_penalty=..., early_stopping=...)``: finished beams are
+        ranked by ``sum_logprobs / len**length_penalty``. Beams share their KV blocks copy-on-write (see
+        ``metrics.peak_blocks``). ``stop_token_ids`` end a beam as the model's EOS does. A refused
+        prompt gets an output with ``error`` while the others run; if all are refused, the error is raised.
+        """
+        beam = BeamParams(beam_width, length_penalty, early_stopping)
+        ok = isinstance(beam_width, int) and not isinstance(beam_width, bool) and beam_width >= 1
+        # n is checked against beam_width by the engine, which names beam_width if that is what is wrong.
+        params = SamplingParams(n=beam_width if ok else 1, temperature=0.0, max_tokens=max_tokens,
+                                min_tokens=min_tokens, ignore_eos=ignore_eos, stop_token_ids=stop_token_ids,
+                                skip_special_tokens=skip_special_tokens)  # fmt: skip
+        batch = _as_batch(prompts)
+        outs = self._run(batch, [params] * len(batch), use_tqdm, cache_salt, beam)
+        return [BeamSearchOutput.of(out) for out in outs]
+
+    def chat(
+        self,
+        messages: Seq[Message] | Seq[Seq[Message]],
+        sampling_params: SamplingParams | Seq[SamplingParams] | None = None,
+        *,
+        use_tqdm: bool = True,
+        add_generation_prompt: bool = True,
+        chat_template_kwargs: Mapping[str, Any] | None = None,
+    ) -> list[RequestOutput]:
+        """Answer one conversation (a list of ``{"role", "content"}``) or a list of them via the chat template."""
+        conversations = [messages] if messages and isinstance(messages[0], Mapping) else messages
+        prompts = [self.apply_chat_template(c, add_generation_prompt, chat_template_kwargs) for c in conversations]  # type: ignore[arg-type]
+        return self.generate(prompts, sampling_params, use_tqdm=use_tqdm)
+
+    def apply_chat_template(
+        self,
+        conversation: Seq[Message],
+        add_generation_prompt: bool = True,
+        chat_template_kwargs: Mapping[str, Any] | None = None,
+    ) -> list[int]:
+        """Token ids of a conversation rendered through the model's chat template."""
+        return self.engine.input.render_chat(conversation, add_generation_prompt, chat_template_kwargs)
+
+    def stream(self, prompt: Prompt, sampling_params: SamplingParams | None = None) -> Iterator[RequestOutput]:
+        """Run one request and yield its output after every step that changed it (for streaming UIs)."""
+        rid = self.engine.add_request(prompt, sampling_params)
+        try:
+            while True:
+                for out in self.engine.step():
+                    if out.request_id == rid:
+                        yield out
+                        if out.finished:
+                            return
+        finally:
+            self.engine.abort_request([rid])
+
+    def _run(
+        self, prompts: list[Prompt], params: list[SamplingParams], use_tqdm: bool, cache_salt: str | None,
+        beam: BeamParams | None = None,
+    ) -> list[RequestOutput]:
+        engine = self.engine
+        results: dict[str, RequestOutput] = {}
+        order: list[str] = []
+        errors: list[PagedError] = []
+        # Added at once, so the core admits them all before its first step, in process or out.
+        added = engine.add_requests(prompts, params, cache_salt=cache_salt, beam=beam)
+        for i, (prompt, rid_or_error) in enumerate(zip(prompts, added, strict=True)):
+            if isinstance(rid_or_error, str):
+                order.append(rid_or_error)
+            else:
+                exc = rid_or_error
+                errors.append(exc)
+                rid = f"refused-{i}"
+                order.append(rid)
+                results[rid] = RequestOutput(rid, prompt if isinstance(prompt, str) else None,
+                                             [], [], True, RequestMetrics(0.0), error=f"prompt {i}: {exc}")  # fmt: skip
+                log.warning("prompt %d refused: %s", i, exc)
+        if errors and len(errors) == len(prompts):
+            raise errors[0]
+        pending = {rid for rid in order if rid not in results}
+        with tqdm(total=len(pending), desc="generating", unit="req", disable=not use_tqdm) as bar:
+            try:
+                while pending:
+                    for out in engine.step():
+                        if out.finished and out.request_id in pending:
+                            results[out.request_id] = out
+                            pending.discard(out.request_id)
+                            bar.update(1)
+            except BaseException:
+                engine.abort_request(list(pending))
+                raise
+        return [results[rid] for rid in order]
+
+
+def _as_batch(prompts: Prompt | Seq[Prompt]) -> list[Prompt]:
+    if isinstance(prompts, str):
+        return [prompts]
+    items = list(prompts)
+    if items and all(isinstance(t, int) and not isinstance(t, bool) for t in items):
+        return [items]  # type: ignore[list-item]  # a single prompt given as token ids
+    if not items:
+        raise RequestRejectedError("prompts is empty: pass a string, a list of strings, or lists of token ids")
+    return items  # type: ignore[return-value]
+
+
+def _per_prompt(params: SamplingParams | Seq[SamplingParams] | None, n: int) -> list[SamplingParams]:
+    if params is None:
+        return [SamplingParams()] * n
+    if isinstance(params, SamplingParams):
+        return [params] * n
+    items = list(params)
+    if len(items) != n:
+        raise RequestRejectedError(f"got {len(items)} sampling_params for {n} prompts; pass one, or one per prompt")
+    return items

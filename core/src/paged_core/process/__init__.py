@@ -1,0 +1,1 @@
+"""Process helpers shared by the CLI, the engine core and parallel workers (runtime preload, logging)."""

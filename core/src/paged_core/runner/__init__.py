@@ -1,0 +1,1 @@
+"""The model runner: one forward per scheduler step (batches, executors, attention routing, the fused decoder)."""

@@ -1,0 +1,207 @@
+"""FusedDecoder: a Llama-family forward over the backend's fused ops, sharing the loaded model's weights."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from paged_core.contract.backend import AttentionBackend
+from paged_core.contract.capabilities import AttentionSpec, GraphSupport
+from paged_core.contract.fused_ops import FusedOps, PackedLinear
+from paged_core.contract.metadata import AttentionMetadata
+from paged_core.errors import UnsupportedConfigError
+from paged_core.quant import QuantizedWeight
+from paged_core.quant.module import PackedLinearModule, route_pack
+from paged_core.quant.weight import cat_rows
+from paged_core.runner.fused.families import fused_refusal
+
+
+@dataclass
+class _Layer:
+    """One decoder layer's weights in the fused layout."""
+
+    in_norm: torch.Tensor
+    post_norm: torch.Tensor
+    eps: float
+    post_eps: float
+    qkv: PackedLinear | list[PackedLinear]
+    o: PackedLinear
+    gate_up: PackedLinear | list[PackedLinear]
+    down: PackedLinear
+    q_norm: torch.Tensor | None
+    k_norm: torch.Tensor | None
+    qk_eps: float
+
+
+def _weight(module: Any) -> torch.Tensor | QuantizedWeight:
+    """A linear module's weight: its packed form, or the dense tensor."""
+    return module.qweight if isinstance(module, PackedLinearModule) else module.weight.detach()
+
+
+def _merge(ops: FusedOps, linears: list[Any]) -> PackedLinear | list[PackedLinear]:
+    """One projection for several that read the same input; the modules keep views of the merged weight.
+
+    The transformers modules stay usable (the plain path and the baselines run
+    them) without a second copy of their weights. Packed weights merge when
+    they share a format; otherwise each stays its own product (a list).
+    """
+    weights = [_weight(m) for m in linears]
+    if all(isinstance(w, QuantizedWeight) for w in weights):
+        packed = [w for w in weights if isinstance(w, QuantizedWeight)]
+        if len({w.format for w in packed}) == 1:
+            merged = QuantizedWeight.cat(packed, name="+".join(dict.fromkeys(w.name for w in packed)))
+            start = 0
+            for m in linears:
+                m.set_weight(merged.rows(start, start + m.out_features))
+                start += m.out_features
+            return route_pack(ops, merged, _merged_bias(linears))
+    if any(isinstance(w, QuantizedWeight) for w in weights):
+        return [route_pack(ops, _weight(m), m.bias) for m in linears]
+    weight = cat_rows([m.weight.detach() for m in linears])
+    bias = _merged_bias(linears)
+    start = 0
+    for m in linears:
+        end = start + m.out_features
+        m.weight = torch.nn.Parameter(weight[start:end], requires_grad=False)
+        if m.bias is not None and bias is not None:
+            m.bias = torch.nn.Parameter(bias[start:end], requires_grad=False)
+        start = end
+    return route_pack(ops, weight, bias)
+
+
+def _merged_bias(linears: list[Any]) -> torch.Tensor | None:
+    biases = [m.bias for m in linears]
+    if all(b is None for b in biases):
+        return None
+    if all(b is not None for b in biases):
+        return cat_rows([b.detach() for b in biases if b is not None])
+    return torch.cat([b.detach() if b is not None else torch.zeros(m.out_features, dtype=_dtype_of(linears))
+                      for b, m in zip(biases, linears, strict=True)])  # fmt: skip
+
+
+def _dtype_of(linears: list[Any]) -> torch.dtype:
+    dtype: torch.dtype = next(m.bias.dtype for m in linears if m.bias is not None)
+    return dtype
+
+
+def _linear(ops: FusedOps, x: torch.Tensor, packed: PackedLinear | list[PackedLinear]) -> torch.Tensor:
+    """A projection, or the concatenation of projections that could not merge."""
+    if isinstance(packed, list):
+        return torch.cat([ops.linear(x, p) for p in packed], dim=-1)
+    return ops.linear(x, packed)
+
+
+def _cos_sin_cache(rotary: Any, max_positions: int, device: torch.device) -> torch.Tensor:
+    """``[max_positions, D]``: cos then sin halves, computed by the model's own rotary module (fp32)."""
+    positions = torch.arange(max_positions, device=device)[None]
+    probe = torch.empty(1, dtype=torch.float32, device=device)
+    cos, sin = rotary(probe, positions)
+    half = cos.shape[-1] // 2
+    return torch.cat((cos[0, :, :half], sin[0, :, :half]), dim=-1).float().contiguous()
+
+
+class FusedDecoder:
+    """Runs a Llama/Mistral/Qwen2/Qwen3 model with merged projections and fused norm, activation and rotary.
+
+    Built once at load from the transformers model (which keeps working: its
+    q/k/v and gate/up weights become views of the merged ones). The kernels
+    come from ``backend.fused_ops()``; attention is the backend's paged
+    attention, as on the transformers path. It is the ``fused`` model path
+    (:class:`~paged_core.runner.forward.ModelForward`).
+    """
+
+    name = "fused"
+
+    def __init__(
+        self, model: Any, backend: AttentionBackend, specs: list[AttentionSpec], max_positions: int,
+        reduce: Callable[[torch.Tensor], torch.Tensor] | None = None,
+    ) -> None:  # fmt: skip
+        reason = fused_refusal(model)
+        if reason is not None:
+            raise UnsupportedConfigError(f"the fused decoder cannot run this model: {reason}")
+        self.backend = backend
+        self.ops = backend.fused_ops()
+        self.specs = specs
+        self.reduce = reduce
+        """Tensor parallel: the all-reduce of the o and down projections' partial sums (``None``: one rank)."""
+        # A backend that declares no graph capture may read metadata on the host (the reference loops over
+        # rows with tolist()), so torch.compile must never trace its attention: it is always called through
+        # torch.compiler.disable (about 2 us a layer when eager). Under compile that is a graph break inside
+        # the layer loop, so dynamo runs this forward eagerly and compiles the layer ops it calls as pieces
+        # of their own, each shared by every layer. Choosing the wrapper by torch.compiler.is_compiling() was
+        # a bug: in that eagerly run frame it is False, so dynamo compiled the backend's row loop frame by
+        # frame, once per token count and row value (the tiny Mistral's compiled battery took 17 minutes).
+        capturable = type(backend).capabilities().graph_support != GraphSupport.NEVER
+        self._attend = backend.forward if capturable else torch.compiler.disable(backend.forward)  # type: ignore[no-untyped-call]
+        inner = model.model
+        self.embed = inner.embed_tokens.weight.detach()
+        self.norm = inner.norm.weight.detach()
+        self.norm_eps = float(inner.norm.variance_epsilon)
+        self.lm_head = route_pack(self.ops, _weight(model.lm_head), getattr(model.lm_head, "bias", None))
+        device = self.embed.device
+        self.cos_sin = _cos_sin_cache(inner.rotary_emb, max_positions, device)
+        self.layers = [self._layer(layer) for layer in inner.layers]
+        self.shared: dict[str, Any] = {}
+        """What engines running this decoder share, e.g. the compiled step (see the executors)."""
+
+    def _layer(self, layer: Any) -> _Layer:
+        attn, mlp = layer.self_attn, layer.mlp
+        q_norm, k_norm = getattr(attn, "q_norm", None), getattr(attn, "k_norm", None)
+        return _Layer(
+            in_norm=layer.input_layernorm.weight.detach(),
+            post_norm=layer.post_attention_layernorm.weight.detach(),
+            eps=float(layer.input_layernorm.variance_epsilon),
+            post_eps=float(layer.post_attention_layernorm.variance_epsilon),
+            qkv=_merge(self.ops, [attn.q_proj, attn.k_proj, attn.v_proj]),
+            o=route_pack(self.ops, _weight(attn.o_proj), None),
+            gate_up=_merge(self.ops, [mlp.gate_proj, mlp.up_proj]),
+            down=route_pack(self.ops, _weight(mlp.down_proj), None),
+            q_norm=q_norm.weight.detach() if q_norm is not None else None,
+            k_norm=k_norm.weight.detach() if k_norm is not None else None,
+            qk_eps=float(q_norm.variance_epsilon) if q_norm is not None else 0.0,
+        )
+
+    def forward(
+        self,
+        metadata: AttentionMetadata,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        kv_caches: list[torch.Tensor],
+        logits_indices: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Logits ``[K, V]`` of the tokens at ``logits_indices`` (every token when ``None``)."""
+        ops, reduce = self.ops, self.reduce
+        hidden = torch.nn.functional.embedding(input_ids, self.embed)
+        residual: torch.Tensor | None = None
+        tokens = hidden.shape[0]
+        for i, layer in enumerate(self.layers):
+            if residual is None:
+                x, residual = ops.rms_norm(hidden, layer.in_norm, layer.eps), hidden
+            else:
+                x, residual = ops.add_rms_norm(hidden, residual, layer.in_norm, layer.eps)
+            spec = self.specs[i]
+            q_size, kv_size = spec.num_heads * spec.head_size, spec.num_kv_heads * spec.head_size
+            qkv = _linear(ops, x, layer.qkv)
+            q = qkv[:, :q_size].view(tokens, spec.num_heads, spec.head_size)
+            k = qkv[:, q_size : q_size + kv_size].view(tokens, spec.num_kv_heads, spec.head_size)
+            v = qkv[:, q_size + kv_size :].view(tokens, spec.num_kv_heads, spec.head_size)
+            if layer.q_norm is not None and layer.k_norm is not None:
+                q = ops.rms_norm(q.reshape(-1, spec.head_size), layer.q_norm, layer.qk_eps).view_as(q)
+                k = ops.rms_norm(k.reshape(-1, spec.head_size), layer.k_norm, layer.qk_eps).view_as(k)
+            q, k = ops.rotary(positions, q, k, self.cos_sin)
+            attn = self._attend(q, k, v, kv_caches[i], metadata, spec)
+            hidden = ops.linear(attn.reshape(tokens, q_size), layer.o)
+            if reduce is not None:
+                hidden = reduce(hidden)
+            x, residual = ops.add_rms_norm(hidden, residual, layer.post_norm, layer.post_eps)
+            hidden = ops.linear(ops.silu_and_mul(_linear(ops, x, layer.gate_up)), layer.down)
+            if reduce is not None:
+                hidden = reduce(hidden)
+        assert residual is not None
+        if logits_indices is not None:
+            hidden, residual = hidden.index_select(0, logits_indices), residual.index_select(0, logits_indices)
+        final, _ = ops.add_rms_norm(hidden, residual, self.norm, self.norm_eps)
+        return ops.linear(final, self.lm_head)

@@ -1,0 +1,84 @@
+"""graph_mode resolution and refusals, and the compiled-step cache's validation."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from paged_core.api import ConfigError, UnsupportedConfigError
+from paged_core.engine_config import EngineConfig
+from paged_core.reference.backend import ReferenceBackend
+from paged_core.runner.compile_cache import MANIFEST, CompileCache
+from paged_core.runner.executors import device_graph_refusal, resolve_graph_mode
+
+
+def test_unknown_graph_mode_is_refused_with_the_modes() -> None:
+    with pytest.raises(ConfigError, match="graph_mode must be one of auto, eager, compiled, device; got 'fast'"):
+        resolve_graph_mode("fast", ReferenceBackend())
+    with pytest.raises(ConfigError, match="graph_mode must be one of"):
+        EngineConfig.of(graph_mode="fast")
+    with pytest.raises(ConfigError, match="model_impl must be one of auto, fused, transformers"):
+        EngineConfig.of(model_impl="vllm")
+    with pytest.raises(ConfigError, match="capture_sizes"):
+        EngineConfig.of(capture_sizes=(0, 8))
+
+
+def test_device_mode_is_refused_where_nothing_can_capture() -> None:
+    backend = ReferenceBackend()
+    assert "graph_support=never" in (device_graph_refusal(backend) or "")
+    with pytest.raises(UnsupportedConfigError, match="device' refused: backend 'reference' declares graph_support="
+                       "never; modes that work here: eager, compiled"):  # fmt: skip
+        resolve_graph_mode("device", backend)
+    assert resolve_graph_mode("auto", backend) == "eager"
+    assert resolve_graph_mode("compiled", backend) == "compiled"
+
+
+@pytest.fixture(autouse=True)
+def _restore_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    """activate() points torch's caches at the folder; undo that after each test."""
+    for name in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR"):
+        monkeypatch.setenv(name, "")
+        monkeypatch.delenv(name)
+
+
+def _cache(tmp_path: Path, **fields: object) -> CompileCache:
+    return CompileCache({"model": "m", "dtype": "float32", **fields}, tmp_path)
+
+
+def test_sealed_cache_is_reused(tmp_path: Path) -> None:
+    cache = _cache(tmp_path)
+    assert not cache.validate()
+    cache.activate()
+    (cache.folder / "inductor").mkdir(exist_ok=True)
+    (cache.folder / "inductor" / "graph.bin").write_bytes(b"compiled")
+    cache.seal()
+    again = _cache(tmp_path)
+    again.activate()
+    assert again.hit and (again.folder / "inductor" / "graph.bin").exists()
+
+
+@pytest.mark.parametrize("damage", ["manifest", "file", "fields"])
+def test_corrupt_or_foreign_cache_is_wiped_not_loaded(tmp_path: Path, damage: str) -> None:
+    cache = _cache(tmp_path)
+    cache.activate()
+    artifact = cache.folder / "artifact.bin"
+    artifact.write_bytes(b"good")
+    cache.seal()
+    if damage == "manifest":
+        (cache.folder / MANIFEST).write_text("{not json")
+    elif damage == "file":
+        artifact.write_bytes(b"evil")
+    else:
+        data = json.loads((cache.folder / MANIFEST).read_text())
+        data["fields"]["dtype"] = "bfloat16"  # a manifest that lies about what was compiled
+        (cache.folder / MANIFEST).write_text(json.dumps(data))
+    again = _cache(tmp_path)
+    again.activate()
+    assert not again.hit and not artifact.exists()
+
+
+def test_a_different_configuration_gets_its_own_folder(tmp_path: Path) -> None:
+    assert _cache(tmp_path).folder != _cache(tmp_path, dtype="bfloat16").folder
+    assert _cache(tmp_path).folder != _cache(tmp_path, torch="9.9").folder
