@@ -12,7 +12,6 @@ from __future__ import annotations
 import logging
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -26,6 +25,7 @@ import zmq
 from paged_core.engine_config import EngineConfig
 from paged_core.engine_core.messages import CoreFacts, CoreFailed, CoreReady, CoreShutdown, FromCore, SchedulerStats
 from paged_core.errors import EngineDeadError, PagedError
+from paged_core.process.children import describe_exit, wait_or_kill
 from paged_core.process.runtime import child_environ
 
 log = logging.getLogger("paged.engine")
@@ -36,18 +36,6 @@ POLL_MS = 100
 
 class EngineStartError(PagedError, RuntimeError):
     """The engine core could not start; the message is the core's own (a bad model path, say)."""
-
-
-def describe_exit(code: int | None) -> str:
-    """``exit code 1`` or ``killed by SIGKILL``."""
-    if code is None:
-        return "still running"
-    if code < 0:
-        try:
-            return f"killed by {signal.Signals(-code).name}"
-        except ValueError:
-            return f"killed by signal {-code}"
-    return f"exit code {code}"
 
 
 class CoreProcess:
@@ -160,18 +148,3 @@ class CoreProcess:
         self.from_core.close(linger=0)
         self.ctx.term()
         shutil.rmtree(self.dir, ignore_errors=True)
-
-
-def wait_or_kill(proc: subprocess.Popen[bytes], timeout: float, what: str = "engine core") -> None:
-    """Wait up to ``timeout`` for ``proc`` to exit, then SIGTERM it, then (after 2 s) SIGKILL it."""
-    try:
-        proc.wait(timeout)
-        return
-    except subprocess.TimeoutExpired:
-        log.warning("%s (pid %d) did not exit within %.1f s; terminating it", what, proc.pid, timeout)
-    proc.terminate()
-    try:
-        proc.wait(2.0)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()

@@ -36,6 +36,7 @@ from paged_core.engine_core.messages import (
     ToCore,
 )
 from paged_core.errors import DistributedError
+from paged_core.process.parent import die_with_parent
 
 log = logging.getLogger("paged.core")
 
@@ -43,23 +44,6 @@ MAX_MESSAGE_BYTES = 16 << 20
 """Largest message the core decodes; a bigger one is dropped and logged (the front end bounds requests far below)."""
 IDLE_POLL_MS = 1000
 """How long an idle core blocks before checking that its parent is alive."""
-
-
-def _die_with_parent() -> None:
-    """Ask Linux to SIGKILL this process when its parent dies (no-op elsewhere).
-
-    Linux ties this to the parent *thread* that started the process: start cores from a thread that
-    lives as long as they should (``paged serve`` and ``LLM`` start them from the caller's thread).
-    """
-    if not sys.platform.startswith("linux"):
-        return
-    import ctypes
-
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
 
 
 class CoreLoop:
@@ -176,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
     directory = Path(argv[0])
     options = json.loads((directory / "options.json").read_text())
     parent = int(options["parent_pid"])
-    _die_with_parent()
+    die_with_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     from paged_core.process.logs import setup_logging
     from paged_core.process.runtime import adopt

@@ -33,6 +33,8 @@ from paged_core.parallel.group import (
 from paged_core.parallel.heartbeat import Pulse
 from paged_core.parallel.plans import PlanSender
 from paged_core.parallel.rendezvous import CONFIG_KEY, DEVICE_KEY, Rendezvous, env_rendezvous, local_rendezvous
+from paged_core.process.children import describe_exit, wait_or_kill
+from paged_core.process.runtime import child_environ
 from paged_core.sched.output import SchedulerOutput
 
 log = logging.getLogger("paged.parallel")
@@ -85,8 +87,6 @@ class Leader:
 
     def close(self, timeout: float = 5.0) -> None:
         """Tell workers to quit, wait, then terminate and kill; leave the group (idempotent)."""
-        from paged_core.clients.core_process import wait_or_kill
-
         if self._closed:
             return
         self._closed = True
@@ -99,8 +99,6 @@ class Leader:
 
 def _first_death(procs: dict[int, subprocess.Popen[bytes]], store: Any = None) -> str | None:
     """Why the first dead worker of ``procs`` is gone (its own cause from the store when it left one)."""
-    from paged_core.clients.core_process import describe_exit
-
     for rank, proc in procs.items():
         code = proc.poll()
         if code is not None:
@@ -121,8 +119,6 @@ def _cause(store: Any, rank: int) -> str | None:
 
 
 def _start_local(rdv: Rendezvous, timeout: float) -> dict[int, subprocess.Popen[bytes]]:
-    from paged_core.process.runtime import child_environ
-
     threads = threads_per_rank(rdv.world_size)
     procs: dict[int, subprocess.Popen[bytes]] = {}
     for rank in range(1, rdv.world_size):
@@ -164,8 +160,6 @@ def start_leader(config: Any, device: torch.device) -> Leader:
         group = join_group(rdv, device, parallel.distributed_timeout)
         sender = PlanSender(group, rdv.addr, local=local)
     except BaseException as exc:
-        from paged_core.clients.core_process import wait_or_kill
-
         for proc in procs.values():
             wait_or_kill(proc, 0.1, "tensor-parallel worker")
         if isinstance(exc, ConfigError):

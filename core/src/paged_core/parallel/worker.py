@@ -111,12 +111,12 @@ def fetch_config(rendezvous: Any, timeout: float) -> Any:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of a worker rank 0 started on this machine (``local``): the rank comes from the environment."""
-    from paged_core.engine_core.loop import _die_with_parent
     from paged_core.parallel.rendezvous import env_rendezvous
     from paged_core.process.logs import setup_logging
+    from paged_core.process.parent import die_with_parent
     from paged_core.process.runtime import adopt
 
-    _die_with_parent()
+    die_with_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the group; rank 0 drives the shutdown
     adopt()
     setup_logging(os.environ.get("PAGED_WORKER_VERBOSE") == "1")
