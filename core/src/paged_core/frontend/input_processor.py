@@ -6,9 +6,12 @@ One input path for :class:`~paged_core.frontend.llm.LLM`, the CLI and the server
 
 from __future__ import annotations
 
+import numbers
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
+
+import numpy as np
 
 from paged_core.engine_core.beam_params import BeamParams, BeamRequestError, check_beam
 from paged_core.engine_core.messages import CoreFacts, CoreRequest
@@ -16,6 +19,37 @@ from paged_core.errors import RequestRejectedError
 from paged_core.sampling.params import INT64_MAX, INT64_MIN, SamplingParams
 
 Message = Mapping[str, Any]
+
+PROMPT_KINDS = "text (str) or a list of token ids (int)"
+"""What a prompt may be, for refusals: "<prompt> must be {PROMPT_KINDS}; <what it is>"."""
+
+
+def is_token_id_type(value: object) -> bool:
+    """True for an integer that can be a token id: a Python or numpy int; never a bool (True is not token 1)."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def prompt_type_problem(prompt: object) -> str | None:
+    """What makes ``prompt`` neither text nor token ids, naming its type; ``None`` when it is one of them.
+
+    Token ids are a list, a tuple or a 1-D numpy array of integers (:func:`is_token_id_type`); their range is
+    checked later, against the vocabulary. Bytes are refused rather than read as ids (decode them to text).
+    """
+    if isinstance(prompt, str):
+        return None
+    if isinstance(prompt, (bytes, bytearray, memoryview)):
+        return f"got {type(prompt).__name__} (decode it to text first)"
+    if isinstance(prompt, Mapping):
+        is_message = "role" in prompt and "content" in prompt
+        return f"got {type(prompt).__name__}" + (" (a chat message: use chat())" if is_message else "")
+    if isinstance(prompt, np.ndarray) and prompt.ndim != 1:
+        return f"got a {prompt.ndim}-D numpy array"
+    if not isinstance(prompt, (list, tuple, np.ndarray)):
+        return f"got {type(prompt).__name__}"
+    for j, token in enumerate(prompt):
+        if not is_token_id_type(token):
+            return f"got a {type(prompt).__name__} whose item {j} is {type(token).__name__}"
+    return None
 
 
 class InputError(RequestRejectedError):
@@ -57,10 +91,16 @@ class InputProcessor:
         return list(ids)
 
     def tokenize(self, prompt: str | Sequence[int], param: str = "prompt") -> list[int]:
-        """Token ids of a prompt given as text or as ids."""
+        """Token ids of a prompt given as text or as ids; anything else is refused naming its type.
+
+        Ids may be Python or numpy ints (see :func:`prompt_type_problem`); they come back as Python ints.
+        """
         if isinstance(prompt, str):
             return self.encode(prompt, param)
-        return self.check_ids(list(prompt), param)
+        problem = prompt_type_problem(prompt)
+        if problem is not None:
+            raise InputError(f"{param} must be {PROMPT_KINDS}; {problem}", param)
+        return self.check_ids([int(t) for t in prompt], param)
 
     def render_chat(
         self, conversation: Sequence[Message], add_generation_prompt: bool = True,

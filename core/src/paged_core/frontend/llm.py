@@ -3,16 +3,18 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from collections.abc import Sequence as Seq
 from typing import Any
 
+import numpy as np
 from tqdm.auto import tqdm
 
 from paged_core.engine_config import EngineConfig
 from paged_core.engine_core.beam_params import BeamParams
 from paged_core.errors import PagedError, RequestRejectedError
 from paged_core.frontend.beam_outputs import BeamSearchOutput
+from paged_core.frontend.input_processor import PROMPT_KINDS, InputError, prompt_type_problem
 from paged_core.frontend.llm_engine import LLMEngine
 from paged_core.frontend.outputs import RequestMetrics, RequestOutput
 from paged_core.sampling.params import SamplingParams
@@ -75,6 +77,8 @@ class LLM:
     ) -> list[RequestOutput]:
         """Complete every prompt (text, or a list of token ids); outputs come back in prompt order.
 
+        Token ids may be Python or numpy ints (a list, a tuple or a 1-D numpy array); a prompt of any
+        other type (bytes, a dict, nested lists, bools, floats...) is refused naming its index and type.
         A prompt the engine refuses gets an output with ``error`` set while the
         others run; if every prompt is refused, the first error is raised.
         """
@@ -124,10 +128,25 @@ class LLM:
         add_generation_prompt: bool = True,
         chat_template_kwargs: Mapping[str, Any] | None = None,
     ) -> list[RequestOutput]:
-        """Answer one conversation (a list of ``{"role", "content"}``) or a list of them via the chat template."""
-        conversations = [messages] if messages and isinstance(messages[0], Mapping) else messages
-        prompts = [self.apply_chat_template(c, add_generation_prompt, chat_template_kwargs) for c in conversations]  # type: ignore[arg-type]
-        return self.generate(prompts, sampling_params, use_tqdm=use_tqdm)
+        """Answer one conversation (a list of ``{"role", "content"}``) or a list of them via the chat template.
+
+        A conversation the template cannot render (not a list of such dicts, or refused by the template) gets
+        an output with ``error`` naming its index while the others run, as :meth:`generate` does for prompts.
+        """
+        conversations = _as_conversations(messages)
+        prompts: list[Prompt] = []
+        refused: dict[int, PagedError] = {}
+        for i, conversation in enumerate(conversations):
+            try:
+                if not isinstance(conversation, (list, tuple)):
+                    kind = type(conversation).__name__
+                    raise InputError(f"must be a list of {{'role', 'content'}} dicts; got {kind}", "messages")
+                prompts.append(self.apply_chat_template(conversation, add_generation_prompt, chat_template_kwargs))
+            except InputError as exc:
+                refused[i] = InputError(f"conversation {i}: {exc}", exc.param or "messages")
+                prompts.append([])  # never sent: its place in the outputs
+        params = _per_prompt(sampling_params, len(prompts))
+        return self._run(prompts, params, use_tqdm, None, refused=refused)
 
     def apply_chat_template(
         self,
@@ -153,27 +172,41 @@ class LLM:
 
     def _run(
         self, prompts: list[Prompt], params: list[SamplingParams], use_tqdm: bool, cache_salt: str | None,
-        beam: BeamParams | None = None,
-    ) -> list[RequestOutput]:
+        beam: BeamParams | None = None, refused: Mapping[int, PagedError] | None = None,
+    ) -> list[RequestOutput]:  # fmt: skip
+        """Outputs of ``prompts`` in order; ``refused`` holds prompts already refused, by index (never sent)."""
         engine = self.engine
+        # Refusals by index, each with the text its output carries (naming the prompt's index).
+        refusals: dict[int, tuple[PagedError, str]] = {i: (exc, str(exc)) for i, exc in (refused or {}).items()}
+        for i, prompt in enumerate(prompts):
+            problem = None if i in refusals else prompt_type_problem(prompt)
+            if problem is not None:
+                wrong_type = InputError(f"prompt {i} must be {PROMPT_KINDS}; {problem}", "prompt")
+                refusals[i] = (wrong_type, str(wrong_type))
+        sendable = [i for i in range(len(prompts)) if i not in refusals]
+        # Added at once, so the core admits them all before its first step, in process or out.
+        added = engine.add_requests([prompts[i] for i in sendable], [params[i] for i in sendable],
+                                    cache_salt=cache_salt, beam=beam) if sendable else []  # fmt: skip
+        request_ids: dict[int, str] = {}
+        for i, rid_or_error in zip(sendable, added, strict=True):
+            if isinstance(rid_or_error, str):
+                request_ids[i] = rid_or_error
+            else:
+                refusals[i] = (rid_or_error, f"prompt {i}: {rid_or_error}")
         results: dict[str, RequestOutput] = {}
         order: list[str] = []
-        errors: list[PagedError] = []
-        # Added at once, so the core admits them all before its first step, in process or out.
-        added = engine.add_requests(prompts, params, cache_salt=cache_salt, beam=beam)
-        for i, (prompt, rid_or_error) in enumerate(zip(prompts, added, strict=True)):
-            if isinstance(rid_or_error, str):
-                order.append(rid_or_error)
-            else:
-                exc = rid_or_error
-                errors.append(exc)
-                rid = f"refused-{i}"
-                order.append(rid)
-                results[rid] = RequestOutput(rid, prompt if isinstance(prompt, str) else None,
-                                             [], [], True, RequestMetrics(0.0), error=f"prompt {i}: {exc}")  # fmt: skip
-                log.warning("prompt %d refused: %s", i, exc)
-        if errors and len(errors) == len(prompts):
-            raise errors[0]
+        for i, prompt in enumerate(prompts):
+            if i in request_ids:
+                order.append(request_ids[i])
+                continue
+            why, text = refusals[i]
+            rid = f"refused-{i}"
+            order.append(rid)
+            results[rid] = RequestOutput(rid, prompt if isinstance(prompt, str) else None,
+                                         [], [], True, RequestMetrics(0.0), error=text)  # fmt: skip
+            log.warning("prompt %d refused: %s", i, why)
+        if refusals and len(refusals) == len(prompts):
+            raise refusals[min(refusals)][0]
         pending = {rid for rid in order if rid not in results}
         with tqdm(total=len(pending), desc="generating", unit="req", disable=not use_tqdm) as bar:
             try:
@@ -189,15 +222,39 @@ class LLM:
         return [results[rid] for rid in order]
 
 
-def _as_batch(prompts: Prompt | Seq[Prompt]) -> list[Prompt]:
-    if isinstance(prompts, str):
+# What can stand for one whole prompt (or conversation); a list of anything else is one prompt of token ids.
+_ONE_PROMPT = (str, bytes, bytearray, memoryview, Mapping)
+_PROMPT_LIKE = (*_ONE_PROMPT, list, tuple, np.ndarray)
+
+
+def _as_batch(prompts: object) -> list[Any]:
+    """The prompts as a list: one prompt (text, token ids, or something refused later) or several.
+
+    A list none of whose items could be a prompt itself is one prompt of token ids, so that ``[1, 2, True]``
+    is refused as such (naming the bool), not as three prompts; bytes are one prompt, never token ids.
+    """
+    if isinstance(prompts, _ONE_PROMPT) or (isinstance(prompts, np.ndarray) and prompts.ndim == 1):
         return [prompts]
+    if not isinstance(prompts, Iterable):
+        return [prompts]  # e.g. generate(5): one prompt, refused naming its type
     items = list(prompts)
-    if items and all(isinstance(t, int) and not isinstance(t, bool) for t in items):
-        return [items]  # type: ignore[list-item]  # a single prompt given as token ids
     if not items:
         raise RequestRejectedError("prompts is empty: pass a string, a list of strings, or lists of token ids")
-    return items  # type: ignore[return-value]
+    if not any(isinstance(t, _PROMPT_LIKE) for t in items):
+        return [items]  # a single prompt given as token ids
+    return items
+
+
+def _as_conversations(messages: object) -> list[Any]:
+    """One conversation (a list of message dicts) or several, as a list of conversations."""
+    if isinstance(messages, _ONE_PROMPT) or not isinstance(messages, Iterable):
+        return [messages]  # one conversation of the wrong type, refused naming it
+    items = list(messages)
+    if not items:
+        raise RequestRejectedError("messages is empty: pass a conversation (a list of message dicts) or a list of them")
+    if isinstance(items[0], Mapping):
+        return [items]
+    return items
 
 
 def _per_prompt(params: SamplingParams | Seq[SamplingParams] | None, n: int) -> list[SamplingParams]:
