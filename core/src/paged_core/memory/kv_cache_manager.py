@@ -9,10 +9,10 @@ from paged_core.config import CacheConfig
 from paged_core.memory.block import KVBlock
 from paged_core.memory.block_pool import BlockPool
 from paged_core.memory.hashing import ROOT_HASH, make_block_hash_fn
+from paged_core.memory.sequence import CachedSequence
 from paged_core.memory.stats import PrefixCacheStats
-from paged_core.sched.request import Request
 
-ExtraKeyProvider = Callable[[Request, int], tuple[Any, ...]]
+ExtraKeyProvider = Callable[[CachedSequence, int], tuple[Any, ...]]
 """``provider(request, block_index) -> extra keys`` mixed into that block's hash."""
 
 
@@ -44,7 +44,7 @@ class KVCacheManager:
         self._pins: dict[int, int] = {}
 
     # ---- prefix cache -------------------------------------------------
-    def _extra_keys(self, req: Request, index: int) -> tuple[Any, ...]:
+    def _extra_keys(self, req: CachedSequence, index: int) -> tuple[Any, ...]:
         keys: tuple[Any, ...] = ()
         if index == 0:
             # The chain carries block 0's keys into every later hash.
@@ -58,7 +58,7 @@ class KVCacheManager:
             keys += tuple(provider(req, index))
         return keys
 
-    def update_block_hashes(self, req: Request) -> list[bytes]:
+    def update_block_hashes(self, req: CachedSequence) -> list[bytes]:
         """Extend ``req.block_hashes`` to every full block of its known tokens."""
         bs, hashes, tokens = self.block_size, req.block_hashes, req.all_token_ids
         for i in range(len(hashes), len(tokens) // bs):
@@ -66,7 +66,7 @@ class KVCacheManager:
             hashes.append(self.hash_fn(parent, tokens[i * bs : (i + 1) * bs], self._extra_keys(req, i)))
         return hashes
 
-    def get_computed_blocks(self, req: Request) -> tuple[list[KVBlock], int]:
+    def get_computed_blocks(self, req: CachedSequence) -> tuple[list[KVBlock], int]:
         """Longest cached prefix of a request being admitted: (blocks, tokens).
 
         The last token is never a hit: its logits are needed, so at most
@@ -83,7 +83,7 @@ class KVCacheManager:
             hits.append(block)
         return hits, len(hits) * self.block_size
 
-    def cache_computed_blocks(self, req: Request) -> None:
+    def cache_computed_blocks(self, req: CachedSequence) -> None:
         """Index the request's full blocks whose KV has been computed (call after the step ran)."""
         if not self.enable_caching:
             return
@@ -109,7 +109,7 @@ class KVCacheManager:
     # ---- allocation ---------------------------------------------------
     def allocate_slots(
         self,
-        req: Request,
+        req: CachedSequence,
         num_new_tokens: int,
         new_computed_blocks: Sequence[KVBlock] = (),
         num_lookahead_tokens: int = 0,
@@ -174,7 +174,7 @@ class KVCacheManager:
         blocks.extend(new_blocks)
         return new_blocks
 
-    def fork(self, parent: Request, child: Request) -> None:
+    def fork(self, parent: CachedSequence, child: CachedSequence) -> None:
         """Give ``child`` the parent's blocks by reference; later writes copy on demand."""
         blocks = self.req_to_blocks[parent.request_id]
         if child.request_id in self.req_to_blocks:
@@ -183,7 +183,7 @@ class KVCacheManager:
         self.req_to_blocks[child.request_id] = list(blocks)
         self.num_cached_blocks[child.request_id] = self.num_cached_blocks.get(parent.request_id, 0)
 
-    def free(self, req: Request) -> None:
+    def free(self, req: CachedSequence) -> None:
         """Release the request's blocks, tail first, so its prefix outlives its tail in the LRU queue."""
         blocks = self.req_to_blocks.pop(req.request_id, None)
         self.num_cached_blocks.pop(req.request_id, None)
@@ -197,7 +197,7 @@ class KVCacheManager:
                 self.pending_copies = [(s, d) for s, d in self.pending_copies if d not in gone]
 
     # ---- views --------------------------------------------------------
-    def block_ids(self, req: Request) -> list[int]:
+    def block_ids(self, req: CachedSequence) -> list[int]:
         return [b.block_id for b in self.req_to_blocks.get(req.request_id, ())]
 
     def take_copies(self) -> tuple[list[tuple[int, int]], dict[str, list[tuple[int, int]]]]:
