@@ -20,7 +20,7 @@ CHILD = r"""
 import json, sys
 import psutil, torch, transformers, paged_core
 from paged_core import LLM
-from paged_core.quant.module import packed_bytes
+from paged_core.runner.packed_linear import packed_bytes
 proc = psutil.Process()
 before = proc.memory_info().rss
 model, quant, dtype = sys.argv[1] or None, sys.argv[2], sys.argv[3]

@@ -14,7 +14,7 @@ from paged_core.api import BackendCapabilities, FusedOps, ReferenceBackend, Refe
 from paged_core.errors import UnsupportedConfigError
 from paged_core.loading.batch_invariance import batch_invariance, model_linear_kinds
 from paged_core.quant import Q4_0, Q8_0
-from paged_core.quant.module import PackedLinearModule
+from paged_core.runner.packed_linear import PackedLinearModule
 
 from ..engine_helpers import make_engine
 

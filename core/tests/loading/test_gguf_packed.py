@@ -11,7 +11,7 @@ from paged_core.errors import ConfigError, WeightFormatError
 from paged_core.loading.gguf_packed import load_packed_gguf
 from paged_core.loading.loader import ModelSource, load_model, serves_packed
 from paged_core.quant import Q4_0, Q4_1, Q4_K, Q6_K, Q8_0
-from paged_core.quant.module import PackedLinearModule, packed_modules
+from paged_core.runner.packed_linear import PackedLinearModule, packed_modules
 
 from ..gguf_helpers import dense_oracle, tiny_config, write_tiny_gguf
 

@@ -35,7 +35,7 @@ from paged_core.contract.capabilities import BackendCapabilities
 from paged_core.contract.fused_ops import FusedOps, linear_kind
 from paged_core.errors import UnsupportedConfigError
 from paged_core.quant.formats import FORMATS
-from paged_core.quant.module import PackedLinearModule
+from paged_core.runner.packed_linear import PackedLinearModule
 
 PROVEN_MODEL_PATHS = ("fused",)
 """Model paths whose every part is a declared op (:mod:`paged_core.runner.forward`)."""

@@ -31,13 +31,13 @@ from paged_core.parallel.leader import Leader, start_leader
 from paged_core.parallel.placement import place
 from paged_core.parallel.shard import shard_model
 from paged_core.parallel.tp_sizes import check_tp_size, local_specs
-from paged_core.quant.module import attach_ops, packed_modules
 from paged_core.registry import BackendStatus, load_registry
 from paged_core.runner.attention import layer_specs, register_paged_attention
 from paged_core.runner.compile_cache import CompileCache
 from paged_core.runner.executors import resolve_graph_mode
 from paged_core.runner.forward import ModelForward, make_forward, model_path
 from paged_core.runner.model_runner import ModelRunner
+from paged_core.runner.packed_linear import attach_ops, packed_modules
 from paged_core.runner.profile import profile_peak_bytes
 from paged_core.sched.scheduler import Scheduler
 from paged_core.speculative import Proposer, make_proposer

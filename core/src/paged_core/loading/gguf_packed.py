@@ -26,7 +26,7 @@ import torch
 
 from paged_core.errors import ConfigError, WeightFormatError
 from paged_core.quant import BY_GGML_TYPE, QuantizedWeight, arena
-from paged_core.quant.module import PackedLinearModule, replace_module
+from paged_core.runner.packed_linear import PackedLinearModule, replace_module
 
 log = logging.getLogger("paged.engine")
 

@@ -148,7 +148,7 @@ def load_model(
     finally:
         forget_gguf_readers()
     if quantization == "int8":
-        from paged_core.quant.module import quantize_linears
+        from paged_core.runner.packed_linear import quantize_linears
 
         quantize_linears(model)
     model.config._attn_implementation = attn_implementation
@@ -157,7 +157,7 @@ def load_model(
         if cfg is not None and hasattr(cfg, "_attn_implementation"):
             cfg._attn_implementation = attn_implementation
     moved: Any = model.to(device)
-    from paged_core.quant.module import packed_modules
+    from paged_core.runner.packed_linear import packed_modules
 
     for _, m in packed_modules(moved):
         m.to_device(device)

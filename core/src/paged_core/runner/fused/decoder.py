@@ -14,9 +14,9 @@ from paged_core.contract.fused_ops import FusedOps, PackedLinear
 from paged_core.contract.metadata import AttentionMetadata
 from paged_core.errors import UnsupportedConfigError
 from paged_core.quant import QuantizedWeight
-from paged_core.quant.module import PackedLinearModule, route_pack
 from paged_core.quant.weight import cat_rows
 from paged_core.runner.fused.families import fused_refusal
+from paged_core.runner.packed_linear import PackedLinearModule, route_pack
 
 
 @dataclass

@@ -10,7 +10,7 @@ import torch
 
 from paged_core.contract.fused_ops import FusedOps, PackedLinear
 from paged_core.quant import Q4_0, Q8_0, QuantizedWeight, random_packed, reference_linear
-from paged_core.quant.module import PackedLinearModule, attach_ops, quantize_linears, route_pack
+from paged_core.runner.packed_linear import PackedLinearModule, attach_ops, quantize_linears, route_pack
 
 
 class Q8Only(FusedOps):
