@@ -17,9 +17,9 @@ import time
 
 import torch
 
+from paged_bench.hf_runs import attention, run_hf_static
+from paged_bench.workloads import throughput
 from paged_core import LLM, SamplingParams
-from paged_core.bench.hf_runs import attention, run_hf_static
-from paged_core.bench.workloads import throughput
 
 
 def main() -> None:

@@ -5,7 +5,7 @@
 Ours: the engine on the GGUF with its blocks packed (``--quantization auto``). The dequantized
 model: transformers' own ``from_pretrained(gguf_file=...)`` in fp32 (its dequantizing path),
 run with its own attention. NLL is per predicted token of the repository's LICENSE (~2,200
-tokens, scored by :mod:`paged_core.bench.nll`), once in chunks of 256 tokens (the many-row kernels)
+tokens, scored by :mod:`paged_bench.nll`), once in chunks of 256 tokens (the many-row kernels)
 and once one token per forward as decoding runs (the streaming kernels); greedy agreement runs the 32 mixed prompts of
 ``tests/e2e`` (``mixed_prompts``) through both and counts prompts whose whole continuation
 matches, and tokens matching before the first difference, once batched (32 rows per step: the
@@ -37,8 +37,8 @@ def main() -> None:
 
     from transformers import AutoModelForCausalLM
 
+    from paged_bench.nll import engine_nll, transformers_nll
     from paged_core import LLM, SamplingParams
-    from paged_core.bench.nll import engine_nll, transformers_nll
 
     sys.path.insert(0, str(ROOT / "tests" / "e2e"))
     from e2e_helpers import mixed_prompts  # the e2e battery's prompts, as the tests cut them

@@ -9,11 +9,11 @@ cd "$(dirname "$0")/.."
 OUT="${OUT:-$(mktemp -d)}"
 REQUESTS="${REQUESTS:-128}"
 CONCURRENCY="${CONCURRENCY:-32}"
-# vLLM's CPU guide environment, as the in-process baseline uses it (paged_core.bench.vllm_run.driver_env).
+# vLLM's CPU guide environment, as the in-process baseline uses it (paged_bench.vllm_run.driver_env).
 ENVS=$(.venv/bin/python - <<'PY'
 import shlex
 from pathlib import Path
-from paged_core.bench.vllm_run import driver_env
+from paged_bench.vllm_run import driver_env
 env = driver_env(Path(".venv-vllm").resolve(), 4 * 2**30, base={})
 print(" ".join(f"{k}={shlex.quote(v)}" for k, v in env.items()))
 PY

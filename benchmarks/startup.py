@@ -31,7 +31,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from paged_core.bench.vllm_run import MODEL_DIR, driver_env, find_venv
+from paged_bench.vllm_run import MODEL_DIR, driver_env, find_venv
 from paged_core.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[1]

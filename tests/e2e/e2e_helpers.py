@@ -10,8 +10,8 @@ from typing import Any
 
 import torch
 
+from paged_bench.hf_runs import attention
 from paged_core import LLM, RequestOutput, SamplingParams
-from paged_core.bench.hf_runs import attention
 
 
 def assert_same_tokens(outputs: list[RequestOutput], expected: list[list[int]]) -> None:

@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 import torch
 
+from paged_bench.hf_runs import attention
 from paged_core import LLM, SamplingParams
-from paged_core.bench.hf_runs import attention
 from paged_core.errors import RequestRejectedError
 from paged_core.frontend.beam_outputs import BeamSearchOutput
 

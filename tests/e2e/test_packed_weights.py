@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from paged_bench.nll import engine_nll, transformers_nll
 from paged_core import LLM
-from paged_core.bench.nll import engine_nll, transformers_nll
-from paged_core.quant.module import PackedLinearModule, packed_modules
+from paged_core.runner.packed_linear import PackedLinearModule, packed_modules
 
 from .e2e_helpers import GREEDY, assert_same_tokens, cpu_linear_activations, hf_greedy
 

@@ -7,8 +7,8 @@ from dataclasses import replace
 import pytest
 import torch
 
+from paged_bench.hf_runs import attention
 from paged_core import LLM, SamplingParams
-from paged_core.bench.hf_runs import attention
 
 pytestmark = pytest.mark.usefixtures("exact_activations")  # logprobs bit for bit and against transformers: fp32
 

@@ -1,1 +1,0 @@
-"""Benchmark workloads and baselines (the fixed, seeded workloads named in the design brief)."""

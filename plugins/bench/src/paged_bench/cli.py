@@ -1,0 +1,122 @@
+"""``paged bench WORKLOAD``: the fixed, seeded workloads against transformers and the reference backend.
+
+Examples::
+
+    paged bench throughput --baseline hf-static,hf-cb --json out.json --plot out.png
+    paged bench kv-util --plot kv.png
+    paged bench prefix --num-requests 16 --json prefix.json
+    paged bench serve --servers mp,inproc --concurrency 32 --json serve.json
+
+paged-core's ``paged`` command finds this module through ``paged_core.cli.bench`` (its one import of
+paged_bench); ``EXTRA`` below is what ``paged`` checks before :func:`run`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from paged_bench.serve_cli import add_serve_bench_args
+from paged_core.cli.engine_args import add_engine_args
+from paged_core.errors import ConfigError
+from paged_core.process.logs import setup_logging
+
+WORKLOAD_NAMES = ("throughput", "prefix", "kv-util", "decode-1", "edit-1", "long", "serve")
+"""The workloads, and ``serve``: the ``throughput`` requests streamed to ``paged serve`` (see ``serve_cli``)."""
+DEFAULT_KV_CACHE = "4GiB"
+"""Enough for every workload on the default model (``long`` holds 8 x 4k tokens), and fixed so runs compare."""
+
+
+EXTRA = "bench"
+"""The optional part of paged-core this subcommand needs (``paged-core[bench]``)."""
+
+
+def register(subparsers: Any) -> None:
+    """Add the ``bench`` subcommand."""
+    parser = subparsers.add_parser(
+        "bench",
+        help="benchmark a seeded workload against transformers (and the reference backend)",
+        description=(
+            "Run one of the fixed workloads on our engine and the chosen baselines in the same process, "
+            "then print a table; --json writes every figure, the machine and the configuration. "
+            f"Engine options default as for `paged generate` (what a user starts with no flags), except "
+            f"--kv-cache-memory, fixed at {DEFAULT_KV_CACHE}."
+        ),
+    )
+    parser.add_argument("workload", choices=WORKLOAD_NAMES,
+                        help="which workload (see the bench README); serve: the throughput requests streamed by "
+                        "concurrent clients to `paged serve` variants it starts (or to --url)")  # fmt: skip
+    parser.add_argument("--baseline", default="", metavar="LIST",
+                        help="comma-separated: hf-static, hf-cb, reference, dequantized (same process), vllm, "
+                        "vllm-compiled (vLLM's CPU build in its own environment: bash benchmarks/vllm_env.sh), "
+                        "llama.cpp (decode-1 on a GGUF: bash benchmarks/llama_cpp_env.sh)")
+    parser.add_argument("--num-requests", type=int, default=None, help="run only the first N requests")
+    parser.add_argument("--output-len", "--max-tokens", type=int, default=None,
+                        help="cap every request's output tokens (quick runs)")
+    parser.add_argument("--seed", type=int, default=0, help="workload seed (0: the published figures)")
+    parser.add_argument("--hf-batch", type=int, default=32, help="static batch size of the hf-static baseline")
+    parser.add_argument("--kv-tokens", type=int, default=32768, help="kv-util: KV budget in token slots")
+    parser.add_argument("--json", dest="json_path", default=None, metavar="FILE", help="write the report as JSON")
+    parser.add_argument("--plot", default=None, metavar="FILE.png", help="draw the workload's figure")
+    parser.add_argument("--no-progress", action="store_true", help="hide progress bars")
+    parser.add_argument("-v", "--verbose", action="store_true", help="log engine set-up")
+    add_engine_args(parser)
+    add_serve_bench_args(parser)
+    # Ours runs as a user starts it (dtype auto: bf16 where the CPU has bf16 dot products, else fp32; the
+    # report records which); the KV budget is fixed so figures compare across runs and machines.
+    parser.set_defaults(func=run, kv_cache_memory=DEFAULT_KV_CACHE)
+
+
+def options_from(args: argparse.Namespace) -> Any:
+    """:class:`~paged_bench.options.BenchOptions` from parsed arguments (errors name the option)."""
+    from paged_bench.kv_util import KVUtilConfig
+    from paged_bench.options import BenchOptions, parse_baselines
+    from paged_core.cli.engine_args import engine_config_from
+
+    try:
+        config = engine_config_from(args)
+        sched = config.scheduler
+        kv = KVUtilConfig(
+            kv_tokens=args.kv_tokens, block_size=config.cache.block_size or 16, max_len=sched.max_model_len or 2048,
+            max_num_batched_tokens=sched.max_num_batched_tokens, max_num_seqs=sched.max_num_seqs,
+        )  # fmt: skip
+        return BenchOptions(
+            workload=args.workload, baselines=parse_baselines(args.baseline), num_requests=args.num_requests,
+            output_len=args.output_len, seed=args.seed, hf_batch=args.hf_batch, engine=config.to_flat(), kv_util=kv,
+            progress=not args.no_progress,
+        )  # fmt: skip
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the benchmark, print the tables, write the JSON and the plot when asked."""
+    from paged_bench.plot import write_plot
+    from paged_bench.run import run_bench
+    from paged_bench.schema import validate_report
+    from paged_bench.table import print_summary
+
+    setup_logging(args.verbose)
+    if args.workload == "serve":
+        from paged_bench import serve_cli
+
+        for flag, given in (("--baseline", args.baseline), ("--plot", args.plot)):
+            if given:
+                print(f"paged bench serve: {flag} does not apply here, ignored", file=sys.stderr)
+        return serve_cli.run(args)
+    opts = options_from(args)
+    report = run_bench(opts, argv=["paged", *sys.argv[1:]] if sys.argv[0].endswith("paged") else None)
+    problems = validate_report(report)
+    if problems:  # a bug in the bench itself: say so, but still write what was measured
+        print("paged bench: warning: report does not match its schema: " + "; ".join(problems[:5]), file=sys.stderr)
+    print_summary(report)
+    if args.json_path:
+        with open(args.json_path, "w", encoding="utf-8") as fh:
+            json.dump(report, fh, indent=2)
+            fh.write("\n")
+        print(f"wrote {args.json_path}", file=sys.stderr)
+    if args.plot:
+        print(f"wrote {write_plot(report, args.plot)}", file=sys.stderr)
+    return 1 if problems else 0

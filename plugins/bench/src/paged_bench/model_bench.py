@@ -1,0 +1,143 @@
+"""The model workloads (``throughput``, ``prefix``, ``decode-1``, ``edit-1``, ``long``): our engine, then each baseline.
+
+Weights are loaded once; the baselines run on the same module (transformers
+with its own attention switched back on; the reference backend through a
+second engine sharing the loaded model), so every system sees the same
+weights in the same dtype.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from paged_bench.engine_run import engine_config_summary, run_engine, warm_up
+from paged_bench.hf_runs import run_hf_cb, run_hf_static
+from paged_bench.machine import measure_copy_bandwidth, measure_gemm
+from paged_bench.options import BenchOptions
+from paged_bench.result import RunResult
+from paged_bench.roofline import ModelShape, bandwidth_roofline, flops_roofline
+from paged_bench.workloads import BenchRequest
+from paged_core.engine_config import EngineConfig
+from paged_core.frontend.llm_engine import LLMEngine
+from paged_core.loading.build import bytes_per_block
+from paged_core.reference.backend import ReferenceBackend
+
+log = logging.getLogger("paged.bench")
+
+OURS = "paged"
+NO_PREFIX_CACHE = "paged-no-prefix-cache"
+NO_SPEC = "paged-no-spec"
+
+
+def _kv_bytes(engine: LLMEngine) -> int:
+    """Bytes of the engine's KV cache (the budget the transformers cache gets too)."""
+    loaded, kv = engine.loaded, engine.core.scheduler.kv
+    return kv.pool.num_blocks * bytes_per_block(loaded.backend, loaded.specs, kv.block_size, loaded.dtype)
+
+
+def _timed(engine: LLMEngine, requests: Sequence[BenchRequest], name: str, progress: bool) -> RunResult:
+    warm_up(engine)
+    return run_engine(engine, requests, name, progress)
+
+
+def run_model_workload(opts: BenchOptions, requests: Sequence[BenchRequest]) -> dict[str, Any]:
+    """Run ours and the chosen baselines; returns ``runs``, ``roofline``, ``engine``, ``model`` and ``device``."""
+    config = EngineConfig.of(**opts.engine)
+    if opts.workload == "prefix":
+        config = config.replace(enable_prefix_caching=True)
+    if {"vllm", "vllm-compiled"} & set(opts.baselines):  # a missing vLLM environment fails now, not after our run
+        from paged_bench.vllm_run import check_ready
+
+        check_ready(config.model.model)
+    llama_model = None
+    if "llama.cpp" in opts.baselines:  # a missing llama-bench, another workload or a non-GGUF model fail now
+        from paged_bench import llama_cpp_run
+
+        llama_model = llama_cpp_run.check_ready(config.model.model, opts.workload)[1]
+    engine = LLMEngine(config)
+    summary = engine_config_summary(engine)
+    runs = [_timed(engine, requests, OURS, opts.progress)]
+    if opts.workload == "prefix":
+        # Same weights, fresh cache and scheduler, prefix caching off: the figure caching must beat.
+        off = LLMEngine(config.replace(enable_prefix_caching=False), engine.loaded)
+        runs.append(_timed(off, requests, NO_PREFIX_CACHE, opts.progress))
+        del off
+    if config.speculative.enabled:
+        # Same weights, speculation off: the figure drafts must beat, in the same invocation.
+        plain = LLMEngine(config.replace(speculative=None), engine.loaded)
+        runs.append(_timed(plain, requests, NO_SPEC, opts.progress))
+        del plain
+    model = engine.loaded.model
+    for name in opts.baselines:
+        log.info("baseline %s", name)
+        if name == "hf-static":
+            runs.append(run_hf_static(model, requests, opts.hf_batch, opts.progress))
+        elif name == "hf-cb":
+            budget = config.scheduler.max_num_batched_tokens
+            runs.append(run_hf_cb(model, requests, _kv_bytes(engine), budget, opts.progress))
+        elif name == "reference":
+            loaded = dataclasses.replace(engine.loaded, backend=ReferenceBackend(device=engine.loaded.backend.device))
+            ref = LLMEngine(config.replace(block_size=engine.core.scheduler.kv.block_size), loaded)
+            runs.append(_timed(ref, requests, "reference", opts.progress))
+            del ref
+        elif name == "dequantized":  # the same checkpoint with every weight dense, loaded again
+            dense = LLMEngine(config.replace(quantization="none"))
+            runs.append(_timed(dense, requests, "dequantized", opts.progress))
+            dense.shutdown()
+            del dense
+        elif name in ("vllm", "vllm-compiled"):  # vLLM's CPU build, in its own environment (bench/vllm_run.py)
+            from paged_bench.vllm_run import run_vllm
+
+            # The same dtype ours resolved to ("auto" is machine-dependent), so both run the same arithmetic.
+            resolved = config.replace(dtype=str(engine.loaded.dtype).removeprefix("torch."))
+            runs.append(run_vllm(name, requests, resolved, opts.progress))
+        elif name == "llama.cpp":  # llama.cpp's llama-bench on the same GGUF (bench/llama_cpp_run.py)
+            from paged_bench.llama_cpp_run import run_llama_cpp
+
+            assert llama_model is not None
+            # As many threads as ours computed with (torch's intra-op threads in this process).
+            runs.append(run_llama_cpp(requests, llama_model, torch.get_num_threads(), progress=opts.progress))
+    shape = ModelShape.from_model(model)
+    roofline = _roofline(opts.workload, shape, runs[0], requests, engine)
+    if llama_model is not None:
+        from paged_bench.llama_cpp_run import LlamaCppRunResult
+
+        # llama.cpp's bandwidth share against the same copy measurement as ours (its build runs on the CPU).
+        device = engine.loaded.backend.device
+        same = roofline is not None and roofline["kind"] == "bandwidth" and device.type == "cpu"
+        copy = roofline["copy"] if same and roofline is not None else measure_copy_bandwidth(torch.device("cpu"))
+        for run in runs:
+            if isinstance(run, LlamaCppRunResult):
+                run.set_copy_bandwidth(copy)
+    return {
+        "runs": runs,
+        "roofline": roofline,
+        "engine": summary,
+        "device": engine.loaded.backend.device,
+        "model": {
+            "source": engine.loaded.source.name,
+            "body_params": shape.body_params,
+            "head_params": shape.head_params,
+            "num_layers": shape.num_layers,
+            "num_heads": shape.num_heads,
+            "head_dim": shape.head_dim,
+        },
+    }
+
+
+def _roofline(
+    workload: str, shape: ModelShape, ours: RunResult, requests: Sequence[BenchRequest], engine: LLMEngine
+) -> dict[str, Any] | None:
+    device, dtype = engine.loaded.backend.device, engine.loaded.dtype
+    if workload == "throughput":
+        # Random prompts never hit the prefix cache, so every prompt token is computed.
+        counts = [(len(r.prompt_token_ids), r.max_tokens, 0) for r in requests]
+        return flops_roofline(shape, counts, ours.seconds, measure_gemm(dtype, device))
+    if workload in ("decode-1", "edit-1") and ours.decode_tok_s is not None:
+        return bandwidth_roofline(shape, ours.decode_tok_s, measure_copy_bandwidth(device))
+    return None
