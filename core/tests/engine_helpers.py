@@ -32,7 +32,7 @@ def run_to_end(engine: LLMEngine, max_steps: int = 500) -> dict[str, RequestOutp
         for out in engine.step():
             if out.finished:
                 final[out.request_id] = out
-    raise AssertionError(f"requests still unfinished after {max_steps} steps: {sorted(engine.core.groups)}")
+    raise AssertionError(f"requests still unfinished after {max_steps} steps: {sorted(engine.core.sampled.groups)}")
 
 
 def all_blocks_free(engine: LLMEngine) -> bool:

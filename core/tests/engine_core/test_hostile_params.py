@@ -102,12 +102,12 @@ def _submit(engine: LLMEngine, specs: list[tuple[Any, dict[str, Any], int, bool]
     """Add each request; the accepted ones' ids and kwargs. Checks each was refused exactly when out of limits."""
     accepted = {}
     for prompt, kwargs, priority, ok in specs:
-        before = set(engine.core.groups)
+        before = set(engine.core.sampled.groups)
         try:
             rid = engine.add_request(prompt, SamplingParams(**kwargs), priority=priority)
         except RequestRejectedError:
             assert not ok, f"refused although inside every limit: {prompt!r} {kwargs!r} priority={priority!r}"
-            assert set(engine.core.groups) == before  # refused alone: nothing queued, nobody else touched
+            assert set(engine.core.sampled.groups) == before  # refused alone: nothing queued, nobody else touched
             continue
         assert ok, f"accepted although outside a limit: {prompt!r} {kwargs!r} priority={priority!r}"
         accepted[rid] = kwargs
@@ -131,11 +131,11 @@ def test_no_request_can_fail_a_step(engine: LLMEngine, batch: list[tuple[Any, di
         assert engine.failed == {}
         finals.update({o.request_id: o for o in outputs if o.finished})
     else:
-        raise AssertionError(f"requests still unfinished: {sorted(engine.core.groups)}")
+        raise AssertionError(f"requests still unfinished: {sorted(engine.core.sampled.groups)}")
     for rid, kwargs in accepted.items():
         out = finals[rid]
         assert out.error is None and len(out.outputs) == kwargs.get("n", 1)
         for seq in out.outputs:
             assert 1 <= len(seq.token_ids) <= kwargs.get("max_tokens", 16)
             assert seq.finish_reason in ("stop", "length")
-    assert not engine.core.groups and not engine.core.scheduler.requests and all_blocks_free(engine)
+    assert not engine.core.sampled.groups and not engine.core.scheduler.requests and all_blocks_free(engine)

@@ -78,7 +78,7 @@ def test_a_failed_forward_ends_only_the_requests_of_that_step(
         engine.step()
     assert sorted(engine.failed) == sorted(first)
     assert all("the engine step running this request failed (RuntimeError)" == m for m in engine.failed.values())
-    assert list(engine.core.groups) == [waiting]
+    assert list(engine.core.sampled.groups) == [waiting]
     final, failed = step_all(engine)
     assert not failed and final[waiting].error is None and len(final[waiting].outputs[0].token_ids) == 3
     assert all_blocks_free(engine)
@@ -91,16 +91,16 @@ def test_a_failed_step_after_sampling_reports_every_request_it_ran(
     engine = make_engine(tiny_loaded)
     ids = [engine.add_request([1, 2, i + 3], SamplingParams(max_tokens=1 + i, seed=i)) for i in range(2)]
 
-    real = engine.core._apply
+    real = engine.core.sampled.emit
 
     def broken(*args: Any) -> Any:
         real(*args)  # the step's requests are updated (and some finished) before the failure
         raise RuntimeError("emit failed")
 
-    monkeypatch.setattr(engine.core, "_apply", broken)
+    monkeypatch.setattr(engine.core.sampled, "emit", broken)
     with pytest.raises(RuntimeError, match="emit failed"):
         engine.step()
-    assert sorted(engine.failed) == sorted(ids) and not engine.core.groups and all_blocks_free(engine)
+    assert sorted(engine.failed) == sorted(ids) and not engine.core.sampled.groups and all_blocks_free(engine)
 
 
 def test_failed_is_reset_by_each_step(tiny_loaded: Any, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -19,7 +19,6 @@ every row.
 
 from __future__ import annotations
 
-import itertools
 import logging
 from collections.abc import Iterable, Sequence
 
@@ -27,8 +26,8 @@ import torch
 
 from paged_core.engine_core.beam_params import BeamParams, BeamResult
 from paged_core.engine_core.messages import CoreRequest, SeqDelta
+from paged_core.engine_core.rows import Rows
 from paged_core.errors import RequestRejectedError
-from paged_core.sched.admission import check_admissible
 from paged_core.sched.request import Request, RequestStatus
 from paged_core.sched.scheduler import Scheduler
 
@@ -147,9 +146,10 @@ class BeamGroup:
 class BeamSearch:
     """The core's beam groups: rows in, tokens, forks and aborts out through the scheduler.
 
-    :meth:`take_rows` keeps the beams' logits rows of a step (returning the others' to the sampler);
-    :meth:`advance`, after the scheduler's update, steps every group whose beams all have rows and
-    returns the deltas of groups that finished (one per returned sequence, whole, with scores).
+    :meth:`take` keeps the beams' logits rows of a step (:meth:`owns` picks them out); :meth:`advance`,
+    after the scheduler's update, steps every group whose beams all have rows and returns the deltas of
+    groups that finished (one per returned sequence, whole, with scores). Every change to a beam's
+    request (a token, a fork, an abort) is a scheduler call.
     """
 
     def __init__(self, scheduler: Scheduler, eos_token_ids: Sequence[int], vocab_size: int) -> None:
@@ -177,8 +177,7 @@ class BeamSearch:
         room = sched.max_len - len(request.prompt_token_ids)
         group = BeamGroup(request, beam, eos_ids, max(1, min(params.max_tokens, room)))
         # Refused now if it could never run, even when it has to wait for rows before it starts.
-        check_admissible(self._request(group, group.new_seq_id(), request.prompt_token_ids), sched.config, sched.kv,
-                         sched.requests)  # fmt: skip
+        sched.check_admissible(self._request(group, group.new_seq_id(), request.prompt_token_ids))
         self.groups[request.request_id] = group
         self.pending.append(group)
         self._start_pending()
@@ -232,29 +231,22 @@ class BeamSearch:
         return list(dict.fromkeys(g.request.request_id for sid in seq_ids if (g := self.owner.get(sid)) is not None))
 
     # ---- one step -----------------------------------------------------------
-    def take_rows(
-        self, req_ids: list[str], counts: list[int], logits: torch.Tensor
-    ) -> tuple[list[str], list[int], torch.Tensor]:
-        """Keep the beams' rows (as fp32 ``log_softmax``, as transformers scores them); the other rows come back.
+    def owns(self, seq_id: str, count: int = 1) -> bool:
+        """Whether a step's row (``count`` logits rows long) is a beam's; beams never take drafts, so it has one."""
+        return seq_id in self.owner
 
-        ``counts[i]`` is how many logits rows request ``req_ids[i]`` has (1 + its drafts); beams never
-        speculate (they are not the sampler's sequences), so each has one.
-        """
-        owner = self.owner
-        starts = list(itertools.accumulate(counts, initial=0))
-        mine = [i for i, rid in enumerate(req_ids) if rid in owner]
-        if not mine:
-            return req_ids, counts, logits
-        rows = torch.log_softmax(logits[[starts[i] for i in mine], : self.vocab_size].float(), dim=-1)
-        for j, i in enumerate(mine):
-            group = owner[req_ids[i]]
-            beam = next(b for b in group.running if b.seq_id == req_ids[i])
-            beam.row = rows[j]
-            if group.num_cached_tokens < 0 and (req := self.scheduler.requests.get(beam.seq_id)) is not None:
-                group.num_cached_tokens = max(req.num_cached_tokens, 0)
-        rest = [i for i in range(len(req_ids)) if req_ids[i] not in owner]
-        keep = [r for i in rest for r in range(starts[i], starts[i + 1])]
-        return [req_ids[i] for i in rest], [counts[i] for i in rest], logits[keep]
+    def take(self, rows: Rows) -> None:
+        """Keep the beams' rows of a step, as fp32 ``log_softmax`` (as transformers scores them)."""
+        if not rows:
+            return
+        assert rows.logits is not None
+        scores = torch.log_softmax(rows.logits[:, : self.vocab_size].float(), dim=-1)
+        for j, sid in enumerate(rows.req_ids):
+            group = self.owner[sid]
+            beam = next(b for b in group.running if b.seq_id == sid)
+            beam.row = scores[j]
+            if group.num_cached_tokens < 0 and (cached := self.scheduler.num_cached_tokens(sid)) is not None:
+                group.num_cached_tokens = cached
 
     def advance(self) -> tuple[list[SeqDelta], dict[str, str]]:
         """Step every group whose beams all have rows; the deltas of finished groups and the groups that failed."""
@@ -277,8 +269,7 @@ class BeamSearch:
         return deltas, failures
 
     def _count_blocks(self, group: BeamGroup) -> None:
-        kv, requests = self.scheduler.kv, self.scheduler.requests
-        tables = [kv.block_ids(req) for b in group.running if (req := requests.get(b.seq_id)) is not None]
+        tables = [self.scheduler.block_ids(b.seq_id) for b in group.running]
         group.peak_blocks = max(group.peak_blocks, len(set().union(*tables)) if tables else 0)
         group.peak_blocks_unshared = max(group.peak_blocks_unshared, sum(len(t) for t in tables))
 
@@ -294,9 +285,7 @@ class BeamSearch:
             if id(parent) not in extended:
                 extended.add(id(parent))
                 beam = _Beam(parent.seq_id, [*parent.tokens, tok], val)
-                req = sched.requests[parent.seq_id]
-                # What update_from_output does for a sampled token, minus its stop checks (the search's own).
-                req.all_token_ids.append(tok)
+                sched.append_token(parent.seq_id, tok)  # the search's own stop rules, not the scheduler's
             else:
                 beam = _Beam(group.new_seq_id(), [*parent.tokens, tok], val)
                 forks.append((parent, beam, tok))
@@ -305,8 +294,7 @@ class BeamSearch:
         # Forks last: each parent's request already ends in its own new token, which the child replaces.
         for parent, child, tok in forks:
             self.owner[child.seq_id] = group
-            preq = sched.requests.get(parent.seq_id)
-            if preq is not None and preq.status is RequestStatus.RUNNING:
+            if sched.is_running(parent.seq_id):
                 try:
                     sched.fork(parent.seq_id, child.seq_id, last_token_id=tok)
                     group.forks += 1

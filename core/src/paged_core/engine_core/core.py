@@ -8,7 +8,6 @@ child process behind a socket (:mod:`paged_core.engine_core.loop`).
 
 from __future__ import annotations
 
-import itertools
 import logging
 from collections.abc import Iterable
 from typing import Any
@@ -19,48 +18,19 @@ import torch
 from paged_core.engine_config import EngineConfig
 from paged_core.engine_core.beam import BeamSearch
 from paged_core.engine_core.beam_params import check_beam
+from paged_core.engine_core.drafts import Drafts
 from paged_core.engine_core.messages import CoreAbort, CoreFacts, CoreOutputs, CoreRequest, SchedulerStats, SeqDelta
+from paged_core.engine_core.rows import Rows
+from paged_core.engine_core.sampled import SampledGroups
 from paged_core.errors import DistributedError, RequestRejectedError
 from paged_core.loading.build import LoadedModel, build_parts
-from paged_core.sampling.isolate import sample_isolated
-from paged_core.sampling.logprobs import TokenLogprobs
 from paged_core.sampling.params import INT64_MAX, INT64_MIN
-from paged_core.sampling.sampler import Sampler, SamplingState
-from paged_core.sampling.speculative import verify_isolated
+from paged_core.sampling.sampler import Sampler
 from paged_core.sched.output import SchedulerOutput
-from paged_core.sched.request import Request, RequestStatus
-from paged_core.speculative import Proposal, SpecStats, speculates
+from paged_core.sched.request import RequestStatus
+from paged_core.speculative import SpecStats
 
 log = logging.getLogger("paged.engine")
-
-_FINISH = {RequestStatus.FINISHED_STOPPED: "stop", RequestStatus.FINISHED_LENGTH: "length",
-           RequestStatus.FINISHED_ABORTED: "abort"}  # fmt: skip
-
-
-class _Group:
-    """A request inside the core: its ``n`` sequences and what they share."""
-
-    __slots__ = ("done", "forked", "request", "seqs")
-
-    def __init__(self, request: CoreRequest) -> None:
-        self.request = request
-        self.seqs: dict[int, _Seq] = {}
-        self.forked = request.params.n == 1
-        self.done = 0
-
-
-class _Seq:
-    """One sampled sequence, scheduled under ``seq_id``."""
-
-    __slots__ = ("first", "group", "index", "seq_id", "state")
-
-    def __init__(self, group: _Group, index: int, state: SamplingState) -> None:
-        rid = group.request.request_id
-        self.group = group
-        self.index = index
-        self.seq_id = rid if group.request.params.n == 1 else f"{rid}#{index}"
-        self.state = state
-        self.first = True
 
 
 class EngineCore:
@@ -68,9 +38,11 @@ class EngineCore:
 
     :meth:`add_request` queues a validated :class:`CoreRequest`; each :meth:`step` schedules a token
     budget across requests (chunked prefill, prefix hits and decodes alike), runs the model once,
-    samples inside the core and returns a :class:`CoreOutputs` of per-sequence deltas plus the
-    scheduler's statistics. No request can fail another: a row the sampler cannot serve ends alone,
-    and a step that fails as a whole ends only the requests it was running (``step_error`` says so).
+    hands each logits row to its consumer (:class:`SampledGroups`, :class:`Drafts` verification or
+    :class:`BeamSearch`), applies the tokens in one scheduler update and returns a :class:`CoreOutputs`
+    of per-sequence deltas plus the scheduler's statistics. Every write to a scheduler request is a
+    scheduler call. No request can fail another: a row the sampler cannot serve ends alone, and a
+    step that fails as a whole ends only the requests it was running (``step_error`` says so).
     """
 
     def __init__(self, config: EngineConfig | None = None, loaded: LoadedModel | None = None) -> None:
@@ -86,13 +58,11 @@ class EngineCore:
         """Tensor parallel: the workers this core sends each step's plan to (``None`` on one rank)."""
         self.batch_invariance = parts.batch_invariance
         """The configuration's batch-invariance report (logged at start; in :meth:`facts` and :meth:`stats`)."""
-        self.proposer = parts.proposer
-        """Speculative decoding: who proposes drafts (``None`` when off)."""
-        self.num_spec_tokens = self.config.speculative.num_speculative_tokens
-        self.spec_stats = SpecStats()
-        self._proposals: dict[str, Proposal] = {}
-        self.groups: dict[str, _Group] = {}
-        self.seqs: dict[str, _Seq] = {}
+        self.sampled = SampledGroups(self.scheduler, self.sampler, self.loaded.eos_token_ids)
+        """Sampled requests (:mod:`paged_core.engine_core.sampled`): ``n`` sequences each, their rows to the sampler."""
+        num_drafts = self.config.speculative.num_speculative_tokens
+        self.drafts = Drafts(self.scheduler, self.sampler, parts.proposer, num_drafts)
+        """Speculative decoding (:mod:`paged_core.engine_core.drafts`): drafts proposed, then verified."""
         self.beams = BeamSearch(self.scheduler, self.loaded.eos_token_ids, self.vocab_size)
         """Beam-search requests (:mod:`paged_core.engine_core.beam`): their rows bypass the sampler."""
         self.steps = 0
@@ -120,6 +90,11 @@ class EngineCore:
             model_path=self.runner.forward_impl.name, batch_invariant=self._invariant(),
             batch_variant=self.batch_invariance.reasons() if self.batch_invariance is not None else [],
         )  # fmt: skip
+
+    @property
+    def spec_stats(self) -> SpecStats:
+        """Speculative decoding's figures so far: rows verified, drafts proposed and accepted."""
+        return self.drafts.stats
 
     def _invariant(self) -> bool:
         return self.batch_invariance is not None and self.batch_invariance.invariant
@@ -158,7 +133,7 @@ class EngineCore:
         its requests come off a socket.
         """
         rid = request.request_id
-        if rid in self.groups or rid in self.beams:
+        if rid in self.sampled or rid in self.beams:
             raise RequestRejectedError(f"request id {rid!r} is already in use")
         ids, vocab = request.prompt_token_ids, self.vocab_size
         if not ids:
@@ -175,55 +150,28 @@ class EngineCore:
             return
         if params is not request.params:
             request = CoreRequest(rid, ids, params, request.cache_salt, request.priority, request.arrival_time)
-        group = _Group(request)
-        seq = _Seq(group, 0, SamplingState(params, ids, index=0, eos_token_ids=self.loaded.eos_token_ids))
-        self.scheduler.add_request(self._make_request(seq))
-        group.seqs[0] = seq
-        self.groups[rid] = group
-        self.seqs[seq.seq_id] = seq
-
-    def _make_request(self, seq: _Seq) -> Request:
-        """The scheduler's view of one sequence (prompt, limits, stop ids, cache keys)."""
-        req = seq.group.request
-        params = req.params
-        eos = self.loaded.eos_token_ids
-        stop_ids = set(params.stop_token_ids or ())
-        if not params.ignore_eos:
-            stop_ids.update(eos[1:])  # the first EOS is the request's own; any others stop too
-        return Request(
-            seq.seq_id, req.prompt_token_ids, max_tokens=params.max_tokens, min_tokens=params.min_tokens,
-            stop_token_ids=stop_ids, eos_token_id=eos[0] if eos else None, ignore_eos=params.ignore_eos,
-            priority=req.priority, cache_salt=req.cache_salt,
-        )  # fmt: skip
+        self.sampled.add(request)
 
     def abort(self, abort: CoreAbort) -> None:
         """End whole requests and single sequences; their blocks are freed at once."""
         status = RequestStatus.FINISHED_STOPPED if abort.stopped else RequestStatus.FINISHED_ABORTED
         for rid in abort.request_ids:
-            if self.beams.abort(rid, status):
-                continue
-            group = self.groups.pop(rid, None)
-            if group is not None:
-                for seq in group.seqs.values():
-                    self.scheduler.abort([seq.seq_id], status=status)
-                    self.seqs.pop(seq.seq_id, None)
+            if not self.beams.abort(rid, status):
+                self.sampled.abort(rid, status)
         for rid, index in abort.sequences:
-            owner = self.groups.get(rid)
-            one = owner.seqs.get(index) if owner is not None else None
-            if one is not None and self.seqs.pop(one.seq_id, None) is not None:
-                self.scheduler.abort([one.seq_id], status=status)
-                self._seq_done(one)
+            self.sampled.abort_sequence(rid, index, status)
 
     def abort_requests(self, request_ids: Iterable[str]) -> None:
         """Shorthand for aborting whole requests."""
         self.abort(CoreAbort(request_ids=list(request_ids)))
 
     def has_unfinished_requests(self) -> bool:
-        return bool(self.groups) or bool(self.beams)
+        return bool(self.sampled) or bool(self.beams)
 
     # ---- one step -------------------------------------------------------
     def step(self) -> CoreOutputs:
-        """Schedule, execute, sample and update once; the deltas of every sequence that progressed or ended.
+        """Schedule, execute, hand the rows to their consumers, update once: the deltas of every sequence
+        that progressed or ended.
 
         If the step fails as a whole (the model forward, say), the requests it was running are ended
         and freed, named in ``failed`` with a delta carrying ``error``, and ``step_error`` holds the
@@ -235,224 +183,64 @@ class EngineCore:
             raise DistributedError(dead)
         out = self.scheduler.schedule()
         # Taken before the step runs: a request that finishes mid-step must still be reported if the step fails.
-        seqs = self.seqs
-        scheduled = dict.fromkeys(
-            seq.group.request.request_id for sid in out.num_scheduled_tokens if (seq := seqs.get(sid)) is not None
-        )
-        scheduled.update(dict.fromkeys(self.beams.request_ids(out.num_scheduled_tokens)))
+        running = self._request_ids(out.num_scheduled_tokens)
         try:
             deltas, failed = self._run(out)
         except Exception as exc:
-            if self.leader is not None:  # the ranks are out of step: no later step can be trusted
-                cause = self.leader.explain(exc)
-                log.error("engine step failed: %s", cause)
-                raise DistributedError(cause) from exc
-            log.exception("engine step failed")
-            why = f"the engine step running this request failed ({type(exc).__name__})"
-            failed = dict.fromkeys(scheduled, why)
-            self.steps += 1
-            return CoreOutputs(self._fail(failed), self.stats(), failed, step_error=repr(exc))
+            return self._step_failed(exc, running)
         self.steps += 1
         return CoreOutputs(deltas, self.stats(), failed)
 
     def _run(self, out: SchedulerOutput) -> tuple[list[SeqDelta], dict[str, str]]:
+        """Execute ``out``, hand each consumer its rows, apply their tokens in one scheduler update."""
+        beam_rows, rows = self._execute(out).split(self.beams.owns)
+        draft_rows, plain_rows = rows.split(_has_drafts)
+        self.beams.take(beam_rows)
+        verified = self.drafts.verify(draft_rows, out, self.sampled.seqs)
+        sampled = self.sampled.sample(plain_rows)
+        # Failed requests leave the scheduler first, so the update skips them.
+        failures = verified.failures | sampled.failures
+        deltas = self._fail(failures)
+        updates = self.scheduler.update_from_output(out, verified.token_ids | sampled.token_ids)
+        deltas += self.sampled.emit(updates, sampled)
+        beam_deltas, beam_failures = self.beams.advance()  # after the update: beams extend, fork and drop
+        deltas += self._fail(beam_failures) + beam_deltas
+        self.drafts.propose(self.sampled.seqs)  # for the next step
+        return deltas, failures | beam_failures
+
+    def _execute(self, out: SchedulerOutput) -> Rows:
+        """One model forward over the plan (sent to the tensor-parallel workers first): the rows it produced."""
         if self.leader is not None:
             self.leader.send(out)
-        req_ids, counts, logits = self.runner.execute(out)
-        if self.beams and logits is not None and req_ids:  # beam rows go to the search, not the sampler
-            req_ids, counts, logits = self.beams.take_rows(req_ids, counts, logits)
-        sampled: dict[str, list[int]] = {}
-        logprobs: dict[str, list[dict[int, float]]] = {}
-        forks: list[tuple[_Seq, list[int], list[dict[int, float]] | None]] = []
-        failures: dict[str, str] = {}
-        if logits is not None and req_ids:
-            if any(c != 1 for c in counts):
-                logits, req_ids = self._verify(out, req_ids, counts, logits, sampled, failures)
-        if logits is not None and req_ids:
-            rows = [self.seqs[rid] for rid in req_ids]
-            # A request with n > 1 draws all n first tokens from its one shared prefill.
-            counts = [1 if s.group.forked else s.group.request.params.n for s in rows]
-            result, errors = sample_isolated(self.sampler, logits, [s.state for s in rows], counts)
-            for i, exc in errors.items():
-                rid = rows[i].group.request.request_id
-                log.error("request %s: sampling its row failed; ending it alone", rid, exc_info=exc)
-                failures[rid] = f"sampling failed for this request ({type(exc).__name__})"
-            for seq, toks, lps in zip(rows, result.token_ids, result.logprobs, strict=True):
-                if failures and seq.group.request.request_id in failures:
-                    continue
-                sampled[seq.seq_id] = toks[:1]
-                if lps is not None:
-                    logprobs[seq.seq_id] = [_as_dict(lps[0])]
-                if len(toks) > 1:
-                    group = seq.group
-                    group.forked = True
-                    for j in range(1, len(toks)):
-                        group.seqs[j] = _Seq(group, j, seq.state.fork(j))
-                    forks.append((seq, toks[1:], [_as_dict(x) for x in lps[1:]] if lps is not None else None))
-        # Failed requests leave the scheduler first, so the update below skips them.
-        deltas = self._fail(failures) if failures else []
-        deltas += self._apply(out, sampled, logprobs)
-        for parent, rest, rest_lps in forks:
-            deltas += self._fork(parent, rest, rest_lps)
-        if self.beams:  # after the scheduler's update: beams extend, fork and drop here
-            beam_deltas, beam_failures = self.beams.advance()
-            deltas += self._fail(beam_failures) + beam_deltas
-            failures.update(beam_failures)
-        if self.proposer is not None:
-            self._propose()
-        return deltas, failures
+        return Rows(*self.runner.execute(out))
 
-    def _verify(
-        self, out: SchedulerOutput, req_ids: list[str], counts: list[int], logits: torch.Tensor,
-        sampled: dict[str, list[int]], failures: dict[str, str],
-    ) -> tuple[torch.Tensor | None, list[str]]:  # fmt: skip
-        """Verify the rows that ran drafts (their tokens into ``sampled``); the plain rows' logits and ids."""
-        plain_rows: list[int] = []
-        plain_ids: list[str] = []
-        spec_rows: list[int] = []
-        spec_seqs: list[_Seq] = []
-        drafts: list[list[int]] = []
-        start = 0
-        for rid, c in zip(req_ids, counts, strict=True):
-            if c == 1:
-                plain_rows.append(start)
-                plain_ids.append(rid)
-            else:
-                spec_rows.extend(range(start, start + c))
-                spec_seqs.append(self.seqs[rid])
-                drafts.append(list(out.scheduled_spec_decode_tokens[rid]))
-            start += c
-        proposals = self._proposals
-        probs = [p.probs[: len(d)] if (p := proposals.pop(s.seq_id, None)) is not None and p.probs is not None
-                 else None for s, d in zip(spec_seqs, drafts, strict=True)]  # fmt: skip
-        index = torch.tensor(spec_rows, device=logits.device)
-        kept, errors = verify_isolated(self.sampler, logits.index_select(0, index), [s.state for s in spec_seqs],
-                                       drafts, probs if any(p is not None for p in probs) else None)  # fmt: skip
-        for i, (seq, toks) in enumerate(zip(spec_seqs, kept, strict=True)):
-            rid = seq.group.request.request_id
-            if i in errors:
-                log.error("request %s: verifying its drafts failed; ending it alone", rid, exc_info=errors[i])
-                failures[rid] = f"sampling failed for this request ({type(errors[i]).__name__})"
-                continue
-            sampled[seq.seq_id] = toks
-            self.spec_stats.record(len(drafts[i]), len(toks) - 1)
-        if not plain_rows:
-            return None, []
-        return logits.index_select(0, torch.tensor(plain_rows, device=logits.device)), plain_ids
+    def _request_ids(self, seq_ids: Iterable[str]) -> list[str]:
+        """The requests (sampled or beam search) owning these scheduler ids, each once."""
+        ids = list(seq_ids)
+        return list(dict.fromkeys(self.sampled.request_ids(ids) + self.beams.request_ids(ids)))
 
-    def _propose(self) -> None:
-        """Drafts for the next step, for every running sequence that is about to decode and may speculate."""
-        assert self.proposer is not None
-        sched, seqs, k = self.scheduler, self.seqs, self.num_spec_tokens
-        asking: list[Request] = []
-        ks: list[int] = []
-        states: list[SamplingState] = []
-        for req in sched.running:
-            seq = seqs.get(req.request_id)
-            # Only a sequence whose last token is its one uncomputed token decodes next step.
-            if seq is None or req.num_computed_tokens != req.num_tokens - 1:
-                continue
-            if not speculates(seq.state, seq.group.request.params.speculate):
-                continue
-            # Drafts past max_tokens would be dropped by the stop check: do not propose them.
-            room = min(k, req.max_tokens - (req.num_tokens - req.num_prompt_tokens) - 1)
-            if room >= 1:
-                asking.append(req)
-                ks.append(room)
-                states.append(seq.state)
-        self._proposals.clear()
-        if not asking:
-            return
-        for req, proposal in zip(asking, self.proposer.propose(asking, ks, states), strict=True):
-            if proposal is not None and proposal.tokens:
-                req.spec_token_ids = proposal.tokens
-                self._proposals[req.request_id] = proposal
+    def _step_failed(self, exc: Exception, running: list[str]) -> CoreOutputs:
+        """End the requests a failed step was running; what the step reports instead of its deltas."""
+        if self.leader is not None:  # the ranks are out of step: no later step can be trusted
+            cause = self.leader.explain(exc)
+            log.error("engine step failed: %s", cause)
+            raise DistributedError(cause) from exc
+        log.exception("engine step failed")
+        why = f"the engine step running this request failed ({type(exc).__name__})"
+        failed = dict.fromkeys(running, why)
+        self.steps += 1
+        return CoreOutputs(self._fail(failed), self.stats(), failed, step_error=repr(exc))
 
     def _fail(self, failures: dict[str, str]) -> list[SeqDelta]:
         """End these requests on an error: blocks freed, one delta each carrying ``error``."""
         deltas = []
         for rid, message in failures.items():
-            if rid in self.groups or rid in self.beams:
+            if rid in self.sampled or rid in self.beams:
                 self.abort_requests([rid])
             deltas.append(SeqDelta(rid, 0, [], finish_reason="abort", error=message))
         return deltas
 
-    def _apply(
-        self, out: SchedulerOutput, sampled: dict[str, list[int]], logprobs: dict[str, list[dict[int, float]]]
-    ) -> list[SeqDelta]:
-        requests, seqs = self.scheduler.requests, self.seqs
-        # Read prefix hits before the update: a request finishing on its first token leaves the scheduler there.
-        hits = {
-            rid: max(req.num_cached_tokens, 0)
-            for rid in sampled
-            if (seq := seqs.get(rid)) is not None and seq.first and (req := requests.get(rid)) is not None
-        }
-        deltas = []
-        for u in self.scheduler.update_from_output(out, sampled):
-            seq = seqs.get(u.req_id)
-            if seq is None:
-                continue
-            for t in u.new_token_ids:
-                seq.state.append(t)
-            delta = SeqDelta(seq.group.request.request_id, seq.index, u.new_token_ids, logprobs.get(u.req_id))
-            if seq.first and u.new_token_ids:
-                seq.first = False
-                delta.num_cached_tokens = hits.get(u.req_id, 0)
-            if u.finish_reason is not None:
-                delta.finish_reason = u.finish_reason
-                delta.stop_reason = u.new_token_ids[-1] if u.finish_reason == "stop" and u.new_token_ids else None
-                self._seq_done(seq)
-                del seqs[u.req_id]
-            deltas.append(delta)
-        return deltas
 
-    def _fork(self, parent: _Seq, toks: list[int], lps: list[dict[int, float]] | None) -> list[SeqDelta]:
-        """Start siblings 1..n-1 from the parent's prompt, sharing its blocks copy-on-write when possible."""
-        group = parent.group
-        deltas = []
-        children = [group.seqs[j] for j in range(1, group.request.params.n)]
-        for child, tok, lp in itertools.zip_longest(children, toks, lps or ()):
-            self.seqs[child.seq_id] = child
-            preq = self.scheduler.requests.get(parent.seq_id)
-            if preq is not None and preq.status is RequestStatus.RUNNING:
-                try:
-                    creq = self.scheduler.fork(parent.seq_id, child.seq_id, last_token_id=tok)
-                except RequestRejectedError:
-                    creq = None
-                if creq is not None:
-                    deltas.append(self._accept_forked(child, creq, tok, lp))
-                    continue
-            # No sharing possible (parent already done, or no room for another row): run the child on
-            # its own; its prompt blocks still come from the prefix cache and it samples its own first token.
-            self.scheduler.add_request(self._make_request(child))
-        return deltas
-
-    def _accept_forked(self, child: _Seq, creq: Request, tok: int, lp: dict[int, float] | None) -> SeqDelta:
-        child.state.append(tok)
-        child.first = False
-        parent_cached = max(creq.num_cached_tokens, 0)
-        delta = SeqDelta(child.group.request.request_id, child.index, [tok], [lp] if lp is not None else None,
-                         num_cached_tokens=parent_cached)  # fmt: skip
-        status = creq.check_stop(tok, self.scheduler.max_len)
-        if status is not None:
-            self.scheduler.abort([child.seq_id], status=status)
-            delta.finish_reason = _FINISH[status]
-            delta.stop_reason = creq.stop_reason if isinstance(creq.stop_reason, int) else None
-            self._seq_done(child)
-            del self.seqs[child.seq_id]
-        return delta
-
-    def _seq_done(self, seq: _Seq) -> None:
-        """Count a finished sequence; the request leaves the core when all ``n`` have finished."""
-        group = seq.group
-        group.done += 1
-        if group.forked and group.done >= group.request.params.n:
-            self.groups.pop(group.request.request_id, None)
-
-
-def _as_dict(lp: TokenLogprobs) -> dict[int, float]:
-    """The sampled token's logprob plus the requested top alternatives, keyed by token id."""
-    d = {lp.token_id: lp.logprob}
-    for tok, value in lp.top:
-        d.setdefault(tok, value)
-    return d
+def _has_drafts(seq_id: str, count: int) -> bool:
+    """A row that ran drafts after its last token has ``1 + drafts`` logits rows (verification's)."""
+    return count > 1

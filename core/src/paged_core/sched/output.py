@@ -64,8 +64,12 @@ class SchedulerOutput:
 
 @dataclass(slots=True)
 class RequestUpdate:
-    """What a step did to one request: tokens appended, and the finish status if it ended."""
+    """What a step did to one request: tokens appended, the finish status if it ended, and its prefix-cache hit.
+
+    ``num_cached_tokens`` is the request's prefix-cache hit at its first admission (reported with its first token).
+    """
 
     req_id: str
     new_token_ids: list[int]
     finish_reason: str | None = None
+    num_cached_tokens: int = 0

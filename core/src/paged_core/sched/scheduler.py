@@ -52,7 +52,7 @@ class Scheduler:
     # ---- admission ----------------------------------------------------
     def add_request(self, req: Request) -> None:
         """Queue a request, or raise :class:`RequestRejectedError` if it can never run."""
-        check_admissible(req, self.config, self.kv, self.requests)
+        self.check_admissible(req)
         req.status = RequestStatus.WAITING
         self.requests[req.request_id] = req
         self.waiting.add(req)
@@ -91,6 +91,23 @@ class Scheduler:
         self._unannounced.add(child_id)
         return child
 
+    def fork_sampled(self, parent_id: str, child_id: str, token_id: int) -> RequestUpdate:
+        """Fork ``child_id`` ending in its own sampled ``token_id`` (``n > 1``), which meets the stop rules.
+
+        Raises as :meth:`fork` does. The update says whether that one token already ended the child (then it is
+        freed at once) and carries the parent's prefix-cache hit, which the child shares.
+        """
+        child = self.fork(parent_id, child_id, last_token_id=token_id)
+        status = child.check_stop(token_id, self.max_len)
+        if status is not None:
+            self.abort([child_id], status=status)
+        reason = status.value if status is not None else None
+        return RequestUpdate(child_id, [token_id], reason, max(child.num_cached_tokens, 0))
+
+    def check_admissible(self, req: Request) -> None:
+        """Raise :class:`RequestRejectedError` if ``req`` could never run here (nothing is queued)."""
+        check_admissible(req, self.config, self.kv, self.requests)
+
     def abort(self, request_ids: Sequence[str], status: RequestStatus = RequestStatus.FINISHED_ABORTED) -> list[str]:
         """End requests by id and free their blocks (unknown ids are ignored); returns the ids actually ended.
 
@@ -114,6 +131,50 @@ class Scheduler:
             self._finished_ids.add(rid)
             done.append(rid)
         return done
+
+    # ---- writes from the engine core -------------------------------------
+    def set_drafts(self, request_id: str, token_ids: Sequence[int]) -> None:
+        """Draft tokens to verify after ``request_id``'s last token in its next step (speculative decoding).
+
+        Only a running request whose last token is its one uncomputed token takes drafts; the update
+        that follows the step keeps the accepted ones and drops the rest.
+        """
+        req = self.requests.get(request_id)
+        if req is None or req.status is not _RUNNING or req.num_computed_tokens != req.num_tokens - 1:
+            raise ValueError(f"{request_id!r} is not about to decode: it cannot take drafts")
+        req.spec_token_ids = list(token_ids)
+
+    def append_token(self, request_id: str, token_id: int) -> None:
+        """Append a token chosen outside the sampler (a beam's) to a request whose last token has run.
+
+        What :meth:`update_from_output` does for a sampled token, minus its stop rules: the caller (beam
+        search) decides when the request ends. The request may have been preempted since its row ran
+        (it then recomputes this token with the rest).
+        """
+        req = self.requests.get(request_id)
+        if req is None:
+            raise ValueError(f"cannot extend {request_id!r}: no such request")
+        req.all_token_ids.append(token_id)
+
+    # ---- reads --------------------------------------------------------
+    def is_running(self, request_id: str) -> bool:
+        """Whether ``request_id`` holds a batch row now (so it can be forked)."""
+        req = self.requests.get(request_id)
+        return req is not None and req.status is _RUNNING
+
+    def num_cached_tokens(self, request_id: str) -> int | None:
+        """The prefix-cache hit of ``request_id`` at its first admission (0 before; ``None`` if unknown)."""
+        req = self.requests.get(request_id)
+        return None if req is None else max(req.num_cached_tokens, 0)
+
+    def block_ids(self, request_id: str) -> list[int]:
+        """The KV blocks ``request_id`` holds, in table order (none if unknown)."""
+        req = self.requests.get(request_id)
+        return [] if req is None else self.kv.block_ids(req)
+
+    def about_to_decode(self) -> list[Request]:
+        """The running requests whose last token is their one uncomputed token: each decodes in the next step."""
+        return [r for r in self.running if r.num_computed_tokens == r.num_tokens - 1]
 
     # ---- one step -----------------------------------------------------
     def schedule(self) -> SchedulerOutput:
@@ -310,15 +371,16 @@ class Scheduler:
                 status = req.check_stop(t, max_len)
                 if status is not None:
                     break
+            cached = max(req.num_cached_tokens, 0)
             if status is None:
-                updates.append(RequestUpdate(rid, list(toks)))
+                updates.append(RequestUpdate(rid, list(toks), num_cached_tokens=cached))
                 continue
             req.status = status
             any_finished = True
             kv.free(req)
             del requests[rid]
             self._finished_ids.add(rid)
-            updates.append(RequestUpdate(rid, list(toks[:appended]), status.value))
+            updates.append(RequestUpdate(rid, list(toks[:appended]), status.value, cached))
         if any_finished:
             self.running = [r for r in self.running if r.status is _RUNNING]
         return updates
