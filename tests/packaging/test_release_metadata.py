@@ -31,7 +31,9 @@ _UNDER_BACKENDS = sorted(p for p in (ROOT / "backends").iterdir() if (p / "pypro
 BACKENDS = [ROOT / "plugins" / "example-backend", *(p for p in _UNDER_BACKENDS if _registers_a_backend(p))]
 KERNEL_LIBRARIES = [p for p in _UNDER_BACKENDS if not _registers_a_backend(p)]
 """Kernel source shared by backends (``backends/triton``): a distribution without a backend of its own."""
-DISTRIBUTIONS = [ROOT / "core", ROOT / "plugins" / "conformance", *KERNEL_LIBRARIES, *BACKENDS]
+TOOLS = [ROOT / "plugins" / "conformance", ROOT / "plugins" / "bench"]
+"""Distributions built on paged-core that are neither a backend nor kernels: the suite and the benchmark harness."""
+DISTRIBUTIONS = [ROOT / "core", *TOOLS, *KERNEL_LIBRARIES, *BACKENDS]
 
 
 def declared_api_versions(source: str, filename: str = "<source>") -> dict[str, int | None]:
