@@ -12,19 +12,16 @@ import logging
 from collections.abc import Iterable
 from typing import Any
 
-import msgspec
 import torch
 
 from paged_core.engine_config import EngineConfig
 from paged_core.engine_core.beam import BeamSearch
-from paged_core.engine_core.beam_params import check_beam
 from paged_core.engine_core.drafts import Drafts
 from paged_core.engine_core.messages import CoreAbort, CoreFacts, CoreOutputs, CoreRequest, SchedulerStats, SeqDelta
 from paged_core.engine_core.rows import Rows
 from paged_core.engine_core.sampled import SampledGroups
 from paged_core.errors import DistributedError, RequestRejectedError
 from paged_core.loading.build import LoadedModel, build_parts
-from paged_core.sampling.params import INT64_MAX, INT64_MIN
 from paged_core.sampling.sampler import Sampler
 from paged_core.sched.output import SchedulerOutput
 from paged_core.sched.request import RequestStatus
@@ -126,30 +123,17 @@ class EngineCore:
 
     # ---- requests -------------------------------------------------------
     def add_request(self, request: CoreRequest) -> None:
-        """Queue ``request``, or raise :class:`RequestRejectedError` naming what is wrong.
+        """Queue ``request``, or raise :class:`RequestRejectedError` if it is a duplicate or can never run here.
 
-        The front end validates first; the core checks again what a step computes with (token ids
-        inside the vocabulary, params bounded by it, an int64 priority), since in a child process
-        its requests come off a socket.
+        The request is trusted as validated: by the front end in this process, or, off a socket, by
+        :func:`~paged_core.engine_core.wire_checks.check_wire_request` in the core's loop.
         """
         rid = request.request_id
         if rid in self.sampled or rid in self.beams:
             raise RequestRejectedError(f"request id {rid!r} is already in use")
-        ids, vocab = request.prompt_token_ids, self.vocab_size
-        if not ids:
-            raise RequestRejectedError("prompt is empty")
-        bad = [t for t in ids if not isinstance(t, int) or isinstance(t, bool) or not 0 <= t < vocab]
-        if bad:
-            raise RequestRejectedError(f"prompt: token ids must be ints in [0, {vocab}); got {bad[:5]!r}")
-        if not INT64_MIN <= request.priority <= INT64_MAX:
-            raise RequestRejectedError("priority must be an int in [-2**63, 2**63 - 1]")
-        params = request.params.for_vocabulary(vocab)
         if request.beam is not None:
-            check_beam(params, request.beam, self.scheduler.config.max_num_seqs)
-            self.beams.add(msgspec.structs.replace(request, params=params), request.beam)
+            self.beams.add(request, request.beam)
             return
-        if params is not request.params:
-            request = CoreRequest(rid, ids, params, request.cache_salt, request.priority, request.arrival_time)
         self.sampled.add(request)
 
     def abort(self, abort: CoreAbort) -> None:
