@@ -9,7 +9,7 @@ from types import ModuleType
 import pytest
 
 import paged_core
-from paged_core import api
+from paged_core import api, testing
 from paged_core.contract.backend import AttentionBackend
 from paged_core.contract.graph_strategy import GraphCaptureStrategy
 
@@ -19,6 +19,21 @@ SUITE = Path(__file__).resolve().parents[2] / "plugins" / "conformance" / "src" 
 USER_ONLY = {"LLM", "LLMEngine", "SamplingParams", "RequestOutput", "CompletionOutput", "RequestMetrics"}
 USER_ONLY |= {"EngineConfig", "ModelConfig", "CacheConfig", "SchedulerConfig", "GraphConfig", "ParallelConfig"}
 USER_ONLY |= {"RequestRejectedError", "EngineDeadError", "SpeculativeConfig", "BeamSearchOutput", "BeamSequence"}
+
+# The vendor contract, pinned: what a backend implements or calls. A name added here is a promise to every backend.
+CONTRACT = {"AttentionBackend", "Availability", "BackendCapabilities", "AttentionSpec", "GraphSupport"}
+CONTRACT |= {"AttentionMetadata", "build_attention_metadata"}
+CONTRACT |= {"check_attention_inputs", "check_default_cache", "check_write_inputs"}
+CONTRACT |= {"FusedOps", "PackedLinear", "linear_kind", "LINEAR_KINDS", "DENSE_LINEAR_KINDS"}
+CONTRACT |= {"QuantizedWeight", "WeightFormat", "LINEAR_FORMATS"}
+CONTRACT |= {"GraphCaptureStrategy", "StepFn", "EagerStrategy", "CompiledStrategy", "DeviceGraphStrategy"}
+CONTRACT |= {"DeviceHooks", "TorchDeviceHooks", "default_device_hooks"}
+CONTRACT |= {"PagedError", "ConfigError", "UnsupportedConfigError", "BackendUnavailableError", "BackendNotFoundError"}
+CONTRACT |= {"WeightFormatError", "PLUGIN_API_VERSION", "SUPPORTED_PLUGIN_API_VERSIONS", "hookimpl"}
+
+# What a backend's tests use beyond the contract: oracles, test data and the harness.
+TESTING = {"ReferenceBackend", "ReferenceFusedOps", "dequantize", "reference_linear", "round_activations_q8"}
+TESTING |= {"random_packed", "quantize_blocks", "GraphRunner", "StaticInput", "load_registry"}
 
 
 def _hooks(cls: type) -> list[str]:
@@ -36,7 +51,7 @@ def _undocumented(module: ModuleType) -> list[str]:
     ]
 
 
-@pytest.mark.parametrize("module", [api, paged_core], ids=["paged_core.api", "paged_core"])
+@pytest.mark.parametrize("module", [api, testing, paged_core], ids=lambda m: m.__name__)
 def test_every_export_exists_and_is_documented(module: ModuleType) -> None:
     assert [name for name in module.__all__ if not hasattr(module, name)] == []
     assert _undocumented(module) == []
@@ -44,6 +59,18 @@ def test_every_export_exists_and_is_documented(module: ModuleType) -> None:
 
 def test_vendor_contract_holds_no_user_only_names() -> None:
     assert sorted(USER_ONLY & set(api.__all__)) == []
+
+
+def test_vendor_contract_is_exactly_the_pinned_names() -> None:
+    assert sorted(set(api.__all__) - CONTRACT) == [], "new in paged_core.api: pin it in CONTRACT (a promise to vendors)"
+    assert sorted(CONTRACT - set(api.__all__)) == [], "gone from paged_core.api: a break for every backend"
+    assert len(api.__all__) == len(CONTRACT) == 35
+
+
+def test_oracles_live_in_testing_not_in_the_contract() -> None:
+    assert set(testing.__all__) == TESTING
+    assert sorted(TESTING & set(api.__all__)) == []
+    assert [name for name in TESTING if hasattr(api, name)] == []
 
 
 def test_package_exports_the_users_names() -> None:

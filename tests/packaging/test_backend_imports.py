@@ -1,4 +1,5 @@
-"""Backend packages may import ``paged_core.api`` and nothing else from paged_core (an AST check)."""
+"""Backend packages import ``paged_core.api`` (the contract) and ``paged_core.testing`` (the oracles and harness
+of their tests and benchmarks), nothing else from paged_core (an AST check)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-ALLOWED = "paged_core.api"
+ALLOWED = ("paged_core.api", "paged_core.testing")
 
 
 def backend_roots(root: Path = ROOT) -> list[Path]:
@@ -21,13 +22,12 @@ def backend_roots(root: Path = ROOT) -> list[Path]:
 
 
 def _forbidden(module: str) -> bool:
-    return (module == "paged_core" or module.startswith("paged_core.")) and module != ALLOWED and not module.startswith(
-        ALLOWED + "."
-    )
+    inside = module == "paged_core" or module.startswith("paged_core.")
+    return inside and not any(module == a or module.startswith(a + ".") for a in ALLOWED)
 
 
 def violations(path: Path) -> list[str]:
-    """``file:line: import`` for every reach into paged_core beyond its api module."""
+    """``file:line: import`` for every reach into paged_core beyond its api and testing modules."""
     tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
     found = []
     for node in ast.walk(tree):
@@ -35,7 +35,7 @@ def violations(path: Path) -> list[str]:
         if isinstance(node, ast.Import):
             names = [a.name for a in node.names]
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            # `from paged_core import api` is fine; `from paged_core import registry` is not.
+            # `from paged_core import api` (or testing) is fine; `from paged_core import registry` is not.
             names = [f"{node.module}.{a.name}" if node.module == "paged_core" else node.module for a in node.names]
         elif isinstance(node, ast.Call) and getattr(node.func, "attr", getattr(node.func, "id", "")) in (
             "import_module", "__import__"
@@ -71,7 +71,8 @@ def test_backends_import_only_the_public_api() -> None:
 def test_a_planted_bad_import_is_caught(tmp_path: Path, source: str) -> None:
     pkg = tmp_path / "backends" / "bad" / "src" / "bad_backend"
     pkg.mkdir(parents=True)
-    (pkg / "__init__.py").write_text("from paged_core.api import AttentionBackend\nfrom paged_core import api\n")
+    (pkg / "__init__.py").write_text("from paged_core.api import AttentionBackend\nfrom paged_core import api\n"
+                                     "from paged_core.testing import ReferenceBackend\nfrom paged_core import testing\n")
     (pkg / "kernels.py").write_text(source)
     found = scan(backend_roots(tmp_path))
     assert len(found) == 1 and "kernels.py" in found[0], found

@@ -47,7 +47,8 @@ import torch.nn.functional as F
 
 from paged_backend_cpu import CpuFusedOps, fused, ops
 from paged_core.api import LINEAR_FORMATS as FORMATS
-from paged_core.api import FusedOps, PackedLinear, dequantize, random_packed
+from paged_core.api import FusedOps, PackedLinear
+from paged_core.testing import dequantize, random_packed
 
 HIDDEN, INTER, HEADS, KV_HEADS, HEAD = 576, 1536, 9, 3, 64
 EPS = 1e-5

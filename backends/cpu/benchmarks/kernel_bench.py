@@ -26,7 +26,8 @@ import torch
 import torch.nn.functional as F
 
 from paged_backend_cpu import CpuBackend, layout, ops
-from paged_core.api import AttentionSpec, ReferenceBackend, build_attention_metadata
+from paged_core.api import AttentionSpec, build_attention_metadata
+from paged_core.testing import ReferenceBackend
 
 HEADS, KV_HEADS, HEAD_SIZE, BATCH = 9, 3, 64, 32
 

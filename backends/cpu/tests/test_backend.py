@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from paged_backend_cpu import CpuBackend, layout, ops
-from paged_core.api import AttentionSpec, ReferenceBackend, build_attention_metadata, load_registry
+from paged_core.api import AttentionSpec, build_attention_metadata
+from paged_core.testing import ReferenceBackend, load_registry
 
 from .conftest import make_paged_batch
 

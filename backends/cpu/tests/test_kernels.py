@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from paged_backend_cpu import ops
-from paged_core.api import ReferenceBackend
+from paged_core.testing import ReferenceBackend
 
 from .conftest import make_paged_batch
 

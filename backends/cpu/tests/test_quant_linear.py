@@ -22,16 +22,8 @@ import torch
 
 from paged_backend_cpu import CpuFusedOps, fused, ops
 from paged_core.api import LINEAR_FORMATS as FORMATS
-from paged_core.api import (
-    FusedOps,
-    PackedLinear,
-    QuantizedWeight,
-    dequantize,
-    quantize_blocks,
-    random_packed,
-    reference_linear,
-    round_activations_q8,
-)
+from paged_core.api import FusedOps, PackedLinear, QuantizedWeight
+from paged_core.testing import dequantize, quantize_blocks, random_packed, reference_linear, round_activations_q8
 
 REF = FusedOps()
 RTOL_SUM = 1e-5

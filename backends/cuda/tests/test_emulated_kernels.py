@@ -21,7 +21,8 @@ import pytest
 import torch
 
 from paged_backend_cuda import build, emulated
-from paged_core.api import AttentionMetadata, AttentionSpec, ReferenceBackend, build_attention_metadata
+from paged_core.api import AttentionMetadata, AttentionSpec, build_attention_metadata
+from paged_core.testing import ReferenceBackend
 
 pytestmark = pytest.mark.skipif(
     not sys.platform.startswith("linux") or shutil.which(os.environ.get("CXX") or "g++") is None,

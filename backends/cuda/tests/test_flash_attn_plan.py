@@ -15,7 +15,8 @@ from torch.overrides import TorchFunctionMode
 
 from paged_backend_cuda.flash_attn_model import kvcache_paged_attention, varlen_paged_attention
 from paged_backend_cuda.flash_attn_plan import FlashAttnPlan, plan_flash_attn, window_size
-from paged_core.api import AttentionSpec, PagedError, ReferenceBackend, build_attention_metadata
+from paged_core.api import AttentionSpec, PagedError, build_attention_metadata
+from paged_core.testing import ReferenceBackend
 
 from .batches import Batch, make_batch
 

@@ -24,10 +24,10 @@ from paged_core.api import (
     AttentionSpec,
     GraphSupport,
     PagedError,
-    ReferenceBackend,
     UnsupportedConfigError,
     build_attention_metadata,
 )
+from paged_core.testing import ReferenceBackend
 
 BF16_TOL = {"atol": 2e-2, "rtol": 2e-2}
 cpu_only = pytest.mark.skipif(torch.cuda.is_available(), reason="checks a machine without an NVIDIA GPU")

@@ -15,7 +15,8 @@ from torch.overrides import TorchFunctionMode
 
 from paged_backend_cuda.flashinfer_model import batch_decode_with_paged_kv_cache, batch_prefill_with_paged_kv_cache
 from paged_backend_cuda.flashinfer_plan import FlashInferPlanner, FlashInferStep, attention_params
-from paged_core.api import AttentionMetadata, AttentionSpec, PagedError, ReferenceBackend, build_attention_metadata
+from paged_core.api import AttentionMetadata, AttentionSpec, PagedError, build_attention_metadata
+from paged_core.testing import ReferenceBackend
 
 from .batches import Batch, make_batch
 

@@ -5,7 +5,7 @@ stand-in implementing the semantics recorded for IPEX 2.8.0's CPU ops: HND cache
 block, head]``, ``reshape_and_cache`` writing every slot it gets (here: refusing ``-1`` instead of
 corrupting memory), and ``flash_attn_varlen_func`` with a bottom-right causal mask, window ``(left,
 right)`` and ``softcap = -1`` for "off", refusing a query whose dtype is not the cache's. The oracle is
-:class:`paged_core.api.ReferenceBackend`. The real ops go through the conformance suite in
+:class:`paged_core.testing.ReferenceBackend`. The real ops go through the conformance suite in
 ``ci/ipex_conformance.sh`` (and ``test_ipex_envelope.py`` there).
 """
 
@@ -24,10 +24,10 @@ from paged_core.api import (
     AttentionSpec,
     GraphSupport,
     PagedError,
-    ReferenceBackend,
     UnsupportedConfigError,
     build_attention_metadata,
 )
+from paged_core.testing import ReferenceBackend
 
 
 class StandInIpexOps:

@@ -12,7 +12,8 @@ import torch
 
 from paged_backend_xpu import ipex_library
 from paged_backend_xpu.ipex_backend import GQA_RATIOS, HEAD_SIZES, IpexBackend
-from paged_core.api import AttentionSpec, ReferenceBackend, build_attention_metadata
+from paged_core.api import AttentionSpec, build_attention_metadata
+from paged_core.testing import ReferenceBackend
 
 _MISSING = ipex_library.missing_reason()
 if _MISSING is not None:

@@ -24,13 +24,8 @@ from torch.overrides import TorchFunctionMode
 from paged_backend_xpu import vllm_kernels_backend
 from paged_backend_xpu.vllm_kernels_backend import VllmXpuKernels, VllmXpuKernelsBackend
 from paged_backend_xpu.vllm_kernels_plan import plan_vllm_kernels
-from paged_core.api import (
-    AttentionMetadata,
-    AttentionSpec,
-    ReferenceBackend,
-    UnsupportedConfigError,
-    build_attention_metadata,
-)
+from paged_core.api import AttentionMetadata, AttentionSpec, UnsupportedConfigError, build_attention_metadata
+from paged_core.testing import ReferenceBackend
 
 TOL: dict[torch.dtype, float] = {torch.bfloat16: 2e-2, torch.float16: 2e-3}
 """Absolute and relative tolerance per dtype."""

@@ -1,12 +1,15 @@
-"""The vendor contract: what a backend package (and the conformance suite) imports.
+"""The vendor contract: what a backend package implements or calls, and nothing else.
 
-Backend packages (their tests and benchmarks included) import from here and
-nowhere else in ``paged_core``: hence the reference backend, the oracle a
-backend's tests compare against, and ``load_registry``, which a backend's tests
-use to check that its entry point loads. The names below follow the plugin API compatibility promise in
-:mod:`paged_core.contract.version`. Users' names (``LLM``, ``SamplingParams``,
-...) live on the package itself, :mod:`paged_core`; everything else is imported
-from its own module.
+A backend imports from here and nowhere else in ``paged_core``: the backend base class and its
+capabilities, the attention metadata (and its builder) and the input checks, the fused ops and
+the weight formats and kinds they declare, the graph-capture strategy interface with the built-in
+strategies a backend may return, the device hooks, the errors, the plugin API version and
+``hookimpl``. The names below follow the plugin API compatibility promise in
+:mod:`paged_core.contract.version`.
+
+Oracles, test data and the test harness (the reference backend, ``dequantize``,
+``random_packed``, ``GraphRunner``, ``load_registry``, ...) live in :mod:`paged_core.testing`;
+users' names (``LLM``, ``SamplingParams``, ...) on the package itself, :mod:`paged_core`.
 """
 
 from __future__ import annotations
@@ -27,20 +30,10 @@ from paged_core.errors import (
     UnsupportedConfigError,
     WeightFormatError,
 )
-from paged_core.graph import CompiledStrategy, DeviceGraphStrategy, GraphRunner, StaticInput
+from paged_core.graph import CompiledStrategy, DeviceGraphStrategy
 from paged_core.quant import FORMATS as LINEAR_FORMATS
-from paged_core.quant import (
-    QuantizedWeight,
-    WeightFormat,
-    dequantize,
-    quantize_blocks,
-    random_packed,
-    reference_linear,
-    round_activations_q8,
-)
-from paged_core.reference.backend import ReferenceBackend
-from paged_core.reference.fused import ReferenceFusedOps
-from paged_core.registry import hookimpl, load_registry
+from paged_core.quant import QuantizedWeight, WeightFormat
+from paged_core.registry import hookimpl
 
 __all__ = [
     "DENSE_LINEAR_KINDS",
@@ -62,14 +55,10 @@ __all__ = [
     "EagerStrategy",
     "FusedOps",
     "GraphCaptureStrategy",
-    "GraphRunner",
     "GraphSupport",
     "PackedLinear",
     "PagedError",
     "QuantizedWeight",
-    "ReferenceBackend",
-    "ReferenceFusedOps",
-    "StaticInput",
     "StepFn",
     "TorchDeviceHooks",
     "UnsupportedConfigError",
@@ -80,12 +69,6 @@ __all__ = [
     "check_default_cache",
     "check_write_inputs",
     "default_device_hooks",
-    "dequantize",
     "hookimpl",
     "linear_kind",
-    "load_registry",
-    "quantize_blocks",
-    "random_packed",
-    "reference_linear",
-    "round_activations_q8",
 ]

@@ -6,9 +6,10 @@ from typing import ClassVar
 
 import torch
 
-from paged_core.api import LINEAR_FORMATS, FusedOps, PackedLinear, random_packed
+from paged_core.api import LINEAR_FORMATS, FusedOps, PackedLinear
 from paged_core.contract.fused_ops import DENSE_LINEAR_KINDS, LAYER_OPS, LINEAR_KINDS, linear_kind
 from paged_core.reference.fused import ReferenceFusedOps
+from paged_core.testing import random_packed
 
 
 def test_the_base_class_promises_nothing() -> None:

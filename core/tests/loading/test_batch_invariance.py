@@ -10,11 +10,12 @@ from typing import Any, ClassVar
 import pytest
 import torch
 
-from paged_core.api import BackendCapabilities, FusedOps, ReferenceBackend, ReferenceFusedOps, random_packed
+from paged_core.api import BackendCapabilities, FusedOps
 from paged_core.errors import UnsupportedConfigError
 from paged_core.loading.batch_invariance import batch_invariance, model_linear_kinds
 from paged_core.quant import Q4_0, Q8_0
 from paged_core.runner.packed_linear import PackedLinearModule
+from paged_core.testing import ReferenceBackend, ReferenceFusedOps, random_packed
 
 from ..engine_helpers import make_engine
 

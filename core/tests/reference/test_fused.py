@@ -7,9 +7,10 @@ from collections.abc import Callable
 import pytest
 import torch
 
-from paged_core.api import LINEAR_FORMATS, FusedOps, ReferenceBackend, random_packed, reference_linear
+from paged_core.api import LINEAR_FORMATS, FusedOps
 from paged_core.contract.fused_ops import LINEAR_KINDS
 from paged_core.reference.fused import ReferenceFusedOps
+from paged_core.testing import ReferenceBackend, random_packed, reference_linear
 
 OPS, BASE = ReferenceFusedOps(), FusedOps()
 SIZES = (1, 2, 3, 5, 8, 17, 33, 64, 130)

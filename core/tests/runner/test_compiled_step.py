@@ -18,11 +18,11 @@ from typing import Any
 import pytest
 import torch
 
-from paged_core.api import ReferenceBackend
 from paged_core.contract.capabilities import AttentionSpec
 from paged_core.runner.batch import BatchBuilder, RowState, StepBatch
 from paged_core.runner.executors import CompiledExecutor, StepExecutor
 from paged_core.runner.fused import FusedDecoder
+from paged_core.testing import ReferenceBackend
 
 BLOCK, WIDTH, ROWS, TOKENS = 16, 5, 8, 96
 

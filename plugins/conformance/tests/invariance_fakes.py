@@ -11,17 +11,8 @@ from __future__ import annotations
 
 import torch
 
-from paged_core.api import (
-    LINEAR_KINDS,
-    AttentionMetadata,
-    AttentionSpec,
-    FusedOps,
-    PackedLinear,
-    QuantizedWeight,
-    ReferenceBackend,
-    ReferenceFusedOps,
-    dequantize,
-)
+from paged_core.api import LINEAR_KINDS, AttentionMetadata, AttentionSpec, FusedOps, PackedLinear, QuantizedWeight
+from paged_core.testing import ReferenceBackend, ReferenceFusedOps, dequantize
 
 
 class SplitByBatch(ReferenceBackend):

@@ -10,7 +10,8 @@ import dataclasses
 
 from paged_conformance.grid import INVARIANCE_PARTS, invariance_linear_cases
 from paged_conformance.results import declared_rows
-from paged_core.api import DENSE_LINEAR_KINDS, LINEAR_FORMATS, LINEAR_KINDS, ReferenceBackend
+from paged_core.api import DENSE_LINEAR_KINDS, LINEAR_FORMATS, LINEAR_KINDS
+from paged_core.testing import ReferenceBackend
 
 SECTION = "batch_invariance"
 ROWS = [f"{SECTION}:{p}" for p in INVARIANCE_PARTS]

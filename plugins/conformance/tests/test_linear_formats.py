@@ -26,7 +26,8 @@ from paged_conformance.linear_formats import (
 )
 from paged_conformance.results import declared_rows
 from paged_core.api import LINEAR_FORMATS as FORMATS
-from paged_core.api import BackendCapabilities, random_packed, reference_linear
+from paged_core.api import BackendCapabilities
+from paged_core.testing import random_packed, reference_linear
 
 SECTION = "linear_format"
 OWN = ["q4_0", "q4_1", "q8_0", "q4_k", "int8"]

@@ -11,7 +11,8 @@ import torch
 
 from paged_backend_example import ExampleBackend
 from paged_backend_example.kernels import paged_attention
-from paged_core.api import AttentionSpec, build_attention_metadata, load_registry
+from paged_core.api import AttentionSpec, build_attention_metadata
+from paged_core.testing import load_registry
 
 BIN = Path(sys.executable).parent
 # One case per row the test reads; ci/cpu runs the example's whole grid once (reports/conformance-example.json).

@@ -223,7 +223,7 @@ def interleave_q4(data: torch.Tensor, fmt: int) -> torch.Tensor:
 def linear_activations() -> str:
     """How :func:`quant_linear` multiplies q4_0 and q4_1 weights, at every row count: ``int8x2``, ``int8`` or ``fp32``.
 
-    ``int8`` rounds each row of ``x`` to int8 per 32-wide block (:func:`paged_core.api.round_activations_q8`)
+    ``int8`` rounds each row of ``x`` to int8 per 32-wide block (:func:`paged_core.testing.round_activations_q8`)
     and multiplies the blocks' integers in integer dot products; ``int8x2`` (the default) also rounds what that
     left, by the same rule, and adds the two products (about 15 bits per block: the embedded model answers as
     its fp32 dequantized self does, where one level answered "What is the capital of France?" with "L'Étoile");

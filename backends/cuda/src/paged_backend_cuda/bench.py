@@ -17,7 +17,8 @@ from typing import Any
 
 import torch
 
-from paged_core.api import AttentionMetadata, AttentionSpec, load_registry
+from paged_core.api import AttentionMetadata, AttentionSpec
+from paged_core.testing import load_registry
 
 CALLS = 20
 

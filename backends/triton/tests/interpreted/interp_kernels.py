@@ -9,13 +9,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from paged_core.api import (
-    AttentionMetadata,
-    AttentionSpec,
-    ReferenceBackend,
-    UnsupportedConfigError,
-    build_attention_metadata,
-)
+from paged_core.api import AttentionMetadata, AttentionSpec, UnsupportedConfigError, build_attention_metadata
+from paged_core.testing import ReferenceBackend
 from paged_triton import launch
 from paged_triton.tiles import INTERPRET_TILES_ENV
 

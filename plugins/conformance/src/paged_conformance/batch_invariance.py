@@ -66,8 +66,8 @@ from paged_core.api import (
     PackedLinear,
     QuantizedWeight,
     build_attention_metadata,
-    random_packed,
 )
+from paged_core.testing import random_packed
 
 RANDOM_CHUNK = 16
 """The longest prefill chunk of the random steps (each of its tokens is also decoded alone)."""

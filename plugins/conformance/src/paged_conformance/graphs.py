@@ -9,15 +9,8 @@ import torch
 
 from paged_conformance.grid import Case, base_config, declared_dtypes
 from paged_conformance.session import Conformance
-from paged_core.api import (
-    AttentionBackend,
-    AttentionMetadata,
-    AttentionSpec,
-    GraphCaptureStrategy,
-    GraphRunner,
-    GraphSupport,
-    StaticInput,
-)
+from paged_core.api import AttentionBackend, AttentionMetadata, AttentionSpec, GraphCaptureStrategy, GraphSupport
+from paged_core.testing import GraphRunner, StaticInput
 
 
 def graph_case(conformance: Conformance, length: str) -> Case:

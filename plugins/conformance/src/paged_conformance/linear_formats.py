@@ -46,7 +46,8 @@ from paged_conformance.fused import Untouched, column_view, generator, randn
 from paged_conformance.grid import LinearWeight, dtype_name
 from paged_conformance.tracing import first_line
 from paged_core.api import LINEAR_FORMATS as FORMATS
-from paged_core.api import FusedOps, PackedLinear, QuantizedWeight, random_packed, round_activations_q8
+from paged_core.api import FusedOps, PackedLinear, QuantizedWeight
+from paged_core.testing import random_packed, round_activations_q8
 
 SUM_ORDER = 1e-4
 """Relative to ``|x| @ |W|.T + |bias|``: room for any summation order."""

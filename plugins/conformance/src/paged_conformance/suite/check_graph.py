@@ -21,7 +21,8 @@ from paged_conformance.graphs import attention_runner, graph_case
 from paged_conformance.grid import NUM_KV_HEADS, Case, graph_capture_sizes
 from paged_conformance.harness import assert_close
 from paged_conformance.session import Conformance
-from paged_core.api import AttentionBackend, AttentionSpec, GraphRunner, GraphSupport
+from paged_core.api import AttentionBackend, AttentionSpec, GraphSupport
+from paged_core.testing import GraphRunner
 
 MAX_BLOCKS_PER_SEQ = 5
 CACHE_BLOCKS = 96
