@@ -104,8 +104,9 @@ def test_other_refusals_still_name_the_prompt(llm: LLM) -> None:
 
 
 def test_add_request_refuses_a_bad_type_with_an_input_error(llm: LLM) -> None:
-    with pytest.raises(RequestRejectedError, match=r"^prompt must be text \(str\) or a list of token ids \(int\); "
-                                                   r"got bytes"):  # fmt: skip
+    with pytest.raises(
+        RequestRejectedError, match=r"^prompt must be text \(str\) or a list of token ids \(int\); got bytes"
+    ):
         llm.engine.add_request(b"hi")
     assert not llm.engine.has_unfinished_requests()
 

@@ -171,9 +171,14 @@ class LLM:
             self.engine.abort_request([rid])
 
     def _run(
-        self, prompts: list[Prompt], params: list[SamplingParams], use_tqdm: bool, cache_salt: str | None,
-        beam: BeamParams | None = None, refused: Mapping[int, PagedError] | None = None,
-    ) -> list[RequestOutput]:  # fmt: skip
+        self,
+        prompts: list[Prompt],
+        params: list[SamplingParams],
+        use_tqdm: bool,
+        cache_salt: str | None,
+        beam: BeamParams | None = None,
+        refused: Mapping[int, PagedError] | None = None,
+    ) -> list[RequestOutput]:
         """Outputs of ``prompts`` in order; ``refused`` holds prompts already refused, by index (never sent)."""
         engine = self.engine
         # Refusals by index, each with the text its output carries (naming the prompt's index).
@@ -185,8 +190,11 @@ class LLM:
                 refusals[i] = (wrong_type, str(wrong_type))
         sendable = [i for i in range(len(prompts)) if i not in refusals]
         # Added at once, so the core admits them all before its first step, in process or out.
-        added = engine.add_requests([prompts[i] for i in sendable], [params[i] for i in sendable],
-                                    cache_salt=cache_salt, beam=beam) if sendable else []  # fmt: skip
+        added: list[str | PagedError] = []
+        if sendable:
+            added = engine.add_requests(
+                [prompts[i] for i in sendable], [params[i] for i in sendable], cache_salt=cache_salt, beam=beam
+            )
         request_ids: dict[int, str] = {}
         for i, rid_or_error in zip(sendable, added, strict=True):
             if isinstance(rid_or_error, str):
