@@ -49,7 +49,7 @@ def worker_pids() -> list[int]:
     found = []
     for child in psutil.Process().children(recursive=True):
         try:
-            if "paged_core.parallel.worker" in " ".join(child.cmdline()) and child.status() != psutil.STATUS_ZOMBIE:
+            if "paged_core.engine_core.tp_worker" in " ".join(child.cmdline()) and child.status() != psutil.STATUS_ZOMBIE:
                 found.append(child.pid)
         except psutil.Error:
             continue

@@ -209,7 +209,7 @@ def test_tensor_parallel_worker_killed_mid_stream_ends_the_core_with_the_cause(t
                     "--distributed-timeout", "10") as (proc, url, log):  # fmt: skip
         wait_healthy(url, headers={}, timeout=120, proc=proc)
         family = _family(proc.pid)
-        (worker,) = [p for p in family if "paged_core.parallel.worker" in " ".join(p.cmdline())]
+        (worker,) = [p for p in family if "paged_core.engine_core.tp_worker" in " ".join(p.cmdline())]
         streams, killed_at = asyncio.run(_streams_until(url, lambda: os.kill(worker.pid, signal.SIGKILL)))
         health = httpx.get(f"{url}/health", timeout=5)
         assert len(streams) == STREAMS

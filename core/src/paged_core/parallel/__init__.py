@@ -5,7 +5,10 @@
 * :mod:`~paged_core.parallel.group`: the process group and the collectives the model path calls.
 * :mod:`~paged_core.parallel.shard`: slicing a loaded model's projections in place (no model code forked).
 * :mod:`~paged_core.parallel.plans`: the step-plan channel from rank 0 to the workers (zmq, msgspec).
+* :mod:`~paged_core.parallel.heartbeat`: liveness of ranks rank 0 cannot watch as processes.
 * :mod:`~paged_core.parallel.placement`: which devices and threads each data-parallel core's ranks take.
-* :mod:`~paged_core.parallel.workers`: rank 0's side: start ranks 1..N-1, send each step's plan, watch them.
-* :mod:`~paged_core.parallel.worker`: a worker rank: a pure function of the stream of step plans.
+* :mod:`~paged_core.parallel.leader`: rank 0's side: start ranks 1..N-1, send each step's plan, watch them.
+
+A worker rank (ranks 1..N-1) loads and runs a model, so it sits above loading, in
+:mod:`paged_core.engine_core.tp_worker`; nothing here imports loading or the engine.
 """

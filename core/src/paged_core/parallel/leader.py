@@ -1,7 +1,7 @@
 """Rank 0's side of tensor parallelism: form the group, start local workers, send plans, watch the ranks.
 
 With ``distributed_init='local'`` rank 0 starts ranks 1..N-1 as child processes here (each one
-``python -m paged_core.parallel.worker``, dying with its parent); with ``env`` they are launched
+``python -m paged_core.engine_core.tp_worker``, dying with its parent); with ``env`` they are launched
 elsewhere by ``paged worker`` and rank 0 only meets them. Either way rank 0 hosts the rendezvous
 store and puts its engine configuration there first, and every worker runs that configuration. A
 worker that fails writes its cause into the store before exiting, so rank 0 reports it by name.
@@ -127,7 +127,7 @@ def _start_local(rdv: Rendezvous, timeout: float) -> dict[int, subprocess.Popen[
                    LOCAL_RANK=str(rank), PAGED_WORKER_PARENT=str(os.getpid()), PAGED_WORKER_THREADS=str(threads),
                    OMP_NUM_THREADS=str(threads), PAGED_WORKER_TIMEOUT=str(timeout),
                    PAGED_WORKER_VERBOSE="1" if log.isEnabledFor(logging.INFO) else "0")  # fmt: skip
-        procs[rank] = subprocess.Popen([sys.executable, "-m", "paged_core.parallel.worker"], stdin=subprocess.DEVNULL,
+        procs[rank] = subprocess.Popen([sys.executable, "-m", "paged_core.engine_core.tp_worker"], stdin=subprocess.DEVNULL,
                                        env=env)  # fmt: skip
     return procs
 

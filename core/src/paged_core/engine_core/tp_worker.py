@@ -1,4 +1,4 @@
-"""A tensor-parallel worker (ranks 1..N-1): ``python -m paged_core.parallel.worker`` or ``paged worker``.
+"""A tensor-parallel worker (ranks 1..N-1): ``python -m paged_core.engine_core.tp_worker`` or ``paged worker``.
 
 It reads rank 0's engine configuration from the rendezvous store, joins the group, loads and shards
 the model, builds its model runner exactly as rank 0 does (the KV block count agreed, warm-up in
