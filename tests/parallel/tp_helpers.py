@@ -9,6 +9,7 @@ import psutil
 import torch
 
 from paged_core import SamplingParams
+from paged_core.parallel.leader import WORKER_MODULE
 
 
 def save_tiny_llama(directory: Path, seed: int = 0) -> Path:
@@ -49,7 +50,7 @@ def worker_pids() -> list[int]:
     found = []
     for child in psutil.Process().children(recursive=True):
         try:
-            if "paged_core.engine_core.tp_worker" in " ".join(child.cmdline()) and child.status() != psutil.STATUS_ZOMBIE:
+            if WORKER_MODULE in " ".join(child.cmdline()) and child.status() != psutil.STATUS_ZOMBIE:
                 found.append(child.pid)
         except psutil.Error:
             continue

@@ -33,9 +33,9 @@ def register(subparsers: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Check the launch, then serve as this rank until rank 0 quits or goes away."""
+    from paged_core.engine_core.tp_worker import fetch_config, run_worker
     from paged_core.errors import ConfigError
     from paged_core.parallel.rendezvous import env_rendezvous
-    from paged_core.engine_core.tp_worker import fetch_config, run_worker
     from paged_core.process.logs import setup_logging
 
     setup_logging(args.verbose)

@@ -39,6 +39,9 @@ from paged_core.sched.output import SchedulerOutput
 
 log = logging.getLogger("paged.parallel")
 
+WORKER_MODULE = "paged_core.engine_core.tp_worker"
+"""What a local worker rank runs (``python -m``); named, not imported: the worker sits above loading, this below."""
+
 
 def error_key(rank: int) -> str:
     """Where a failing worker leaves its cause in the rendezvous store."""
@@ -127,8 +130,7 @@ def _start_local(rdv: Rendezvous, timeout: float) -> dict[int, subprocess.Popen[
                    LOCAL_RANK=str(rank), PAGED_WORKER_PARENT=str(os.getpid()), PAGED_WORKER_THREADS=str(threads),
                    OMP_NUM_THREADS=str(threads), PAGED_WORKER_TIMEOUT=str(timeout),
                    PAGED_WORKER_VERBOSE="1" if log.isEnabledFor(logging.INFO) else "0")  # fmt: skip
-        procs[rank] = subprocess.Popen([sys.executable, "-m", "paged_core.engine_core.tp_worker"], stdin=subprocess.DEVNULL,
-                                       env=env)  # fmt: skip
+        procs[rank] = subprocess.Popen([sys.executable, "-m", WORKER_MODULE], stdin=subprocess.DEVNULL, env=env)
     return procs
 
 
