@@ -173,7 +173,7 @@ class Scheduler:
         return [] if req is None else self.kv.block_ids(req)
 
     def about_to_decode(self) -> list[Request]:
-        """The running requests whose last token is their one uncomputed token: each decodes in the next step."""
+        """The running requests whose last token is their one uncomputed token: the next step samples after it."""
         return [r for r in self.running if r.num_computed_tokens == r.num_tokens - 1]
 
     # ---- one step -----------------------------------------------------
