@@ -220,10 +220,14 @@ def test_bad_beam_requests_are_refused_naming_the_field(qwen: tuple[LLM, list[li
         llm.beam_search(prompts[:1], 257, max_tokens=2, use_tqdm=False)
     with pytest.raises(RequestRejectedError, match="temperature"):
         llm.engine.add_request(prompts[0], SamplingParams(max_tokens=2, n=2), beam=_beam(2))
-    # The core checks again (its requests may come off a socket), with the same words.
+    # A core process checks again what comes off its socket, with the same words (an in-process core trusts).
     request = llm.engine.input.process("r", prompts[0], SamplingParams(max_tokens=2, temperature=0.0, n=2))
     from msgspec.structs import replace
 
+    from paged_core.engine_core.wire_checks import check_wire_request
+
+    facts = llm.engine.facts
     with pytest.raises(RequestRejectedError, match="top_p"):
-        llm.engine.core.add_request(replace(request, params=SamplingParams(temperature=0.0, top_p=0.5), beam=_beam(2)))
+        bad = replace(request, params=SamplingParams(temperature=0.0, top_p=0.5), beam=_beam(2))
+        check_wire_request(bad, facts.vocab_size, facts.max_num_seqs)
     assert not llm.engine.core.has_unfinished_requests()

@@ -60,18 +60,18 @@ def test_streaming_deltas_rebuild_the_same_text(smol_mp: LLM) -> None:
 def test_junk_on_the_engine_socket_is_dropped(smol_mp: LLM) -> None:
     # The core's only peer is its front end (the core connects to the front end's 0700 directory), so junk can
     # only come from there: a bug or a version mismatch. Send it on the front end's own socket.
-    process = smol_mp.engine.client.process  # type: ignore[attr-defined]
+    process = smol_mp.engine.client.transport  # type: ignore[attr-defined]
     process.to_core.send(b"\xc1 not msgpack")
     process.to_core.send(b"\x81\xa4type\xa3add")  # msgpack for {"type": "add"}: a tagged message missing its fields
     process.to_core.send(b"\0" * (17 << 20))
     out = smol_mp.generate(["Hello there"], replace(GREEDY, max_tokens=4), use_tqdm=False)[0]
     assert out.error is None and len(out.outputs[0].token_ids) == 4
-    # Logged by the core (its stderr; core/tests/engine/test_core_loop.py checks the lines) and counted:
+    # Logged by the core (its stderr; core/tests/engine_core/test_core_loop.py checks the lines) and counted:
     assert smol_mp.engine.client.call("dropped_messages") == 3
 
 
 def test_an_idle_core_blocks_instead_of_spinning(smol_mp: LLM) -> None:
-    core = psutil.Process(smol_mp.engine.client.process.pid)  # type: ignore[attr-defined]
+    core = psutil.Process(smol_mp.engine.client.transport.pid)  # type: ignore[attr-defined]
     before = core.cpu_times()
     time.sleep(3.0)
     after = core.cpu_times()

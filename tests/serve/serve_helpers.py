@@ -137,16 +137,15 @@ MODES = ("inproc", "mp")
 
 def make_mp_engine(loaded: Any, **overrides: Any) -> Any:
     """An :class:`AsyncEngine` over a fresh core process loading the same model (as ``paged serve`` starts one)."""
-    from paged_core.clients.async_client import AsyncMPClient
-    from paged_core.clients.sync_mp_client import start_with_tokenizer
+    from paged_core.clients.factory import make_client
     from paged_core.engine_config import EngineConfig
     from paged_core.serve.async_engine import AsyncEngine
 
     fields = {"model": str(loaded.source.directory), "backend": loaded.backend.name, "kv_cache_memory": "2MiB",
               "max_num_seqs": 128}  # fmt: skip
     fields.update(overrides)
-    process, tokenizer = start_with_tokenizer(EngineConfig.of(**fields))
-    return AsyncEngine(AsyncMPClient(process), tokenizer)
+    client, tokenizer = make_client(EngineConfig.of(**fields), event_loop=True, in_process=False)
+    return AsyncEngine(client, tokenizer)
 
 
 def make_dp_engine(loaded: Any, cores: int = 2, **overrides: Any) -> Any:

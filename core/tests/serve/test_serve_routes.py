@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from typing import Any
 
 from fastapi.testclient import TestClient
@@ -104,6 +105,29 @@ def test_refused_request_is_a_400_naming_the_field(client: TestClient, engine: F
     assert r.status_code == 400
     assert r.json()["error"]["param"] == "max_tokens" and "SamplingParams" not in r.json()["error"]["message"]
     assert not engine.groups
+
+
+def test_refused_streaming_request_starts_at_once_and_ends_with_the_400_as_an_error_event(
+    client: TestClient, engine: FakeEngine
+) -> None:
+    # No admission round trip: the stream is open (200) before the core has read the request, so the core's
+    # refusal ends it as an SSE error event carrying the very body a non-streaming request gets as its 400.
+    plain = client.post("/v1/completions", json={**BASE, "prompt": [5, REFUSED_TOKEN]})
+    assert plain.status_code == 400
+    events = _events(client, "/v1/completions", {**BASE, "prompt": [5, REFUSED_TOKEN], "stream": True})
+    assert events == [plain.json()]
+    # In a batch, the refused prompt ends the stream and its neighbour is aborted.
+    events = _events(client, "/v1/completions", {**BASE, "prompt": [[5], [5, REFUSED_TOKEN]], "max_tokens": 50,
+                                                  "stream": True})  # fmt: skip
+    assert events[-1] == plain.json()
+    refused_chat = [{"role": "user", "content": chr(REFUSED_TOKEN)}]
+    chat = _events(client, "/v1/chat/completions", {**CHAT, "messages": refused_chat, "stream": True})
+    assert chat[-1]["error"]["param"] == "max_tokens" and chat[0]["choices"][0]["delta"]["role"] == "assistant"
+    for _ in range(100):
+        if not engine.groups:
+            break
+        time.sleep(0.01)
+    assert not engine.groups and client.app.state.paged.admission.in_flight == 0  # type: ignore[attr-defined]
 
 
 def test_failed_step_ends_the_stream_with_an_error_event(client: TestClient, engine: FakeEngine) -> None:

@@ -11,9 +11,8 @@ from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
 from paged_core import RequestMetrics, RequestOutput, SamplingParams
-from paged_core.clients.async_client import ThreadCoreClient
 from paged_core.clients.dp_client import sum_stats
-from paged_core.engine_core.messages import CoreRequest
+from paged_core.clients.factory import thread_client
 from paged_core.engine_core.messages import SchedulerStats as EngineStats
 from paged_core.errors import ConfigError, RequestRejectedError
 from paged_core.serve import AsyncEngine, EngineDeadError, ServeConfig, build_app
@@ -121,16 +120,18 @@ def test_async_engine_serves_refuses_aborts_and_stops() -> None:
     engine = FakeEngine()
 
     async def scenario() -> None:
-        ae = AsyncEngine(ThreadCoreClient(engine), engine.tokenizer)
+        ae = AsyncEngine(thread_client(engine), engine.tokenizer)
         ae.start()
         try:
-            stream = await ae.add("r1", [5, 6], SamplingParams(max_tokens=3))
+            stream = ae.add("r1", [5, 6], SamplingParams(max_tokens=3))
             outs = [o async for o in stream]
             assert [o.outputs[0].text for o in outs] == ["a", "aa", "aaa"] and outs[-1].finished
-            with pytest.raises(RequestRejectedError):
-                await ae.add("r2", [REFUSED_TOKEN], SamplingParams())
+            refused = ae.add("r2", [REFUSED_TOKEN], SamplingParams())  # no round trip: the stream carries the refusal
+            with pytest.raises(RequestRejectedError, match="max_tokens must be refused"):
+                async for _ in refused:
+                    pass
             assert ae.num_streams == 0
-            long = await ae.add("r3", [5], SamplingParams(max_tokens=10_000))
+            long = ae.add("r3", [5], SamplingParams(max_tokens=10_000))
             assert ae.abort("r3") and not ae.abort("r3")
             for _ in range(200):
                 if "r3" in engine.aborted:
@@ -138,7 +139,7 @@ def test_async_engine_serves_refuses_aborts_and_stops() -> None:
                 await asyncio.sleep(0.01)
             assert "r3" in engine.aborted and not engine.groups
             assert ae.stats.num_running == 0
-            pending = await ae.add("r4", [5], SamplingParams(max_tokens=10_000))
+            pending = ae.add("r4", [5], SamplingParams(max_tokens=10_000))
         finally:
             ae.stop()
         with pytest.raises(EngineDeadError, match="shutting down"):
@@ -150,21 +151,18 @@ def test_async_engine_serves_refuses_aborts_and_stops() -> None:
     asyncio.run(scenario())
 
 
-def test_adds_racing_a_stop_are_refused_not_left_hanging() -> None:
+def test_adds_after_a_stop_are_refused_not_left_hanging() -> None:
     async def scenario() -> None:
         fake = FakeEngine()
-        ae = AsyncEngine(ThreadCoreClient(fake), fake.tokenizer)
+        ae = AsyncEngine(thread_client(fake), fake.tokenizer)
         ae.start()
+        sent = ae.add("sent", [5], SamplingParams(max_tokens=10_000))
         ae.stop()
         with pytest.raises(EngineDeadError):  # after stop, add refuses up front
-            await ae.add("late", [5], SamplingParams())
-        # An add that slipped into the queue just as the thread ended gets settled, not forgotten.
-        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        client = ae.client
-        assert isinstance(client, ThreadCoreClient)
-        client._cmds.put(("add", CoreRequest("racing", [5], SamplingParams()), fut))
-        client._refuse_queued()
-        with pytest.raises(EngineDeadError):
-            await asyncio.wait_for(fut, 5)
+            ae.add("late", [5], SamplingParams())
+        with pytest.raises(EngineDeadError):  # the client refuses too, whoever calls it
+            ae.client.add([])
+        with pytest.raises(EngineDeadError, match="shutting down"):  # a stream open at the stop is ended
+            await asyncio.wait_for(anext(aiter(sent)), 5)
 
     asyncio.run(scenario())

@@ -1,6 +1,6 @@
 """DataParallelClient: M engine-core processes behind one server (``paged serve --data-parallel-size M``).
 
-It is an :class:`~paged_core.clients.async_client.AsyncCoreClient` over M :class:`AsyncMPClient`\\ s, so
+It is an :class:`~paged_core.clients.interface.AsyncCoreClient` over M :class:`EventLoopClient`\\ s, so
 :class:`~paged_core.serve.async_engine.AsyncEngine` serves it like one core. The
 :class:`~paged_core.clients.dp_router.Router` places each new request (prefix affinity, else the least-loaded
 live core) and sends each abort to the core running its request. Each core's outputs go to the engine
@@ -8,8 +8,9 @@ as they come; :attr:`stats` is the cores' sum and :attr:`per_core` the figures o
 
 A core that dies fails only its own requests (:class:`EngineDeadError` "engine core 1 died: ...", through
 ``on_failed``), leaves routing, and is logged and reported in ``/health`` and ``paged_engine_up``; a
-request still waiting for that core's admission is placed on another core instead. The other cores keep
-serving; ``on_dead`` fires only when the last one dies (the server then exits non-zero).
+request that core had not yet answered for (no token, no refusal) is placed on another core instead, since
+nothing of it reached the client. The other cores keep serving; ``on_dead`` fires only when the last one dies
+(the server then exits non-zero).
 """
 
 from __future__ import annotations
@@ -19,18 +20,19 @@ import functools
 import logging
 import threading
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import msgspec
 
-from paged_core.clients.async_client import AsyncCoreClient, AsyncMPClient, OnDead, OnFailed, OnOutputs
 from paged_core.clients.core_process import CoreProcess, EngineStartError
 from paged_core.clients.dp_router import Router
+from paged_core.clients.event_loop import EventLoopClient
+from paged_core.clients.interface import AsyncCoreClient, OnDead, OnFailed, OnOutputs
 from paged_core.engine_config import EngineConfig
 from paged_core.engine_core.messages import CoreAbort, CoreFacts, CoreOutputs, CoreRequest, SchedulerStats
-from paged_core.errors import EngineDeadError, RequestRejectedError
+from paged_core.errors import EngineDeadError
 from paged_core.parallel.placement import dp_environ
 
 log = logging.getLogger("paged.serve")
@@ -62,7 +64,7 @@ def start_core_processes(
     Each core gets ``config`` with ``data_parallel_size=1``: it is one engine and need not know of the others.
     If any fails to start, all are stopped and the first error is raised.
     """
-    from paged_core.clients.sync_mp_client import load_frontend_tokenizer
+    from paged_core.clients.factory import load_frontend_tokenizer
     from paged_core.loading.loader import resolve_source
 
     resolve_source(config.model.model)  # a bad path is refused before any process starts
@@ -102,7 +104,7 @@ def sum_stats(live: list[SchedulerStats], every: list[SchedulerStats]) -> Schedu
     )  # fmt: skip
 
 
-class DataParallelClient:
+class DataParallelClient(AsyncCoreClient):
     """Routes requests over several started core processes (see the module docstring).
 
     ``facts`` are the first core's, with the capacities (``max_num_seqs``, ``num_usable_blocks``) summed over
@@ -130,7 +132,8 @@ class DataParallelClient:
             self.router.note_stats(i, s)
         self.stats: SchedulerStats = sum_stats(self._core_stats, self._core_stats)
         self._dead: dict[int, str] = {}
-        self._admitting: set[str] = set()
+        self._unanswered: dict[str, CoreRequest] = {}
+        """Requests sent to a core that has not yet answered for them (no delta, no refusal): re-placeable."""
         self._on_outputs: OnOutputs | None = None
         self._on_dead: OnDead | None = None
         self._on_failed: OnFailed | None = None
@@ -140,7 +143,7 @@ class DataParallelClient:
         """Start ``config.parallel.data_parallel_size`` cores and the client over them; also the tokenizer."""
         processes, tokenizer = start_core_processes(config, config.parallel.data_parallel_size, **process_options)
         try:
-            return cls([AsyncMPClient(p) for p in processes]), tokenizer
+            return cls([EventLoopClient(p) for p in processes]), tokenizer
         except BaseException:
             _close_all(processes, 2.0)
             raise
@@ -166,30 +169,29 @@ class DataParallelClient:
         """Each core's process id (None for a core that is not a process)."""
         return [getattr(c, "pid", None) for c in self.clients]
 
-    async def add(self, request: CoreRequest) -> None:
-        rid = request.request_id
-        tried: set[int] = set()
+    def add(self, requests: Sequence[CoreRequest]) -> dict[str, str]:
+        """Place each request on a core and send it there (refusals come in that core's outputs)."""
+        for request in requests:
+            self._place(request)
+        return {}
+
+    def _place(self, request: CoreRequest, exclude: Iterable[int] = ()) -> None:
+        tried = set(exclude)
         while True:
-            route = self.router.route(rid, request.prompt_token_ids, request.cache_salt, request.params.n, tried)
-            self._admitting.add(rid)
+            route = self.router.route(request.request_id, request.prompt_token_ids, request.cache_salt,
+                                      request.params.n, tried)  # fmt: skip
             try:
-                await self.clients[route.core].add(request)
-            except RequestRejectedError:
-                self.router.forget(rid)
-                raise
-            except EngineDeadError:
-                # Not admitted: the core died first. The request has produced nothing yet, so place it again.
-                self.router.forget(rid)
+                self.clients[route.core].add([request])
+            except EngineDeadError:  # the core died and its death is not yet reported: the next core
+                self.router.forget(request.request_id)
                 tried.add(route.core)
-                log.warning("request %s: engine core %d is dead; placing it on another core", rid, route.core)
                 continue
-            finally:
-                self._admitting.discard(rid)
-            if route.core in self._dead:  # admitted, then the core died before this resumed
-                raise EngineDeadError(self._dead[route.core])
+            self._unanswered[request.request_id] = request
             return
 
     def abort(self, abort: CoreAbort) -> None:
+        for rid in abort.request_ids:
+            self._unanswered.pop(rid, None)
         for core, part in self.router.split_abort(abort).items():
             self.clients[core].abort(part)
 
@@ -233,9 +235,11 @@ class DataParallelClient:
         self._core_stats[core] = outputs.stats
         self.router.note_stats(core, outputs.stats)
         for d in outputs.deltas:
+            self._unanswered.pop(d.request_id, None)
             if d.finish_reason is not None or d.error is not None:
                 self.router.sequence_done(d.request_id, d.index)
-        for rid in outputs.failed:
+        for rid in [*outputs.failed, *outputs.refused]:
+            self._unanswered.pop(rid, None)
             self.router.forget(rid)
         self._update_stats()
         assert self._on_outputs is not None
@@ -246,8 +250,12 @@ class DataParallelClient:
             return
         reason = f"engine core {core} died: {why}"
         self._dead[core] = reason
-        # Requests still waiting for this core's admission are placed again by add(); the others are lost.
-        lost = [rid for rid in self.router.mark_dead(core) if rid not in self._admitting]
+        lost = []
+        for rid in self.router.mark_dead(core):
+            request = self._unanswered.pop(rid, None)
+            if request is not None and self._replace(request, core):
+                continue
+            lost.append(rid)
         left = len(self.clients) - len(self._dead)
         log.error("%s; %d request(s) on it failed, %d engine core(s) still serving", reason, len(lost), left)
         self._update_stats()
@@ -258,6 +266,16 @@ class DataParallelClient:
             self._on_dead(reason)
         elif left == 0:
             self._on_dead("every engine core died: " + "; ".join(self._dead[i] for i in sorted(self._dead)))
+
+    def _replace(self, request: CoreRequest, dead: int) -> bool:
+        """Place a request its dead core never answered for on another core; False if none is left."""
+        try:
+            self._place(request, exclude=self._dead)
+        except EngineDeadError:
+            return False
+        log.warning("request %s: engine core %d died before answering; placed on another core", request.request_id,
+                    dead)  # fmt: skip
+        return True
 
     def _update_stats(self) -> None:
         live = [s for i, s in enumerate(self._core_stats) if i not in self._dead]

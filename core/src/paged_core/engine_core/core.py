@@ -2,7 +2,7 @@
 
 The core knows token ids only. It never sees text: detokenization, stop strings and assembling
 ``n`` samples into one output are the front end's (:mod:`paged_core.frontend.output_processor`). The same
-object runs in the caller's process (:class:`~paged_core.clients.sync_client.InProcClient`) or in a
+object runs in the caller's process (:class:`~paged_core.clients.in_process.InProcClient`) or in a
 child process behind a socket (:mod:`paged_core.engine_core.loop`).
 """
 

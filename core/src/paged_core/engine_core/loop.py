@@ -22,9 +22,9 @@ from typing import Any
 import msgspec
 import zmq
 
+from paged_core.engine_core.channels import CoreChannel, SocketChannel
 from paged_core.engine_core.messages import (
     CoreAbort,
-    CoreAdmission,
     CoreFailed,
     CoreOutputs,
     CoreReady,
@@ -35,35 +35,35 @@ from paged_core.engine_core.messages import (
     CoreUtilityResult,
     ToCore,
 )
+from paged_core.engine_core.wire_checks import check_wire_request
 from paged_core.errors import DistributedError
 from paged_core.process.parent import die_with_parent
 
 log = logging.getLogger("paged.core")
 
-MAX_MESSAGE_BYTES = 16 << 20
-"""Largest message the core decodes; a bigger one is dropped and logged (the front end bounds requests far below)."""
 IDLE_POLL_MS = 1000
 """How long an idle core blocks before checking that its parent is alive."""
 
 
 class CoreLoop:
-    """The message loop around one :class:`EngineCore` (separate from :func:`main` so tests can drive it)."""
+    """The message loop around one :class:`EngineCore`, over a channel to its front end.
 
-    def __init__(self, core: Any, inbox: zmq.Socket[Any], outbox: zmq.Socket[Any], parent_pid: int | None) -> None:
+    A core process runs it over its sockets (:class:`SocketChannel`, in :func:`main`); the server's in-process
+    core runs it on a thread over queues (:class:`~paged_core.clients.core_thread.CoreThread`). Each turn: read
+    every queued message, step while requests are unfinished, send each step's outputs with the adds it refused.
+    Adds are never answered on their own, so a front end can stream a request as soon as it is sent.
+    """
+
+    def __init__(self, core: Any, channel: CoreChannel, parent_pid: int | None = None) -> None:
         self.core = core
-        self.inbox = inbox
-        self.outbox = outbox
+        self.channel = channel
         self.parent_pid = parent_pid
         self.running = True
-        self.dropped = 0
-        """Messages dropped as malformed or oversized (answered to the utility call ``dropped_messages``)."""
-        self.decoder = msgspec.msgpack.Decoder(ToCore)
-        self.encoder = msgspec.msgpack.Encoder()
-        self.poller = zmq.Poller()
-        self.poller.register(inbox, zmq.POLLIN)
+        self._limits: tuple[int, int] | None = None
+        """(vocab_size, max_num_seqs) for re-checking requests off an untrusted channel (read on first use)."""
 
     def send(self, message: Any) -> None:
-        self.outbox.send(self.encoder.encode(message), copy=False)
+        self.channel.send(message)
 
     def run(self) -> None:
         """Serve until shutdown, SIGTERM or the parent's death.
@@ -82,74 +82,70 @@ class CoreLoop:
         failure = getattr(core, "failure", None)
         while self.running:
             if not core.has_unfinished_requests():
-                self.poller.poll(IDLE_POLL_MS)
+                self.channel.wait(IDLE_POLL_MS)
             if self.parent_pid is not None and os.getppid() != self.parent_pid:
                 log.warning("the front end (pid %d) is gone; engine core exiting", self.parent_pid)
                 return
             if failure is not None and (dead := failure()) is not None:
                 raise DistributedError(dead)
-            changed = self.drain()
+            refused: dict[str, str] = {}
+            changed = self.drain(refused)
             if not self.running:
                 return
             if core.has_unfinished_requests():
-                self.send(core.step())
-            elif changed:
-                self.send(CoreOutputs([], core.stats()))  # an idle core still reports what aborts freed
+                outputs = core.step()
+                if refused:
+                    outputs.refused = {**outputs.refused, **refused}
+                self.send(outputs)
+            elif changed or refused:
+                # An idle core still reports what aborts freed, and the adds it refused.
+                self.send(CoreOutputs([], core.stats(), refused=refused))
 
-    def drain(self) -> bool:
-        """Apply every queued message; True if any changed the core's state."""
+    def drain(self, refused: dict[str, str]) -> bool:
+        """Apply every queued message (refused adds into ``refused``); True if any changed the core's state."""
         changed = False
-        admission = CoreAdmission([], {})
-        while True:
-            try:
-                frame = self.inbox.recv(zmq.NOBLOCK, copy=False)
-            except zmq.Again:
+        while self.running:
+            message = self.channel.receive()
+            if message is None:
                 break
-            changed |= self.handle(frame, admission)
-            if not self.running:
-                break
-        if admission.accepted or admission.rejected:
-            self.send(admission)
+            changed |= self.handle(message, refused)
         return changed
 
-    def add(self, request: CoreRequest, admission: CoreAdmission) -> bool:
+    def add(self, request: CoreRequest, refused: dict[str, str]) -> bool:
         try:
+            if not self.channel.trusted:
+                request = check_wire_request(request, *self._wire_limits())
             self.core.add_request(request)
         except Exception as exc:  # refused (or worse): this request alone, with the reason
-            admission.rejected[request.request_id] = str(exc) or type(exc).__name__
+            refused[request.request_id] = str(exc) or type(exc).__name__
             return False
-        admission.accepted.append(request.request_id)
         return True
 
-    def handle(self, frame: Any, admission: CoreAdmission) -> bool:
-        """One message; a malformed or oversized one is dropped and logged, and everyone else is served."""
-        size = len(frame.buffer)
-        if size > MAX_MESSAGE_BYTES:
-            log.error("dropped a %d-byte message on the engine socket (limit %d bytes)", size, MAX_MESSAGE_BYTES)
-            self.dropped += 1
-            return False
-        try:
-            msg = self.decoder.decode(frame.buffer)
-        except (msgspec.DecodeError, msgspec.ValidationError, ValueError, TypeError) as exc:
-            log.error("dropped a malformed %d-byte message on the engine socket: %s", size, exc)
-            self.dropped += 1
-            return False
+    def _wire_limits(self) -> tuple[int, int]:
+        if self._limits is None:
+            facts = self.core.facts()
+            self._limits = (facts.vocab_size, facts.max_num_seqs)
+        return self._limits
+
+    def handle(self, message: ToCore, refused: dict[str, str]) -> bool:
+        """Apply one message; True if it changed the core's state."""
         core = self.core
-        if isinstance(msg, CoreRequest):
-            return self.add(msg, admission)
-        if isinstance(msg, CoreRequests):
-            return any([self.add(r, admission) for r in msg.requests])
-        if isinstance(msg, CoreAbort):
-            core.abort(msg)
+        if isinstance(message, CoreRequest):
+            return self.add(message, refused)
+        if isinstance(message, CoreRequests):
+            return any([self.add(r, refused) for r in message.requests])
+        if isinstance(message, CoreAbort):
+            core.abort(message)
             return True
-        if isinstance(msg, CoreUtility):
+        if isinstance(message, CoreUtility):
             try:
-                result = self.dropped if msg.method == "dropped_messages" else core.call(msg.method)
-                self.send(CoreUtilityResult(msg.call_id, result))
+                dropped = message.method == "dropped_messages"
+                result = self.channel.dropped if dropped else core.call(message.method)
+                self.send(CoreUtilityResult(message.call_id, result))
             except Exception as exc:
-                self.send(CoreUtilityResult(msg.call_id, None, f"{type(exc).__name__}: {exc}"))
-            return msg.method == "reset_prefix_cache"
-        if isinstance(msg, CoreShutdown):
+                self.send(CoreUtilityResult(message.call_id, None, f"{type(exc).__name__}: {exc}"))
+            return message.method == "reset_prefix_cache"
+        if isinstance(message, CoreShutdown):
             self.running = False
         return False
 
@@ -203,7 +199,7 @@ def main(argv: list[str] | None = None) -> int:
             encoder = msgspec.msgpack.Encoder()
             outbox.send(encoder.encode(CoreFailed(str(exc) or type(exc).__name__, type(exc).__name__)))
             return 1
-        loop = CoreLoop(core, inbox, outbox, parent)
+        loop = CoreLoop(core, SocketChannel(inbox, outbox), parent)
         loop.send(CoreReady(core.facts(), core.stats()))
         try:
             loop.run()

@@ -2,9 +2,11 @@
 
 The front end sends :class:`CoreRequest` (add), :class:`CoreAbort`, :class:`CoreUtility` and
 :class:`CoreShutdown`; the core answers with :class:`CoreOutputs` (per-sequence deltas plus the
-step's :class:`SchedulerStats`), :class:`CoreAdmission` (accepted or refused adds),
-:class:`CoreUtilityResult`, and once at start-up :class:`CoreReady`
-or :class:`CoreFailed`. Nothing here holds text: detokenization and stop strings are the front end's.
+step's :class:`SchedulerStats`, and the adds it refused), :class:`CoreUtilityResult`, and once at start-up
+:class:`CoreReady` or :class:`CoreFailed`. An add is never answered on its own: the front end streams at once,
+and a refusal comes back in the next :class:`CoreOutputs`. Over a socket these are msgpack; between a
+front end and a core thread the same objects go through queues. Nothing here holds text: detokenization and
+stop strings are the front end's.
 """
 
 from __future__ import annotations
@@ -108,13 +110,15 @@ class CoreOutputs(msgspec.Struct, tag="outputs"):
     """One step's deltas (possibly none: an idle core reports stats after an abort) and the stats after it.
 
     ``failed`` maps request ids the step ended on an error to why (their deltas carry the same ``error``);
-    ``step_error`` is set when the step failed as a whole (its requests are in ``failed``).
+    ``step_error`` is set when the step failed as a whole (its requests are in ``failed``). ``refused`` maps
+    request ids the core did not admit (read since its last outputs) to why; they produced nothing.
     """
 
     deltas: list[SeqDelta]
     stats: SchedulerStats
     failed: dict[str, str] = {}
     step_error: str | None = None
+    refused: dict[str, str] = {}
 
 
 class CoreFacts(msgspec.Struct, frozen=True):
@@ -153,13 +157,6 @@ class CoreFailed(msgspec.Struct, tag="failed", frozen=True):
     error_type: str
 
 
-class CoreAdmission(msgspec.Struct, tag="admission", frozen=True):
-    """The core's answer to the adds it just read: accepted ids, and refused ids with the reason."""
-
-    accepted: list[str] = []
-    rejected: dict[str, str] = {}
-
-
 class CoreUtilityResult(msgspec.Struct, tag="utility_result", frozen=True):
     """The answer to :class:`CoreUtility` ``call_id``: a msgspec-encodable value, or ``error``."""
 
@@ -169,4 +166,4 @@ class CoreUtilityResult(msgspec.Struct, tag="utility_result", frozen=True):
 
 
 ToCore = CoreRequest | CoreRequests | CoreAbort | CoreUtility | CoreShutdown
-FromCore = CoreOutputs | CoreAdmission | CoreUtilityResult | CoreReady | CoreFailed
+FromCore = CoreOutputs | CoreUtilityResult | CoreReady | CoreFailed

@@ -70,7 +70,8 @@ class InputProcessor:
 
     # ---- pieces (the server calls these off its event loop) ----------------
     def encode(self, text: str, param: str = "prompt", add_special_tokens: bool = True) -> list[int]:
-        """Token ids of ``text``; empty text, a model without a tokenizer and an empty encoding are refused."""
+        """Token ids of ``text``; empty text, a model without a tokenizer, an empty encoding and ids outside the
+        vocabulary (a tokenizer larger than the model's embedding) are refused."""
         if not text:
             raise InputError(f"{param} is empty", param)
         if self.tokenizer is None:
@@ -78,7 +79,7 @@ class InputProcessor:
         ids = [int(t) for t in self.tokenizer.encode(text, add_special_tokens=add_special_tokens)]
         if not ids:
             raise InputError(f"{param} encodes to no tokens", param)
-        return ids
+        return self.check_ids(ids, param)
 
     def check_ids(self, ids: Sequence[Any], param: str = "prompt") -> list[int]:
         """``ids`` as a list if every one is a valid token id; else refused naming the bad ones."""

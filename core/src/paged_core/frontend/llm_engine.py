@@ -5,12 +5,15 @@ from __future__ import annotations
 import itertools
 from collections.abc import Sequence as Seq
 
-from paged_core.clients.sync_client import CoreClient, InProcClient
+import msgspec
+
+from paged_core.clients.factory import make_client
+from paged_core.clients.in_process import InProcClient
 from paged_core.data_parallel import require_one_engine_core
 from paged_core.engine_config import EngineConfig
 from paged_core.engine_core.beam_params import BeamParams
 from paged_core.engine_core.core import EngineCore
-from paged_core.engine_core.messages import CoreAbort, CoreRequest, SchedulerStats
+from paged_core.engine_core.messages import CoreAbort, CoreRequest, SchedulerStats, SeqDelta
 from paged_core.errors import PagedError, RequestRejectedError
 from paged_core.frontend.input_processor import InputProcessor
 from paged_core.frontend.output_processor import OutputProcessor
@@ -29,7 +32,7 @@ class LLMEngine:
     Call :meth:`add_request` any time and :meth:`step` in a loop; each step's outputs are the
     cumulative :class:`RequestOutput` of every request that progressed. The engine core runs in
     this process (the default) or, with ``multiprocess=True``, in a child process behind a socket
-    (:mod:`paged_core.clients.sync_mp_client`); outputs are the same token for token.
+    (:mod:`paged_core.clients.factory` picks the client); outputs are the same token for token.
 
     No request can fail another: request data is bounded at admission, a row the sampler cannot
     serve ends alone, and a step that fails as a whole ends only the requests it was running (it
@@ -42,18 +45,7 @@ class LLMEngine:
     ) -> None:
         self.config = config or EngineConfig()
         require_one_engine_core(self.config, "an LLMEngine (and LLM)")
-        client: CoreClient
-        if multiprocess:
-            if loaded is not None:
-                raise ValueError("a multi-process engine loads its own model; loaded= is in-process only")
-            from paged_core.clients.sync_mp_client import SyncMPClient, start_with_tokenizer
-
-            process, tokenizer = start_with_tokenizer(self.config)
-            client = SyncMPClient(process)
-        else:
-            core = EngineCore(self.config, loaded)
-            client = InProcClient(core)
-            tokenizer = core.tokenizer
+        client, tokenizer = make_client(self.config, event_loop=False, in_process=not multiprocess, loaded=loaded)
         self.client = client
         self.facts = client.facts
         self.tokenizer = tokenizer
@@ -98,7 +90,9 @@ class LLMEngine:
         if rid in self.output:
             raise RequestRejectedError(f"request id {rid!r} is already in use")
         request = self.input.process(rid, prompt, params, cache_salt=cache_salt, priority=priority, beam=beam)
-        self.client.add(request)
+        refused = self.client.add([request])
+        if refused:
+            raise RequestRejectedError(refused[rid])
         self.output.add(request, prompt if isinstance(prompt, str) else None)
         return rid
 
@@ -121,7 +115,7 @@ class LLMEngine:
                 continue
             results.append(rid)
             queued.append((i, request, prompt if isinstance(prompt, str) else None))
-        refused = self.client.add_many([r for _, r, _ in queued]) if queued else {}
+        refused = self.client.add([r for _, r, _ in queued]) if queued else {}
         for i, request, text in queued:
             why = refused.get(request.request_id)
             if why is not None:
@@ -160,6 +154,9 @@ class LLMEngine:
         if not self.output and not isinstance(self.client, InProcClient):
             return []  # a core process with nothing to do sends nothing: do not wait for it
         outputs = self.client.step()
+        if outputs.refused:  # a core across a transport answers adds here: each refused request ends with its reason
+            refusals = [SeqDelta(rid, 0, [], finish_reason="abort", error=why) for rid, why in outputs.refused.items()]
+            outputs = msgspec.structs.replace(outputs, deltas=refusals + outputs.deltas)
         self.stats = outputs.stats
         self.failed = dict(outputs.failed)
         results, stopped = self.output.process(outputs)

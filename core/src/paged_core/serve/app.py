@@ -10,7 +10,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from paged_core.clients.async_client import ThreadCoreClient
+from paged_core.clients.factory import thread_client
 from paged_core.serve import chat, completions, openapi
 from paged_core.serve.async_engine import AsyncEngine
 from paged_core.serve.auth import BearerAuth
@@ -32,7 +32,7 @@ def build_app(engine: AsyncEngine | Any, config: ServeConfig | None = None) -> F
     :class:`~paged_core.engine_core.core.EngineCore` (or anything with its interface), which gets a thread.
     """
     config = config or ServeConfig()
-    aengine = engine if isinstance(engine, AsyncEngine) else AsyncEngine(ThreadCoreClient(engine), engine.tokenizer)
+    aengine = engine if isinstance(engine, AsyncEngine) else AsyncEngine(thread_client(engine), engine.tokenizer)
     metrics = ServerMetrics(lambda: aengine.stats, read_cores=lambda: aengine.per_core)
     aengine.observer = metrics.observe
     facts = aengine.facts

@@ -1,10 +1,11 @@
 """AsyncEngine: the server's front end: input and output processing on the event loop, a core behind a client.
 
 HTTP handlers :meth:`~AsyncEngine.add` requests and read their :class:`RequestStream`; the core
-(a thread or a child process, see :mod:`paged_core.clients.async_client`) sends token deltas, which
-the :class:`~paged_core.frontend.output_processor.OutputProcessor` turns into cumulative outputs here. When
-the core dies every open stream ends with :class:`EngineDeadError` naming the cause, and
-``on_dead`` lets the server exit (so a supervisor restarts it).
+(a thread or a child process, see :mod:`paged_core.clients.factory`) sends token deltas, which
+the :class:`~paged_core.frontend.output_processor.OutputProcessor` turns into cumulative outputs here. An add is
+not answered: the stream starts at once, and a request the core refuses ends its stream with
+:class:`~paged_core.errors.RequestRejectedError`. When the core dies every open stream ends with
+:class:`EngineDeadError` naming the cause, and ``on_dead`` lets the server exit (so a supervisor restarts it).
 """
 
 from __future__ import annotations
@@ -15,10 +16,10 @@ import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-from paged_core.clients.async_client import AsyncCoreClient
+from paged_core.clients.interface import AsyncCoreClient
 from paged_core.engine_core.beam_params import BeamParams
-from paged_core.engine_core.messages import CoreAbort, CoreFacts, CoreOutputs, SchedulerStats
-from paged_core.errors import EngineDeadError, PagedError
+from paged_core.engine_core.messages import CoreAbort, CoreFacts, CoreOutputs, CoreRequest, SchedulerStats
+from paged_core.errors import EngineDeadError, PagedError, RequestRejectedError
 from paged_core.frontend.input_processor import InputProcessor
 from paged_core.frontend.output_processor import OutputProcessor
 from paged_core.frontend.outputs import RequestOutput
@@ -105,7 +106,7 @@ class AsyncEngine:
     @property
     def healthy(self) -> bool:
         """True while the core runs and has not died."""
-        return self._started and not self._stopped and self._dead is None and bool(getattr(self.client, "alive", True))
+        return self._started and not self._stopped and self._dead is None and self.client.alive
 
     @property
     def dead_reason(self) -> str | None:
@@ -128,30 +129,37 @@ class AsyncEngine:
         return len(self._streams)
 
     # ---- requests (event loop side) -------------------------------------
-    async def add(
+    def add(
         self, request_id: str, prompt: list[int], params: SamplingParams, cache_salt: str | None = None,
         priority: int = 0, sink: Sink | None = None, beam: BeamParams | None = None,
     ) -> RequestStream:  # fmt: skip
-        """Queue a request (a beam search with ``beam``); raises :class:`PagedError` if refused. Outputs go to
-        ``sink`` if given."""
+        """Send a request (a beam search with ``beam``) and return its stream at once; outputs go to ``sink`` if given.
+
+        The input is the route's, validated where it entered (token ids, params bounded by the vocabulary, beam
+        rules, priority): nothing is checked again here. A refusal by the core ends the stream with
+        :class:`RequestRejectedError`; a dead engine or a request id in use raise here.
+        """
         if not self.healthy:
             raise EngineDeadError(f"engine is not running ({self._dead or 'stopped'})")
         if request_id in self._streams:
             raise PagedError(f"request id {request_id!r} is already in use")
-        request = self.input.process(request_id, prompt, params, cache_salt=cache_salt, priority=priority, beam=beam)
+        request = CoreRequest(request_id, prompt, params, cache_salt, priority, time.monotonic(), beam=beam)
         stream = RequestStream(request_id, sink)
         self._streams[request_id] = stream
         self.output.add(request)
         try:
-            await self.client.add(request)
+            refused = self.client.add([request])
         except BaseException:
-            # Refused, or the caller went away while waiting: make sure nothing stays queued.
-            self._streams.pop(request_id, None)
-            self.output.remove([request_id])
-            if self.healthy:
-                self.client.abort(CoreAbort(request_ids=[request_id]))
+            self._forget(request_id)
             raise
+        if refused:
+            self._forget(request_id)
+            raise RequestRejectedError(refused[request_id])
         return stream
+
+    def _forget(self, request_id: str) -> None:
+        self._streams.pop(request_id, None)
+        self.output.remove([request_id])
 
     def abort(self, request_id: str) -> bool:
         """Abort a request (its blocks are freed on the core's next turn); False if it was done."""
@@ -178,6 +186,11 @@ class AsyncEngine:
     # ---- from the core (event loop side) --------------------------------
     def _on_outputs(self, outputs: CoreOutputs) -> None:
         now = time.monotonic()
+        for rid, why in outputs.refused.items():
+            stream = self._streams.pop(rid, None)
+            self.output.remove([rid])
+            if stream is not None:
+                stream.queue.put_nowait(RequestRejectedError(why))
         if outputs.step_error is not None:
             log.error("engine step failed: %s", outputs.step_error)
         for rid, why in outputs.failed.items():

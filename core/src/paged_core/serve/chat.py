@@ -38,16 +38,17 @@ async def create_chat_completion(request: Request) -> Response:
     state.check_model(req.model)
     check_limits(req, state.config)
     limit = state.config.max_tokens_limit
-    sampling_params(req, placeholder_max_tokens(req, limit))  # refuse bad sampling fields before the template
+    vocab_size = state.engine.facts.vocab_size
+    sampling_params(req, placeholder_max_tokens(req, limit), vocab_size)  # refuse bad fields before the template
     # The template only adds text around the contents, so their length alone can prove the chat cannot fit.
     state.tokens.refuse_oversize(sum(len(m.text()) for m in req.messages), state.max_model_len, "messages")
     ids = await state.tokens.offload(state.tokens.render_chat, req.messages, req.add_generation_prompt,
                                      req.chat_template_kwargs)  # fmt: skip
     max_tokens = check_context(len(ids), requested_max_tokens(req), state.max_model_len, "messages", limit=limit,
                                max_tokens_param=max_tokens_param(req))  # fmt: skip
-    params = sampling_params(req, max_tokens)
+    params = sampling_params(req, max_tokens, vocab_size)
     gen = Generation(state, request, "chatcmpl")
-    await gen.start([ids], [params], req.cache_salt, req.priority)
+    gen.start([ids], [params], req.cache_salt, req.priority)
     if req.stream:
         return stream_response(gen, _chunks(gen, req, state))
     try:

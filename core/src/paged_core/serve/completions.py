@@ -79,15 +79,16 @@ async def create_completion(request: Request) -> Response:
     check_limits(req, state.config)
     # Validates every field once, before paying for tokenization or computing any token budget.
     limit = state.config.max_tokens_limit
-    first = sampling_params(req, placeholder_max_tokens(req, limit))
-    beam = beam_params(req, first, int(state.engine.facts.max_num_seqs))
+    facts = state.engine.facts
+    first = sampling_params(req, placeholder_max_tokens(req, limit), facts.vocab_size)
+    beam = beam_params(req, first, facts.max_num_seqs)
     prompts = await state.tokens.offload(_prompts, req, state)
     asked = requested_max_tokens(req, limit)
     budgets = [check_context(len(ids), asked, state.max_model_len, "prompt", limit=limit) for ids in prompts]
     # replace() re-validates: a default budget below min_tokens is refused there, naming min_tokens.
     params = [dataclasses.replace(first, max_tokens=budget) for budget in budgets]
     gen = Generation(state, request, "cmpl")
-    await gen.start(prompts, params, req.cache_salt, req.priority, beam=beam)
+    gen.start(prompts, params, req.cache_salt, req.priority, beam=beam)
     echoes = await state.tokens.offload(_echoes, prompts, state) if req.echo else [""] * len(prompts)
     if req.stream:
         return stream_response(gen, _chunks(gen, req, state, echoes))

@@ -41,19 +41,19 @@ class Generation:
         self._watcher: asyncio.Task[None] | None = None
         self._ticket: Ticket | None = None
 
-    async def start(self, prompts: list[list[int]], params: list[SamplingParams], cache_salt: str | None,
-                    priority: int = 0, beam: BeamParams | None = None) -> None:  # fmt: skip
-        """Queue every prompt; if the engine refuses one, abort the rest and raise a 400.
+    def start(self, prompts: list[list[int]], params: list[SamplingParams], cache_salt: str | None,
+              priority: int = 0, beam: BeamParams | None = None) -> None:  # fmt: skip
+        """Send every prompt (validated by the route) and start watching the connection; nothing waits for the core.
 
-        First the request's admission ticket grows to its number of sequences
-        (prompts x ``n``): a 429 if that would exceed the in-flight bound.
+        First the request's admission ticket grows to its number of sequences (prompts x ``n``): a 429 if that
+        would exceed the in-flight bound. A request the core refuses surfaces in :meth:`events` as a 400.
         """
         engine = self.state.engine
         self._admit(sum(p.n for p in params))
         try:
             for i, (ids, p) in enumerate(zip(prompts, params, strict=True)):
                 rid = f"{self.id}-{i}"
-                await engine.add(rid, ids, p, cache_salt, priority, sink=self._sink, beam=beam)
+                engine.add(rid, ids, p, cache_salt, priority, sink=self._sink, beam=beam)
                 self.request_ids.append(rid)
                 self._pending.add(rid)
         except EngineDeadError as exc:  # before PagedError, which it is: a dead core is a 503, never a 400
@@ -84,6 +84,8 @@ class Generation:
                 raise item
             if isinstance(item, EngineDeadError):
                 raise APIError(503, str(item))
+            if isinstance(item, PagedError):  # the core refused the request: the route's own 400, or an error event
+                raise rejected(item)
             if isinstance(item, BaseException):
                 raise internal_error(item, f"generation {self.id}")
             if item.finished:

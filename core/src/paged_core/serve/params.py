@@ -8,7 +8,7 @@ from typing import Any
 
 from paged_core.engine_core.beam_params import BeamParams, BeamRequestError, check_beam
 from paged_core.errors import RequestRejectedError
-from paged_core.sampling.params import MAX_LOGPROBS, SamplingParams
+from paged_core.sampling.params import INT64_MAX, INT64_MIN, MAX_LOGPROBS, SamplingParams
 from paged_core.serve.errors import APIError, rejected
 from paged_core.serve.protocol import ChatCompletionRequest, CompletionRequest
 from paged_core.serve.settings import ServeConfig
@@ -34,6 +34,7 @@ def check_limits(req: CompletionRequest | ChatCompletionRequest, config: ServeCo
         raise APIError(400, f"{name} must be at most {limit} on this server, got {max_tokens}", param=name)
     if req.logit_bias:
         raise APIError(400, "logit_bias is not supported", param="logit_bias")
+    check_priority(req.priority)
     if isinstance(req, CompletionRequest):
         if req.suffix is not None:
             raise APIError(400, "suffix is not supported", param="suffix")
@@ -73,6 +74,13 @@ def beam_params(req: CompletionRequest, params: SamplingParams, max_num_seqs: in
         message = str(exc).replace("beam_width", "n (the beam width)", 1) if exc.param == "beam_width" else str(exc)
         raise APIError(400, message, param=param) from None
     return beam
+
+
+def check_priority(priority: int) -> None:
+    """A 400 unless ``priority`` fits the engine's int64 (the body's schema only makes it an int)."""
+    if not INT64_MIN <= priority <= INT64_MAX:
+        shown = priority if abs(priority) < 10**40 else "int"
+        raise APIError(400, f"priority must be an int in [-2**63, 2**63 - 1]; got {shown!r}")
 
 
 def check_template_kwargs(kwargs: dict[str, Any] | None) -> None:
@@ -163,8 +171,12 @@ def placeholder_max_tokens(req: CompletionRequest | ChatCompletionRequest, limit
     return max(1, req.min_tokens)
 
 
-def sampling_params(req: CompletionRequest | ChatCompletionRequest, max_tokens: int) -> SamplingParams:
-    """The engine's :class:`SamplingParams`; a bad value becomes a 400 naming the field."""
+def sampling_params(req: CompletionRequest | ChatCompletionRequest, max_tokens: int, vocab_size: int) -> SamplingParams:
+    """The engine's :class:`SamplingParams`, bounded by the vocabulary (stop ids inside it, ``top_k`` clamped to it:
+    see :meth:`SamplingParams.for_vocabulary`); a bad value becomes a 400 naming the field.
+
+    The server's one check of these fields: neither the engine nor an in-process core checks them again.
+    """
     if isinstance(req, ChatCompletionRequest):
         logprobs = _chat_logprobs(req)
     else:
@@ -182,7 +194,7 @@ def sampling_params(req: CompletionRequest | ChatCompletionRequest, max_tokens: 
     # Unset OpenAI fields take SamplingParams' defaults (the OpenAI defaults: temperature 1, top_p 1).
     given = {k: v for k, v in fields.items() if v is not None or k in ("seed", "logprobs", "stop")}
     try:
-        return SamplingParams(**given)
+        return SamplingParams(**given).for_vocabulary(vocab_size)
     except RequestRejectedError as exc:
         error = rejected(exc)
         if error.param == "max_tokens":  # name the field the client actually sent

@@ -14,7 +14,6 @@ import logging
 from typing import TYPE_CHECKING
 
 from paged_core.engine_config import EngineConfig
-from paged_core.errors import ConfigError
 from paged_core.serve.settings import ServeConfig
 
 if TYPE_CHECKING:
@@ -32,29 +31,14 @@ def start_engine(engine_config: EngineConfig, in_process: bool = False) -> Async
     With ``data_parallel_size`` M > 1 it is M core processes behind a
     :class:`~paged_core.clients.dp_client.DataParallelClient` (not combinable with ``in_process``).
     """
-    from paged_core.clients.async_client import AsyncMPClient, ThreadCoreClient
+    from paged_core.clients.factory import make_client
     from paged_core.serve.async_engine import AsyncEngine
 
-    dp = engine_config.parallel.data_parallel_size
-    if dp > 1:
-        if in_process:
-            raise ConfigError(f"--data-parallel-size {dp} runs one engine-core process per core; it cannot be "
-                              "combined with --engine-in-process (one core on a thread of the server)")  # fmt: skip
-        from paged_core.clients.dp_client import DataParallelClient
-
-        client, dp_tokenizer = DataParallelClient.launch(engine_config)
-        log.info("%d data-parallel engine cores running in processes %s", dp, ", ".join(str(p) for p in client.pids))
-        return AsyncEngine(client, dp_tokenizer)
-    if in_process:
-        from paged_core.engine_core.core import EngineCore
-
-        core = EngineCore(engine_config)
-        return AsyncEngine(ThreadCoreClient(core), core.tokenizer)
-    from paged_core.clients.sync_mp_client import start_with_tokenizer
-
-    process, tokenizer = start_with_tokenizer(engine_config)
-    log.info("engine core running in process %d", process.pid)
-    return AsyncEngine(AsyncMPClient(process), tokenizer)
+    client, tokenizer = make_client(engine_config, event_loop=True, in_process=in_process)
+    pids = [pid for pid in getattr(client, "pids", [getattr(client, "pid", None)]) if pid is not None]
+    if pids:
+        log.info("engine core running in process%s %s", "es" if len(pids) > 1 else "", ", ".join(map(str, pids)))
+    return AsyncEngine(client, tokenizer)
 
 
 def run_server(engine_config: EngineConfig, config: ServeConfig, in_process: bool = False) -> int:

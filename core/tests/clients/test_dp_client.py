@@ -9,13 +9,13 @@ from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
 from paged_core import SamplingParams
-from paged_core.clients.async_client import ThreadCoreClient
 from paged_core.clients.dp_client import DataParallelClient
+from paged_core.clients.factory import thread_client
 from paged_core.engine_core.messages import CoreOutputs
 from paged_core.errors import EngineDeadError
 from paged_core.serve import AsyncEngine, ServeConfig, build_app
 
-from .fake_engine import FakeEngine
+from ..serve.fake_engine import FakeEngine
 
 
 class MortalEngine(FakeEngine):
@@ -24,7 +24,7 @@ class MortalEngine(FakeEngine):
     die = False
 
     def close(self) -> None:
-        """Nothing to release (ThreadCoreClient closes its core after the thread ends)."""
+        """Nothing to release (its CoreThread closes the core after the loop ends)."""
 
     def step(self) -> CoreOutputs:
         if self.die:
@@ -34,7 +34,7 @@ class MortalEngine(FakeEngine):
 
 def make() -> tuple[list[MortalEngine], DataParallelClient]:
     engines = [MortalEngine(), MortalEngine()]
-    return engines, DataParallelClient([ThreadCoreClient(e) for e in engines])
+    return engines, DataParallelClient([thread_client(e) for e in engines])
 
 
 async def drain(stream: object) -> list[object]:
@@ -48,8 +48,9 @@ def test_facts_sum_capacities_and_requests_spread_over_both_cores() -> None:
         ae = AsyncEngine(client, engines[0].tokenizer)
         ae.start()
         try:
-            streams = [await ae.add(f"r{i}", [65 + i], SamplingParams(max_tokens=20)) for i in range(4)]
-            assert sorted(len(e.groups) for e in engines) == [2, 2]
+            streams = [ae.add(f"r{i}", [65 + i], SamplingParams(max_tokens=20)) for i in range(4)]
+            placed = [client.router.core_of(f"r{i}") for i in range(4)]  # placed as they are sent: nothing waits
+            assert sorted(placed.count(core) for core in (0, 1)) == [2, 2]
             outs = await asyncio.gather(*(drain(s) for s in streams))
             assert all(o[-1].finished and o[-1].outputs[0].text == "a" * 20 for o in outs)  # type: ignore[attr-defined]
             assert client.router.num_placed == 0  # every finished request was forgotten
@@ -67,8 +68,8 @@ def test_aborts_reach_the_core_running_the_request() -> None:
         ae = AsyncEngine(client, engines[0].tokenizer)
         ae.start()
         try:
-            await ae.add("x", [65], SamplingParams(max_tokens=10_000))
-            await ae.add("y", [66], SamplingParams(max_tokens=10_000, n=2))
+            ae.add("x", [65], SamplingParams(max_tokens=10_000))
+            ae.add("y", [66], SamplingParams(max_tokens=10_000, n=2))
             core_y = client.router.core_of("y")
             assert core_y is not None and core_y != client.router.core_of("x")
             assert ae.abort("y")
@@ -90,7 +91,9 @@ def test_one_dead_core_fails_only_its_streams_and_the_other_serves_on() -> None:
         ae = AsyncEngine(client, engines[0].tokenizer, on_dead=died.append)
         ae.start()
         try:
-            long = [await ae.add(f"r{i}", [65 + i], SamplingParams(max_tokens=10_000)) for i in range(2)]
+            long = [ae.add(f"r{i}", [65 + i], SamplingParams(max_tokens=10_000)) for i in range(2)]
+            for stream in long:  # each has a token: its core answered for it, so it cannot move any more
+                await asyncio.wait_for(anext(aiter(stream)), 10)
             victim = client.router.core_of("r1")
             assert victim is not None
             engines[victim].die = True
@@ -101,7 +104,7 @@ def test_one_dead_core_fails_only_its_streams_and_the_other_serves_on() -> None:
             assert report is not None and report[victim]["status"] == "dead"
             assert "simulated crash" in report[victim]["reason"] and report[1 - victim]["status"] == "ok"
             # New requests all land on the live core and complete.
-            fresh = [await ae.add(f"n{i}", [70 + i], SamplingParams(max_tokens=5)) for i in range(3)]
+            fresh = [ae.add(f"n{i}", [70 + i], SamplingParams(max_tokens=5)) for i in range(3)]
             assert {client.router.core_of(f"n{i}") for i in range(3)} == {1 - victim}
             for s in fresh:
                 assert (await asyncio.wait_for(drain(s), 10))[-1].finished  # type: ignore[attr-defined]
@@ -122,7 +125,7 @@ def test_one_dead_core_fails_only_its_streams_and_the_other_serves_on() -> None:
 
 def test_metrics_and_health_report_each_core() -> None:
     engines = [MortalEngine(), MortalEngine()]
-    client = DataParallelClient([ThreadCoreClient(e) for e in engines])
+    client = DataParallelClient([thread_client(e) for e in engines])
     ae = AsyncEngine(client, engines[0].tokenizer)
     with TestClient(build_app(ae, ServeConfig())) as http:
         r = http.post("/v1/completions", json={"model": "fake", "prompt": "hello", "max_tokens": 3})
@@ -154,3 +157,25 @@ def test_data_parallel_is_refused_in_process_and_offline() -> None:
     with pytest.raises(ConfigError, match="data_parallel_size=2 runs in `paged serve`; LLM runs one engine core"):
         require_one_engine_core(config)
     require_one_engine_core(config.replace(data_parallel_size=1))
+
+
+def test_a_request_its_dead_core_never_answered_for_runs_on_another_core() -> None:
+    async def scenario() -> None:
+        engines, client = make()
+        ae = AsyncEngine(client, engines[0].tokenizer)
+        ae.start()
+        try:
+            first = ae.add("a", [65], SamplingParams(max_tokens=10_000))
+            await asyncio.wait_for(anext(aiter(first)), 10)
+            home = client.router.core_of("a")
+            assert home is not None
+            engines[1 - home].die = True  # the other core dies at its next step, before answering for "b"
+            moved = ae.add("b", [66], SamplingParams(max_tokens=3))
+            assert client.router.core_of("b") == 1 - home
+            outs = await asyncio.wait_for(drain(moved), 10)
+            assert outs[-1].finished and outs[-1].outputs[0].text == "aaa"  # type: ignore[attr-defined]
+            assert client.router.cores[1 - home].alive is False and ae.healthy
+        finally:
+            ae.stop()
+
+    asyncio.run(scenario())
