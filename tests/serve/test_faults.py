@@ -64,7 +64,7 @@ def _family(pid: int) -> list[psutil.Process]:
 
 def _core_of(proc: subprocess.Popen[str]) -> psutil.Process:
     """The engine-core child of a ``paged serve`` process."""
-    children = [c for c in psutil.Process(proc.pid).children() if "engine.core_proc" in " ".join(c.cmdline())]
+    children = [c for c in psutil.Process(proc.pid).children() if "engine_core.loop" in " ".join(c.cmdline())]
     assert len(children) == 1, f"expected one engine-core child, got {children}"
     return children[0]
 
