@@ -40,3 +40,43 @@ def test_a_silent_rank_is_named_after_the_timeout(monkeypatch: pytest.MonkeyPatc
 
 def test_nothing_is_watched_without_remote_ranks() -> None:
     assert hb.Pulse(_Store(), [], timeout=1.0).silent() is None
+
+
+class _GoneStore:
+    """A store whose host has gone: every call fails."""
+
+    def add(self, key: str, amount: int) -> int:
+        raise RuntimeError("Failed to recv, got 0 bytes")
+
+    def set(self, key: str, value: bytes) -> None:
+        raise RuntimeError("Broken pipe")
+
+
+class _ByeStore(_Store):
+    def __init__(self) -> None:
+        super().__init__()
+        self.keys: dict[str, bytes] = {}
+
+    def set(self, key: str, value: bytes) -> None:
+        self.keys[key] = value
+
+    def check(self, keys: list[str]) -> bool:
+        return all(k in self.keys for k in keys)
+
+
+def test_a_beat_into_a_gone_store_says_so_instead_of_raising() -> None:
+    assert hb.Heart(_Store(), 1).beat() is True
+    assert hb.Heart(_GoneStore(), 1).beat() is False
+
+
+def test_rank_0_waits_for_every_bye_and_names_the_ranks_that_never_said_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = [0.0]
+    monkeypatch.setattr(hb.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(hb.time, "sleep", lambda s: clock.__setitem__(0, clock[0] + s))
+    store = _ByeStore()
+    hb.say_bye(store, 1)
+    hb.say_bye(_GoneStore(), 2)  # rank 0 already gone: the bye is dropped, nothing raised
+    assert hb.wait_for_byes(store, [1], timeout=2.0) == []
+    assert clock[0] == 0.0  # answered at once
+    assert hb.wait_for_byes(store, [1, 2], timeout=2.0) == [2]
+    assert 2.0 <= clock[0] < 2.1  # gave up after the timeout

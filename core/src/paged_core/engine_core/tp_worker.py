@@ -35,7 +35,7 @@ def run_worker(config: Any, rendezvous: Any, parent: int | None = None) -> int:
 
     from paged_core.loading.build import build_parts, load
     from paged_core.parallel.group import STARTUP_TIMEOUT, join_group, local_ranks, threads_per_rank, wait_for_ranks
-    from paged_core.parallel.heartbeat import BEAT_INTERVAL, Heart
+    from paged_core.parallel.heartbeat import BEAT_INTERVAL, Heart, say_bye
     from paged_core.parallel.plans import PlanReceiver
     from paged_core.parallel.rendezvous import DEVICE_KEY
 
@@ -58,9 +58,12 @@ def run_worker(config: Any, rendezvous: Any, parent: int | None = None) -> int:
     heart = Heart(group.store, group.rank)
     try:
         while True:
-            heart.beat()
+            if not heart.beat():
+                log.warning("rank %d: rank 0's store is gone; exiting", group.rank)
+                return 0
             plan = plans.recv(int(BEAT_INTERVAL * 1000))
-            if plan is None:
+            if plan is None:  # rank 0's quit: the heart has stopped; the bye is this rank's last store write
+                say_bye(group.store, group.rank)
                 return 0
             if plan is False:
                 if _rank0_gone(group, parent):

@@ -9,6 +9,7 @@ worker that fails writes its cause into the store before exiting, so rank 0 repo
 
 from __future__ import annotations
 
+import atexit
 import logging
 import os
 import subprocess
@@ -30,7 +31,7 @@ from paged_core.parallel.group import (
     threads_per_rank,
     wait_for_ranks,
 )
-from paged_core.parallel.heartbeat import Pulse
+from paged_core.parallel.heartbeat import Pulse, wait_for_byes
 from paged_core.parallel.plans import PlanSender
 from paged_core.parallel.rendezvous import CONFIG_KEY, DEVICE_KEY, Rendezvous, env_rendezvous, local_rendezvous
 from paged_core.process.children import describe_exit, wait_or_kill
@@ -39,6 +40,8 @@ from paged_core.sched.output import SchedulerOutput
 
 log = logging.getLogger("paged.parallel")
 
+BYE_WAIT = 2.0
+"""Seconds rank 0's close waits for remote workers' byes (a live one answers the quit at once; a dead one never)."""
 WORKER_MODULE = "paged_core.engine_core.tp_worker"
 """What a local worker rank runs (``python -m``); named, not imported: the worker sits above loading, this below."""
 
@@ -59,6 +62,9 @@ class Leader:
         """Heartbeats of the ranks that are not our children (``env`` launches)."""
         self.sender = sender
         self._closed = False
+        # An engine dropped without close(): leave the group in order before the interpreter takes the store down
+        # under workers that are still beating into it.
+        atexit.register(self.close)
 
     def send(self, out: SchedulerOutput) -> None:
         """Hand this step's plan to every worker (before rank 0 runs it: the forward's collectives need them)."""
@@ -89,14 +95,22 @@ class Leader:
         return f"tensor-parallel step failed: {type(exc).__name__}: {first}"
 
     def close(self, timeout: float = 5.0) -> None:
-        """Tell workers to quit, wait, then terminate and kill; leave the group (idempotent)."""
+        """Tell workers to quit and wait for them, then leave the group (idempotent).
+
+        The store goes with the group, so it goes last: local workers are waited for (then terminated
+        and killed after ``timeout``), remote ones until they say bye (at most :data:`BYE_WAIT` s).
+        """
         if self._closed:
             return
         self._closed = True
+        atexit.unregister(self.close)
         self.sender.close()
         for proc in self.procs.values():
             if proc.poll() is None:
                 wait_or_kill(proc, timeout, "tensor-parallel worker")
+        remote = [r for r in range(1, self.group.world_size) if r not in self.procs]
+        if remote and (silent := wait_for_byes(self.group.store, remote, min(timeout, BYE_WAIT))):
+            log.info("tensor-parallel worker ranks %s did not answer the quit; leaving the group", silent)
         self.group.destroy()
 
 
