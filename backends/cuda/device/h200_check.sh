@@ -37,7 +37,7 @@ say "backends"
 for tier in cuda cuda-flashinfer cuda-flash-attn; do
   "$PY" - "$tier" >> "$LOG" 2>&1 <<'PYEOF' || continue
 import sys
-from paged_core.api import load_registry
+from paged_core.testing import load_registry
 rec = [r for r in load_registry().records() if r.name == sys.argv[1]]
 ok = bool(rec) and rec[0].status.value == "loaded"
 print(f"{sys.argv[1]}: " + ("available" if ok else f"not run ({rec[0].reason if rec else 'not registered'})"))

@@ -23,7 +23,7 @@ def test_split_device(value: str | None, expected: tuple[str | None, bool]) -> N
 
 PROBE = """
 import os
-from paged_core.api import ReferenceBackend
+from paged_core.testing import ReferenceBackend
 
 SEEN = os.environ.get("TRITON_INTERPRET")
 
