@@ -37,9 +37,13 @@ def violations(path: Path) -> list[str]:
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
             # `from paged_core import api` (or testing) is fine; `from paged_core import registry` is not.
             names = [f"{node.module}.{a.name}" if node.module == "paged_core" else node.module for a in node.names]
-        elif isinstance(node, ast.Call) and getattr(node.func, "attr", getattr(node.func, "id", "")) in (
-            "import_module", "__import__"
-        ) and node.args and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str):
+        elif (
+            isinstance(node, ast.Call)
+            and getattr(node.func, "attr", getattr(node.func, "id", "")) in ("import_module", "__import__")
+            and node.args
+            and isinstance(node.args[0], ast.Constant)
+            and isinstance(node.args[0].value, str)
+        ):
             names = [node.args[0].value]
         found += [f"{path}:{node.lineno}: {n}" for n in names if _forbidden(n)]
     return found
@@ -71,8 +75,11 @@ def test_backends_import_only_the_public_api() -> None:
 def test_a_planted_bad_import_is_caught(tmp_path: Path, source: str) -> None:
     pkg = tmp_path / "backends" / "bad" / "src" / "bad_backend"
     pkg.mkdir(parents=True)
-    (pkg / "__init__.py").write_text("from paged_core.api import AttentionBackend\nfrom paged_core import api\n"
-                                     "from paged_core.testing import ReferenceBackend\nfrom paged_core import testing\n")
+    allowed = (
+        "from paged_core.api import AttentionBackend\nfrom paged_core import api\n"
+        "from paged_core.testing import ReferenceBackend\nfrom paged_core import testing"
+    )
+    (pkg / "__init__.py").write_text(allowed + "\n")
     (pkg / "kernels.py").write_text(source)
     found = scan(backend_roots(tmp_path))
     assert len(found) == 1 and "kernels.py" in found[0], found
