@@ -48,8 +48,14 @@ def main() -> None:
     with attention(model, "sdpa"), torch.inference_mode():
         model.generate(x[:, :8], max_new_tokens=4, do_sample=False)  # warm-up
         t = time.perf_counter()
-        model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=args.single_tokens, do_sample=False,
-                       eos_token_id=None, pad_token_id=0)  # fmt: skip
+        model.generate(
+            x,
+            attention_mask=torch.ones_like(x),
+            max_new_tokens=args.single_tokens,
+            do_sample=False,
+            eos_token_id=None,
+            pad_token_id=0,
+        )
     hf_single = args.single_tokens / (time.perf_counter() - t)
 
     reqs = throughput()[: args.requests]

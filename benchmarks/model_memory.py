@@ -42,13 +42,16 @@ def main() -> None:
     args = parser.parse_args()
     rows = []
     for quant in ("auto", "none"):
-        out = subprocess.run([sys.executable, "-c", CHILD, args.model, quant, args.dtype], capture_output=True,
-                             text=True, check=True)  # fmt: skip
+        out = subprocess.run(
+            [sys.executable, "-c", CHILD, args.model, quant, args.dtype], capture_output=True, text=True, check=True
+        )
         rows.append(json.loads(out.stdout.strip().splitlines()[-1]))
     print(f"{'quantization':14s} {'RSS model MiB':>14s} {'dense MiB':>10s} {'packed MiB':>11s}")
     for r in rows:
-        print(f"{r['quantization']:14s} {r['rss_model_mib']:14.1f} {r['dense_weight_mib']:10.1f} "
-              f"{r['packed_weight_mib']:11.1f}")  # fmt: skip
+        print(
+            f"{r['quantization']:14s} {r['rss_model_mib']:14.1f} {r['dense_weight_mib']:10.1f} "
+            f"{r['packed_weight_mib']:11.1f}"
+        )
     print(f"packed / dequantized resident: {rows[0]['rss_model_mib'] / rows[1]['rss_model_mib']:.2f}")
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=2) + "\n")

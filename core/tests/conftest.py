@@ -33,10 +33,19 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from transformers import AutoModelForCausalLM, LlamaConfig
 
     config = LlamaConfig(
-        vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2,
-        num_key_value_heads=1, head_dim=64, max_position_embeddings=256, initializer_range=0.3,
-        bos_token_id=BOS, eos_token_id=EOS, tie_word_embeddings=True,
-    )  # fmt: skip
+        vocab_size=VOCAB,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=64,
+        max_position_embeddings=256,
+        initializer_range=0.3,
+        bos_token_id=BOS,
+        eos_token_id=EOS,
+        tie_word_embeddings=True,
+    )
     torch.manual_seed(0)
     out = tmp_path_factory.mktemp("engine-model") / "tiny-bytes"
     AutoModelForCausalLM.from_config(config, dtype=torch.float32).save_pretrained(out)

@@ -16,9 +16,14 @@ def make_engine(loaded: Any, **overrides: Any) -> LLMEngine:
     """A fresh engine (its own KV cache and scheduler) over the shared tiny weights."""
     from paged_core.engine_config import EngineConfig
 
-    fields: dict[str, Any] = {"model": str(loaded.source.directory), "backend": loaded.backend.name,
-                              "graph_mode": "eager", "kv_cache_memory": "1MiB", "max_model_len": 48,
-                              "max_num_seqs": 32}  # fmt: skip
+    fields: dict[str, Any] = {
+        "model": str(loaded.source.directory),
+        "backend": loaded.backend.name,
+        "graph_mode": "eager",
+        "kv_cache_memory": "1MiB",
+        "max_model_len": 48,
+        "max_num_seqs": 32,
+    }
     fields.update(overrides)
     return LLMEngine(EngineConfig.of(**fields), loaded)
 

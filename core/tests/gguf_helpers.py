@@ -10,17 +10,34 @@ import torch
 
 from paged_core.quant import Q4_1, QuantizedWeight, WeightFormat, quantize_blocks, random_packed
 
-GGUF_NAMES = {"self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
-              "self_attn.o_proj": "attn_output", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
-              "mlp.down_proj": "ffn_down"}  # fmt: skip
+GGUF_NAMES = {
+    "self_attn.q_proj": "attn_q",
+    "self_attn.k_proj": "attn_k",
+    "self_attn.v_proj": "attn_v",
+    "self_attn.o_proj": "attn_output",
+    "mlp.gate_proj": "ffn_gate",
+    "mlp.up_proj": "ffn_up",
+    "mlp.down_proj": "ffn_down",
+}
 
 
 def tiny_config(tie: bool = True) -> Any:
     from transformers import LlamaConfig
 
-    return LlamaConfig(vocab_size=320, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
-                       num_attention_heads=4, num_key_value_heads=2, head_dim=64, max_position_embeddings=512,
-                       rms_norm_eps=1e-5, tie_word_embeddings=tie, bos_token_id=1, eos_token_id=2)  # fmt: skip
+    return LlamaConfig(
+        vocab_size=320,
+        hidden_size=256,
+        intermediate_size=512,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=64,
+        max_position_embeddings=512,
+        rms_norm_eps=1e-5,
+        tie_word_embeddings=tie,
+        bos_token_id=1,
+        eos_token_id=2,
+    )
 
 
 def converter_rows(n: int, heads: int) -> torch.Tensor:
@@ -35,9 +52,14 @@ def _pack(weight: torch.Tensor, fmt: WeightFormat, name: str) -> QuantizedWeight
     return random_packed(fmt, int(weight.shape[0]), int(weight.shape[1]), gen, scale=0.05, name=name)
 
 
-def write_tiny_gguf(path: Path, config: Any, formats: dict[str, WeightFormat] | WeightFormat = Q4_1,
-                    embed_format: WeightFormat | None = None, seed: int = 0,
-                    break_tensor: str | None = None) -> dict[str, torch.Tensor]:  # fmt: skip
+def write_tiny_gguf(
+    path: Path,
+    config: Any,
+    formats: dict[str, WeightFormat] | WeightFormat = Q4_1,
+    embed_format: WeightFormat | None = None,
+    seed: int = 0,
+    break_tensor: str | None = None,
+) -> dict[str, torch.Tensor]:
     """Write the GGUF; returns the HF state dict of the values it holds (packed weights dequantized).
 
     ``formats`` maps HF projection names (``self_attn.q_proj``...) to a format (one format: all).
@@ -70,8 +92,9 @@ def write_tiny_gguf(path: Path, config: Any, formats: dict[str, WeightFormat] | 
         data = q.data.numpy()
         if name == break_tensor:
             data = data[:-1]
-        writer.add_tensor(name, np.ascontiguousarray(data), raw_shape=data.shape,
-                          raw_dtype=gguf.GGMLQuantizationType(fmt.ggml_type))  # fmt: skip
+        writer.add_tensor(
+            name, np.ascontiguousarray(data), raw_shape=data.shape, raw_dtype=gguf.GGMLQuantizationType(fmt.ggml_type)
+        )
 
     embed = model.model.embed_tokens.weight
     if embed_format is None:
@@ -81,8 +104,12 @@ def write_tiny_gguf(path: Path, config: Any, formats: dict[str, WeightFormat] | 
     if config.tie_word_embeddings:
         values["lm_head.weight"] = values["model.embed_tokens.weight"]
     else:
-        packed("output.weight", "lm_head.weight", model.lm_head.weight, formats if isinstance(formats, WeightFormat)
-               else formats.get("lm_head", Q4_1))  # fmt: skip
+        packed(
+            "output.weight",
+            "lm_head.weight",
+            model.lm_head.weight,
+            formats if isinstance(formats, WeightFormat) else formats.get("lm_head", Q4_1),
+        )
     dense("output_norm.weight", "model.norm.weight", model.model.norm.weight + 0.1 * torch.randn(config.hidden_size))
     for i, layer in enumerate(model.model.layers):
         p = f"model.layers.{i}."
@@ -90,8 +117,10 @@ def write_tiny_gguf(path: Path, config: Any, formats: dict[str, WeightFormat] | 
         dense(f"blk.{i}.ffn_norm.weight", p + "post_attention_layernorm.weight", layer.post_attention_layernorm.weight)
         for hf, short in GGUF_NAMES.items():
             fmt = formats if isinstance(formats, WeightFormat) else formats[hf]
-            heads = {"self_attn.q_proj": config.num_attention_heads,
-                     "self_attn.k_proj": config.num_key_value_heads}.get(hf)  # fmt: skip
+            heads = {
+                "self_attn.q_proj": config.num_attention_heads,
+                "self_attn.k_proj": config.num_key_value_heads,
+            }.get(hf)
             packed(f"blk.{i}.{short}.weight", p + hf + ".weight", layer.get_submodule(hf).weight, fmt, heads)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()

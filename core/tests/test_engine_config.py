@@ -20,15 +20,34 @@ from paged_core.engine_config import EngineConfig, flat_fields
 from paged_core.errors import ConfigError
 
 FULL = EngineConfig(
-    model=ModelConfig(model="m.gguf", backend="cpu", dtype="bfloat16", device="cpu", trust_remote_code=True,
-                      model_impl="transformers", seed=7),
-    cache=CacheConfig(block_size=32, kv_cache_memory="2GiB", memory_fraction=0.5, enable_prefix_caching=False,
-                      hash_algorithm="sha1", num_blocks=100),
-    scheduler=SchedulerConfig(max_model_len=512, max_num_batched_tokens=256, max_num_seqs=8,
-                              enable_chunked_prefill=False, policy="priority", num_lookahead_tokens=2),
+    model=ModelConfig(
+        model="m.gguf",
+        backend="cpu",
+        dtype="bfloat16",
+        device="cpu",
+        trust_remote_code=True,
+        model_impl="transformers",
+        seed=7,
+    ),
+    cache=CacheConfig(
+        block_size=32,
+        kv_cache_memory="2GiB",
+        memory_fraction=0.5,
+        enable_prefix_caching=False,
+        hash_algorithm="sha1",
+        num_blocks=100,
+    ),
+    scheduler=SchedulerConfig(
+        max_model_len=512,
+        max_num_batched_tokens=256,
+        max_num_seqs=8,
+        enable_chunked_prefill=False,
+        policy="priority",
+        num_lookahead_tokens=2,
+    ),
     graph=GraphConfig(graph_mode="compiled", capture_sizes=(1, 2, 4), compile_cache_dir="/tmp/cc"),
     parallel=ParallelConfig(),
-)  # fmt: skip
+)
 
 
 def test_of_routes_flat_names_to_their_sections() -> None:

@@ -22,7 +22,9 @@ def assert_same_tokens(outputs: list[RequestOutput], expected: list[list[int]]) 
         got = out.outputs[0].token_ids
         if got != want:
             k = next((j for j, (a, b) in enumerate(zip(got, want, strict=False)) if a != b), min(len(got), len(want)))
-            raise AssertionError(f"prompt {i}: tokens differ from position {k}: got {got[k:k+5]}, want {want[k:k+5]}")
+            raise AssertionError(
+                f"prompt {i}: tokens differ from position {k}: got {got[k : k + 5]}, want {want[k : k + 5]}"
+            )
 
 
 def hf_greedy(llm: LLM, prompts: list[list[int]], max_new_tokens: int, attn: str = "sdpa") -> list[list[int]]:
@@ -36,9 +38,13 @@ def hf_greedy(llm: LLM, prompts: list[list[int]], max_new_tokens: int, attn: str
         for ids in prompts:
             x = torch.tensor([ids])
             y = model.generate(
-                x, attention_mask=torch.ones_like(x), max_new_tokens=max_new_tokens, do_sample=False,
-                eos_token_id=None, pad_token_id=0,
-            )  # fmt: skip
+                x,
+                attention_mask=torch.ones_like(x),
+                max_new_tokens=max_new_tokens,
+                do_sample=False,
+                eos_token_id=None,
+                pad_token_id=0,
+            )
             outs.append(y[0, len(ids) :].tolist())
     return outs
 

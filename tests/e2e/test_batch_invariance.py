@@ -103,15 +103,20 @@ def differences(
         got, want = out.outputs[0].token_ids, alone[i]
         if got != want:
             k = next((j for j, (a, b) in enumerate(zip(got, want, strict=False)) if a != b), min(len(got), len(want)))
-            lines.append(f"prompt {i} ({len(prompts[i])} tokens) differs from alone at token {k}: "
-                         f"{got[k:k + 4]} instead of {want[k:k + 4]}")  # fmt: skip
+            lines.append(
+                f"prompt {i} ({len(prompts[i])} tokens) differs from alone at token {k}: "
+                f"{got[k : k + 4]} instead of {want[k : k + 4]}"
+            )
     return len(indices), lines
 
 
 def check(reports: dict[str, tuple[int, list[str]]]) -> None:
     """Fails naming every run whose tokens differ from alone, and each differing prompt."""
-    bad = [f"{what}: {len(lines)} of {total} prompts differ from alone\n  " + "\n  ".join(lines)
-           for what, (total, lines) in reports.items() if lines]  # fmt: skip
+    bad = [
+        f"{what}: {len(lines)} of {total} prompts differ from alone\n  " + "\n  ".join(lines)
+        for what, (total, lines) in reports.items()
+        if lines
+    ]
     if bad:
         raise AssertionError("\n".join(bad))
 
@@ -144,8 +149,12 @@ def test_all_64_together_then_again_from_the_prefix_cache(
     block = scheduler.block_size
     cached = sum(o.metrics.num_cached_tokens for o in second)
     assert cached >= sum(len(p) // block * block for p in prompts) * 0.9, cached
-    check({"64 together": differences(first, everything, prompts, alone),
-           "64 together again (prefix-cache hits)": differences(second, everything, prompts, alone)})  # fmt: skip
+    check(
+        {
+            "64 together": differences(first, everything, prompts, alone),
+            "64 together again (prefix-cache hits)": differences(second, everything, prompts, alone),
+        }
+    )
 
 
 BATCH_SIZES = (2, 3, 5, 8, 17)
@@ -188,8 +197,12 @@ def test_after_the_shared_system_prefix_was_cached(
     block = user_llm.engine.core.scheduler.block_size
     assert all(o.metrics.num_cached_tokens >= common // block * block for o in one_by_one)
     together = user_llm.generate([prompts[i] for i in chats], PARAMS, use_tqdm=False, cache_salt="system")
-    check({"alone after a prefix-cache hit": differences(one_by_one, chats, prompts, alone),
-           "together after prefix-cache hits": differences(together, chats, prompts, alone)})  # fmt: skip
+    check(
+        {
+            "alone after a prefix-cache hit": differences(one_by_one, chats, prompts, alone),
+            "together after prefix-cache hits": differences(together, chats, prompts, alone),
+        }
+    )
 
 
 def test_chunked_prefill_with_a_32_token_budget(
@@ -209,5 +222,9 @@ def test_ngram_speculation(user_llm: LLM, prompts: list[list[int]], alone: list[
     # Alone too: each step then verifies one row of 1 + drafts tokens, where the baseline decodes one token.
     some = [5, 17, 58, 63]
     one_by_one = [llm.generate([prompts[i]], PARAMS, use_tqdm=False, cache_salt=f"spec-{i}")[0] for i in some]
-    check({"64 together with n-gram speculation": differences(together, range(len(prompts)), prompts, alone),
-           "alone with n-gram speculation": differences(one_by_one, some, prompts, alone)})  # fmt: skip
+    check(
+        {
+            "64 together with n-gram speculation": differences(together, range(len(prompts)), prompts, alone),
+            "alone with n-gram speculation": differences(one_by_one, some, prompts, alone),
+        }
+    )

@@ -37,18 +37,27 @@ def one_thread() -> Any:
     torch.set_num_threads(before)
 
 
-def hf_beams(llm: LLM, ids: list[int], width: int, max_new: int, eos: Any = "model", attn: str = "sdpa",
-             **options: Any) -> tuple[list[list[int]], list[float]]:  # fmt: skip
+def hf_beams(
+    llm: LLM, ids: list[int], width: int, max_new: int, eos: Any = "model", attn: str = "sdpa", **options: Any
+) -> tuple[list[list[int]], list[float]]:
     """transformers' beam search on the same weights: each returned beam's generated ids, and its score."""
     model = llm.engine.loaded.model
     x = torch.tensor([ids])
     extra = {} if eos == "model" else {"eos_token_id": eos}
     with attention(model, attn), torch.inference_mode():
         y = model.generate(
-            x, attention_mask=torch.ones_like(x), num_beams=width, do_sample=False, num_return_sequences=width,
-            max_new_tokens=max_new, pad_token_id=0, return_dict_in_generate=True, output_scores=True,
-            **extra, **options,
-        )  # fmt: skip
+            x,
+            attention_mask=torch.ones_like(x),
+            num_beams=width,
+            do_sample=False,
+            num_return_sequences=width,
+            max_new_tokens=max_new,
+            pad_token_id=0,
+            return_dict_in_generate=True,
+            output_scores=True,
+            **extra,
+            **options,
+        )
     # A beam's length is where its beam indices stop (the padding after an early EOS has none).
     lengths = (y.beam_indices != -1).sum(dim=1).tolist()
     seqs = [y.sequences[i, len(ids) : len(ids) + n].tolist() for i, n in enumerate(lengths)]
@@ -87,12 +96,18 @@ _TINY: dict[str, tuple[LLM, list[list[int]], int]] = {}
 def _tiny(arch: str, tmp_path_factory: pytest.TempPathFactory) -> tuple[LLM, list[list[int]], int]:
     """An engine over a tiny random model, three random prompts, and a stop token its beams often meet."""
     if arch not in _TINY:
-        llm = LLM(str(save_tiny_model(arch, Path(tmp_path_factory.mktemp("beam-models")))), dtype="float32",
-                  kv_cache_memory="8MiB")  # fmt: skip
+        llm = LLM(
+            str(save_tiny_model(arch, Path(tmp_path_factory.mktemp("beam-models")))),
+            dtype="float32",
+            kv_cache_memory="8MiB",
+        )
         rng = random.Random(2)
         prompts = [[rng.randrange(3, VOCAB) for _ in range(rng.randint(3, 60))] for _ in range(3)]
-        greedy = llm.generate(prompts[0], SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True),
-                              use_tqdm=False)[0].outputs[0].token_ids  # fmt: skip
+        greedy = (
+            llm.generate(prompts[0], SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True), use_tqdm=False)[0]
+            .outputs[0]
+            .token_ids
+        )
         _TINY[arch] = (llm, prompts, greedy[2])
     return _TINY[arch]
 
@@ -118,8 +133,9 @@ CASES = [
 
 
 @pytest.mark.parametrize(("width", "options"), CASES)
-def test_tiny_model_matches_transformers(tiny: tuple[LLM, list[list[int]], int], width: int,
-                                         options: dict[str, Any]) -> None:  # fmt: skip
+def test_tiny_model_matches_transformers(
+    tiny: tuple[LLM, list[list[int]], int], width: int, options: dict[str, Any]
+) -> None:
     llm, prompts, stop = tiny
     eos = [*llm.engine.loaded.eos_token_ids, stop]
     outs = llm.beam_search(prompts, width, max_tokens=MAX_TOKENS, stop_token_ids=[stop], use_tqdm=False, **options)
@@ -144,8 +160,9 @@ def test_forks_that_find_no_free_row_run_on_their_own(qwen: tuple[LLM, list[list
     llm, prompts, _ = qwen
     small = llm.reconfigured(max_num_seqs=4)
     engine = small.engine
-    rid = engine.add_request(prompts[1], SamplingParams(n=4, temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True),
-                             beam=_beam(4))  # fmt: skip
+    rid = engine.add_request(
+        prompts[1], SamplingParams(n=4, temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True), beam=_beam(4)
+    )
     for i in range(3):
         engine.add_request(prompts[i], SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True))
     done = {}
@@ -160,10 +177,12 @@ def test_beams_beside_speculating_requests(qwen: tuple[LLM, list[list[int]], int
     spec = llm.reconfigured(speculative="ngram", num_speculative_tokens=3)
     engine = spec.engine
     repeat = prompts[0][:8] * 6  # a prompt the n-gram proposer finds drafts in
-    others = [engine.add_request(repeat, SamplingParams(temperature=0.0, max_tokens=48, ignore_eos=True))
-              for _ in range(2)]  # fmt: skip
-    rid = engine.add_request(prompts[2], SamplingParams(n=4, temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True),
-                             beam=_beam(4))  # fmt: skip
+    others = [
+        engine.add_request(repeat, SamplingParams(temperature=0.0, max_tokens=48, ignore_eos=True)) for _ in range(2)
+    ]
+    rid = engine.add_request(
+        prompts[2], SamplingParams(n=4, temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True), beam=_beam(4)
+    )
     done = {}
     while engine.has_unfinished_requests():
         done.update({o.request_id: o for o in engine.step() if o.finished})
@@ -196,15 +215,20 @@ def test_beams_share_their_blocks(qwen: tuple[LLM, list[list[int]], int]) -> Non
     prompt = list(range(3, 3 + 100))  # 100 tokens: 6 full blocks that every beam shares
     width = 4
     greedy = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
-    lone = _peak_blocks_in_use(llm.reconfigured(enable_prefix_caching=False),
-                               lambda e: e.add_request(prompt, greedy))  # fmt: skip
+    lone = _peak_blocks_in_use(llm.reconfigured(enable_prefix_caching=False), lambda e: e.add_request(prompt, greedy))
     beams = llm.reconfigured(enable_prefix_caching=False)
-    peak = _peak_blocks_in_use(beams, lambda e: e.add_request(prompt, SamplingParams(
-        n=width, temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True), beam=_beam(width)))  # fmt: skip
+    peak = _peak_blocks_in_use(
+        beams,
+        lambda e: e.add_request(
+            prompt, SamplingParams(n=width, temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True), beam=_beam(width)
+        ),
+    )
     out = beams.beam_search([prompt], width, max_tokens=MAX_TOKENS, ignore_eos=True, use_tqdm=False)[0]
     m = out.metrics
-    print(f"blocks: beams {peak} (reported {m.peak_blocks}, unshared {m.peak_blocks_unshared}, forks {m.num_forks})"
-          f" vs {width} x lone {lone} = {width * lone}")
+    print(
+        f"blocks: beams {peak} (reported {m.peak_blocks}, unshared {m.peak_blocks_unshared}, forks {m.num_forks})"
+        f" vs {width} x lone {lone} = {width * lone}"
+    )
     assert m.peak_blocks is not None and m.peak_blocks_unshared is not None
     assert peak < width * lone
     assert m.peak_blocks < m.peak_blocks_unshared <= width * lone

@@ -59,7 +59,9 @@ def test_device_mode_replays_decodes_and_matches_transformers(
     stats = llm.engine.core.runner.executor.stats
     assert stats.replays > 0, stats  # decode batches of 1..6 rows are padded to 1, 2, 4 or 8 and replayed
     assert stats.eager_steps > 0 and set(stats.fallback_reasons) <= {
-        "not a uniform decode batch", "a row does not sample (chunked prefill)"}, stats  # fmt: skip
+        "not a uniform decode batch",
+        "a row does not sample (chunked prefill)",
+    }, stats
     assert stats.replays + stats.eager_steps == stats.steps
 
 

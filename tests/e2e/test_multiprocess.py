@@ -46,8 +46,12 @@ def test_seeded_sampling_streams_are_identical_in_and_out_of_process(smol_base: 
     for a, b in zip(ours, theirs, strict=True):
         assert len(a.outputs) == len(b.outputs)
         for x, y in zip(a.outputs, b.outputs, strict=True):
-            assert (x.token_ids, x.text, x.finish_reason, x.logprobs) == (y.token_ids, y.text, y.finish_reason,
-                                                                          y.logprobs)  # fmt: skip
+            assert (x.token_ids, x.text, x.finish_reason, x.logprobs) == (
+                y.token_ids,
+                y.text,
+                y.finish_reason,
+                y.logprobs,
+            )
 
 
 def test_streaming_deltas_rebuild_the_same_text(smol_mp: LLM) -> None:

@@ -65,9 +65,20 @@ def tiny_int8(tmp_path_factory: pytest.TempPathFactory) -> tuple[LLM, Path]:
     from .conftest import fast_backend
 
     torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=384, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, head_dim=64, max_position_embeddings=512,
-                         initializer_range=0.2, tie_word_embeddings=False, bos_token_id=1, eos_token_id=2)  # fmt: skip
+    config = LlamaConfig(
+        vocab_size=384,
+        hidden_size=256,
+        intermediate_size=512,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=64,
+        max_position_embeddings=512,
+        initializer_range=0.2,
+        tie_word_embeddings=False,
+        bos_token_id=1,
+        eos_token_id=2,
+    )
     path = tmp_path_factory.mktemp("int8") / "tiny"
     AutoModelForCausalLM.from_config(config, dtype=torch.float32).save_pretrained(path)
     llm = LLM(str(path), quantization="int8", backend=fast_backend(), dtype="float32", num_blocks=64, block_size=16)

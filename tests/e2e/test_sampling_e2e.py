@@ -70,8 +70,9 @@ def test_stop_token_ids_and_eos(smol_base: LLM) -> None:
     out = smol_base.generate([prompt], SamplingParams(temperature=0, max_tokens=60), use_tqdm=False)[0].outputs[0]
     assert out.finish_reason == "stop" and out.token_ids[-1] == 2  # <|im_end|>
     stop_at = out.token_ids[2]
-    cut = smol_base.generate([prompt], SamplingParams(temperature=0, max_tokens=60, stop_token_ids=[stop_at]),
-                        use_tqdm=False)[0].outputs[0]  # fmt: skip
+    cut = smol_base.generate(
+        [prompt], SamplingParams(temperature=0, max_tokens=60, stop_token_ids=[stop_at]), use_tqdm=False
+    )[0].outputs[0]
     assert cut.token_ids == out.token_ids[:3] and cut.stop_reason == stop_at
 
 

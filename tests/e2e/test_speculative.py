@@ -27,10 +27,19 @@ def _tiny_draft_for(llm: LLM, directory: Path) -> Path:
 
     cfg = llm.engine.loaded.model.config
     torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=cfg.vocab_size, hidden_size=128, intermediate_size=128, num_hidden_layers=2,
-                         num_attention_heads=2, num_key_value_heads=1, head_dim=64,
-                         max_position_embeddings=cfg.max_position_embeddings, tie_word_embeddings=True,
-                         bos_token_id=cfg.bos_token_id, eos_token_id=cfg.eos_token_id)  # fmt: skip
+    config = LlamaConfig(
+        vocab_size=cfg.vocab_size,
+        hidden_size=128,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=64,
+        max_position_embeddings=cfg.max_position_embeddings,
+        tie_word_embeddings=True,
+        bos_token_id=cfg.bos_token_id,
+        eos_token_id=cfg.eos_token_id,
+    )
     out = directory / "tiny-draft"
     AutoModelForCausalLM.from_config(config, dtype=torch.float32).save_pretrained(out)
     llm.tokenizer.save_pretrained(out)
@@ -41,8 +50,9 @@ def test_ngram_greedy_equals_transformers_through_preemption_and_prefix_hits(
     smol_base: LLM, prompts32: list[list[int]], hf32: list[list[int]]
 ) -> None:
     per_block = 30 * 2 * 3 * 64 * 4 * 16
-    llm = smol_base.reconfigured(speculative="ngram", num_speculative_tokens=4, kv_cache_memory=per_block * 64,
-                                 max_num_batched_tokens=512)  # fmt: skip
+    llm = smol_base.reconfigured(
+        speculative="ngram", num_speculative_tokens=4, kv_cache_memory=per_block * 64, max_num_batched_tokens=512
+    )
     first = llm.generate(prompts32, GREEDY, use_tqdm=False)
     second = llm.generate(prompts32, GREEDY, use_tqdm=False)
     assert_same_tokens(first, hf32)
@@ -54,8 +64,9 @@ def test_ngram_greedy_equals_transformers_through_preemption_and_prefix_hits(
     assert stats.verify_rows > 0 and 0 < stats.accepted_tokens < stats.draft_tokens, stats
     # Opted out: no drafts for it.
     before = stats.draft_tokens
-    llm.generate(prompts32[:2], SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True, speculate=False),
-                 use_tqdm=False)  # fmt: skip
+    llm.generate(
+        prompts32[:2], SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True, speculate=False), use_tqdm=False
+    )
     assert stats.draft_tokens == before
 
 
@@ -65,8 +76,9 @@ def test_draft_model_greedy_equals_transformers_through_preemption_and_prefix_hi
     draft = _tiny_draft_for(smol_base, tmp_path)
     # Room for about 600 tokens (the draft's KV is paid from the same budget): 12 prompts must preempt.
     per_block = 30 * 2 * 3 * 64 * 4 * 16
-    small = smol_base.reconfigured(speculative=str(draft), num_speculative_tokens=3,
-                                   kv_cache_memory=per_block * 40, max_num_batched_tokens=512)  # fmt: skip
+    small = smol_base.reconfigured(
+        speculative=str(draft), num_speculative_tokens=3, kv_cache_memory=per_block * 40, max_num_batched_tokens=512
+    )
     assert_same_tokens(small.generate(prompts32[:12], GREEDY, use_tqdm=False), hf32[:12])
     assert small.engine.core.scheduler.num_preemptions > 0
     assert small.engine.core.scheduler.config.num_lookahead_tokens == 3

@@ -24,8 +24,12 @@ from .tiny_models import ARCHITECTURES, VOCAB, save_tiny_model
 PARAMS = replace(GREEDY, max_tokens=24)
 FUSED = {"qwen3", "mistral"}
 """Architectures the fused decoder runs; the others (Gemma2: its norms, soft caps and GELU) run on transformers."""
-CASES = [f"{arch}-{variant}" for arch in sorted(ARCHITECTURES) for variant in VARIANTS
-         if arch in FUSED or VARIANTS[variant]["model_impl"] == "transformers"]  # fmt: skip
+CASES = [
+    f"{arch}-{variant}"
+    for arch in sorted(ARCHITECTURES)
+    for variant in VARIANTS
+    if arch in FUSED or VARIANTS[variant]["model_impl"] == "transformers"
+]
 _BASES: dict[str, tuple[LLM, list, list]] = {}
 
 

@@ -51,8 +51,13 @@ def declared_api_versions(source: str, filename: str = "<source>") -> dict[str, 
             continue
         value: int | None = None
         for stmt in node.body:
-            targets = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target] if isinstance(
-                stmt, ast.AnnAssign) and stmt.value is not None else []
+            targets = (
+                stmt.targets
+                if isinstance(stmt, ast.Assign)
+                else [stmt.target]
+                if isinstance(stmt, ast.AnnAssign) and stmt.value is not None
+                else []
+            )
             if any(isinstance(t, ast.Name) and t.id == "api_version" for t in targets):
                 literal = stmt.value
                 if isinstance(literal, ast.Constant) and type(literal.value) is int:

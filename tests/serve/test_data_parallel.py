@@ -43,6 +43,7 @@ def _complete(url: str, prompt: str) -> dict[str, Any]:
 
 async def _complete_many(url: str, prompts: list[str]) -> list[dict[str, Any]]:
     async with httpx.AsyncClient(timeout=60) as http:
+
         async def one(prompt: str) -> dict[str, Any]:
             body = {"model": MODEL_NAME, "prompt": prompt, "max_tokens": 4, "ignore_eos": True}
             r = await http.post(f"{url}/v1/completions", json=body)
@@ -80,9 +81,11 @@ def test_requests_sharing_a_prefix_land_on_one_core_and_hit_its_cache(dp_server:
     cached = [r["usage"]["prompt_tokens_details"]["cached_tokens"] for r in results[:6]]
     assert all(c >= prompt_tokens // 2 for c in cached), cached
     ratio = after[f"paged_prefix_cache_hit_ratio{{engine={home}}}"]
-    print(f"prefix affinity: 6 of 6 followers on core {home}; its prefix hit rate {hits[home] / queries[home]:.1%} "
-          f"in this test ({hits[home]:.0f} of {queries[home]:.0f} prompt tokens), {ratio:.1%} since start; "
-          f"core {away}: {hits[away]:.0f} hits of {queries[away]:.0f}; cached tokens per follower {cached}")
+    print(
+        f"prefix affinity: 6 of 6 followers on core {home}; its prefix hit rate {hits[home] / queries[home]:.1%} "
+        f"in this test ({hits[home]:.0f} of {queries[home]:.0f} prompt tokens), {ratio:.1%} since start; "
+        f"core {away}: {hits[away]:.0f} hits of {queries[away]:.0f}; cached tokens per follower {cached}"
+    )
     # The unrelated prompts were balanced (both cores got work).
     balanced = {e: delta(f"paged_dp_routed_requests_total{{engine={e},route=balance}}") for e in "01"}
     assert balanced[away] >= 1, balanced
@@ -102,8 +105,10 @@ STREAMS = 8
 @pytest.mark.serial  # a bound on how fast the streams end
 def test_one_of_two_cores_killed_fails_only_its_streams(tiny_model_dir: Path, backend_name: str) -> None:
     with cli_server(tiny_model_dir, backend_name, "--served-model-name", "tiny", "--data-parallel-size", "2") as (
-        proc, url, _,
-    ):  # fmt: skip
+        proc,
+        url,
+        _,
+    ):
         wait_healthy(url, headers={}, timeout=180, proc=proc)
         family = _family(proc.pid)
         engines = httpx.get(f"{url}/health").json()["engines"]
@@ -130,8 +135,9 @@ def test_one_of_two_cores_killed_fails_only_its_streams(tiny_model_dir: Path, ba
         m = metric_values(httpx.get(f"{url}/metrics").text)
         assert m["paged_engine_up{engine=0}"] == 1 and m["paged_engine_up{engine=1}"] == 0
         for i in range(4):  # new requests all succeed, on the live core
-            r = httpx.post(f"{url}/v1/completions", json={"model": "tiny", "prompt": f"after {i}", "max_tokens": 3},
-                           timeout=30)  # fmt: skip
+            r = httpx.post(
+                f"{url}/v1/completions", json={"model": "tiny", "prompt": f"after {i}", "max_tokens": 3}, timeout=30
+            )
             assert r.status_code == 200, r.text
         assert proc.poll() is None, "the server must keep serving on the live core"
         os.kill(proc.pid, signal.SIGTERM)

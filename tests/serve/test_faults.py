@@ -37,8 +37,22 @@ def cli_server(
     sock = free_socket()
     port = sock.getsockname()[1]
     sock.close()
-    cmd = [sys.executable, "-m", "paged_core.cli.main", "serve", str(tiny_model_dir), "--port", str(port),
-           "--backend", backend_name, "--kv-cache-memory", "2MiB", "--log-level", "warning", *extra]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "paged_core.cli.main",
+        "serve",
+        str(tiny_model_dir),
+        "--port",
+        str(port),
+        "--backend",
+        backend_name,
+        "--kv-cache-memory",
+        "2MiB",
+        "--log-level",
+        "warning",
+        *extra,
+    ]
     env = {**os.environ, "TRANSFORMERS_VERBOSITY": "error"}
     with tempfile.NamedTemporaryFile("w", prefix="paged-serve-", suffix=".log", delete=False) as out:
         proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, text=True)
@@ -90,8 +104,13 @@ async def _stream(
     url: str, i: int, started: asyncio.Event, counter: list[int], total: int, max_tokens: int
 ) -> tuple[list[str], float]:
     """One long streaming completion: its data lines and when it ended (monotonic); sets ``started`` at ``total``."""
-    body = {"model": "tiny", "prompt": f"stream {i} tells a long story", "max_tokens": max_tokens,
-            "ignore_eos": True, "stream": True}  # fmt: skip
+    body = {
+        "model": "tiny",
+        "prompt": f"stream {i} tells a long story",
+        "max_tokens": max_tokens,
+        "ignore_eos": True,
+        "stream": True,
+    }
     lines: list[str] = []
     async with httpx.AsyncClient(timeout=60) as client:
         async with client.stream("POST", f"{url}/v1/completions", json=body) as r:
@@ -151,8 +170,10 @@ def test_stop_signal_with_requests_in_flight_drains_and_leaves_no_process(
     tiny_model_dir: Path, backend_name: str, how: signal.Signals
 ) -> None:
     with cli_server(tiny_model_dir, backend_name, "--served-model-name", "tiny", "--drain-timeout", "1") as (
-        proc, url, log,
-    ):  # fmt: skip
+        proc,
+        url,
+        log,
+    ):
         wait_healthy(url, headers={}, timeout=120, proc=proc)
         family = _family(proc.pid)
         stopped_at: list[float] = []
@@ -183,8 +204,12 @@ def test_stop_signal_with_requests_in_flight_drains_and_leaves_no_process(
 
 def test_bad_model_path_is_reported_quickly(tmp_path: Path) -> None:
     start = time.monotonic()
-    r = subprocess.run([sys.executable, "-m", "paged_core.cli.main", "serve", str(tmp_path / "missing")],
-                       capture_output=True, text=True, timeout=60)  # fmt: skip
+    r = subprocess.run(
+        [sys.executable, "-m", "paged_core.cli.main", "serve", str(tmp_path / "missing")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert r.returncode != 0
     assert "missing" in r.stderr and "error" in r.stderr
     assert time.monotonic() - start < 30
@@ -192,8 +217,22 @@ def test_bad_model_path_is_reported_quickly(tmp_path: Path) -> None:
 
 def test_core_start_up_failure_reaches_the_user_as_its_message(tiny_model_dir: Path) -> None:
     # The path resolves, so the core process starts; the backend is unknown, which only the core finds out.
-    r = subprocess.run([sys.executable, "-m", "paged_core.cli.main", "serve", str(tiny_model_dir), "--backend",
-                        "no-such-backend", "--port", "0"], capture_output=True, text=True, timeout=120)  # fmt: skip
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "paged_core.cli.main",
+            "serve",
+            str(tiny_model_dir),
+            "--backend",
+            "no-such-backend",
+            "--port",
+            "0",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode != 0
     assert "no-such-backend" in r.stderr and "paged serve: error" in r.stderr
 
@@ -205,8 +244,16 @@ def tp_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def test_tensor_parallel_worker_killed_mid_stream_ends_the_core_with_the_cause(tp_model_dir: Path) -> None:
     # The front end sees a dead core, as above, but the streams and the log name the worker that died.
-    with cli_server(tp_model_dir, "reference", "--served-model-name", "tiny", "--tensor-parallel-size", "2",
-                    "--distributed-timeout", "10") as (proc, url, log):  # fmt: skip
+    with cli_server(
+        tp_model_dir,
+        "reference",
+        "--served-model-name",
+        "tiny",
+        "--tensor-parallel-size",
+        "2",
+        "--distributed-timeout",
+        "10",
+    ) as (proc, url, log):
         wait_healthy(url, headers={}, timeout=120, proc=proc)
         family = _family(proc.pid)
         (worker,) = [p for p in family if "paged_core.engine_core.tp_worker" in " ".join(p.cmdline())]

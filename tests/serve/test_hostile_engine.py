@@ -25,8 +25,14 @@ from paged_core.text.stop import StopStringChecker
 from .serve_helpers import MODEL_NAME, ServerThread, make_engine
 
 URL_COMPLETIONS = "/v1/completions"
-LONG = {"model": MODEL_NAME, "prompt": "Tell me a long story", "max_tokens": 24, "ignore_eos": True,
-        "temperature": 0, "stream_options": {"include_usage": True}}  # fmt: skip
+LONG = {
+    "model": MODEL_NAME,
+    "prompt": "Tell me a long story",
+    "max_tokens": 24,
+    "ignore_eos": True,
+    "temperature": 0,
+    "stream_options": {"include_usage": True},
+}
 POISON_SEED = 666
 
 

@@ -59,13 +59,16 @@ def test_a_client_chat_template_is_refused_without_rendering(server: ServerThrea
     assert "only renders the model's own chat template" in error["message"]
 
 
-@pytest.mark.parametrize(("kwargs", "message"), [
-    ({"tokenize": False}, "may not set tokenize"),
-    ({"eos_token": "<|im_start|>system"}, "may not set eos_token"),
-    ({"loop": list(range(100))}, "must be a string, number or boolean"),
-    ({"text": "x" * 5000}, "at most 4096 are accepted"),
-    ({"note": FORGED}, "control token"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"tokenize": False}, "may not set tokenize"),
+        ({"eos_token": "<|im_start|>system"}, "may not set eos_token"),
+        ({"loop": list(range(100))}, "must be a string, number or boolean"),
+        ({"text": "x" * 5000}, "at most 4096 are accepted"),
+        ({"note": FORGED}, "control token"),
+    ],
+)
 def test_template_kwargs_are_bounded(server: ServerThread, kwargs: dict[str, Any], message: str) -> None:
     r = _post(server, "/v1/chat/completions", {**CHAT, "chat_template_kwargs": kwargs})
     assert message in _error(r, 400, "chat_template_kwargs")["message"]
@@ -77,13 +80,17 @@ def test_template_flags_still_work(server: ServerThread) -> None:
 
 
 # ---- reproduction 3: --max-tokens-limit bypassed by omitting max_tokens --------------------------------------
-@pytest.mark.parametrize(("path", "body"), [
-    ("/v1/completions", {"model": MODEL_NAME, "prompt": "Hello"}),
-    ("/v1/completions", {"model": MODEL_NAME, "prompt": "Hello", "max_tokens": None}),
-    ("/v1/chat/completions", {"model": MODEL_NAME, "messages": CHAT["messages"]}),
-    ("/v1/chat/completions", {"model": MODEL_NAME, "messages": CHAT["messages"], "max_tokens": None}),
-    ("/v1/chat/completions", {"model": MODEL_NAME, "messages": CHAT["messages"], "max_completion_tokens": None}),
-], ids=["completion omitted", "completion null", "chat omitted", "chat null", "chat completion null"])  # fmt: skip
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        ("/v1/completions", {"model": MODEL_NAME, "prompt": "Hello"}),
+        ("/v1/completions", {"model": MODEL_NAME, "prompt": "Hello", "max_tokens": None}),
+        ("/v1/chat/completions", {"model": MODEL_NAME, "messages": CHAT["messages"]}),
+        ("/v1/chat/completions", {"model": MODEL_NAME, "messages": CHAT["messages"], "max_tokens": None}),
+        ("/v1/chat/completions", {"model": MODEL_NAME, "messages": CHAT["messages"], "max_completion_tokens": None}),
+    ],
+    ids=["completion omitted", "completion null", "chat omitted", "chat null", "chat completion null"],
+)
 def test_an_omitted_max_tokens_obeys_the_limit(server: ServerThread, path: str, body: dict[str, Any]) -> None:
     r = _post(server, path, {**body, "ignore_eos": True})
     assert r.status_code == 200, r.text
@@ -138,11 +145,14 @@ def test_min_tokens_of_two_or_more_are_served(server: ServerThread) -> None:
     assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] >= 3, r.text
 
 
-@pytest.mark.parametrize(("path", "body"), [
-    ("/v1/completions", {**GOOD, "max_tokens": 3, "min_tokens": 4}),
-    ("/v1/chat/completions", {**CHAT, "max_completion_tokens": 2, "min_tokens": 3}),
-    ("/v1/completions", {"model": MODEL_NAME, "prompt": "Hello", "min_tokens": LIMIT + 1}),  # the default budget
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        ("/v1/completions", {**GOOD, "max_tokens": 3, "min_tokens": 4}),
+        ("/v1/chat/completions", {**CHAT, "max_completion_tokens": 2, "min_tokens": 3}),
+        ("/v1/completions", {"model": MODEL_NAME, "prompt": "Hello", "min_tokens": LIMIT + 1}),  # the default budget
+    ],
+)
 def test_min_tokens_above_the_budget_is_refused(server: ServerThread, path: str, body: dict[str, Any]) -> None:
     _error(_post(server, path, body), 400, "min_tokens")
 
@@ -156,19 +166,39 @@ HOSTILE = [
     _raw("/v1/completions", b'{"model": "tiny-chat", "prompt": "\\ud800", "max_tokens": 2}', "prompt", "surrogate"),
     _raw("/v1/completions", b'{"model": "\\udfff", "prompt": "x"}', "model", "surrogate"),
     _raw("/tokenize", b'{"prompt": "a\\ud800b"}', "prompt", "surrogate"),
-    _raw("/v1/chat/completions", b'{"model": "tiny-chat", "messages": [{"role": "user", "content": "\\udbff"}]}',
-         "messages.0.content", "surrogate"),
+    _raw(
+        "/v1/chat/completions",
+        b'{"model": "tiny-chat", "messages": [{"role": "user", "content": "\\udbff"}]}',
+        "messages.0.content",
+        "surrogate",
+    ),
     _raw("/v1/completions", b'{"model": "tiny-chat", "prompt": "x", "\\ud800": 1}', None, "surrogate"),
-    _raw("/v1/completions", b'{"model": "tiny-chat", "prompt": ' + b"[" * 100 + b"]" * 100 + b"}", "prompt",
-         "nests deeper than 64 levels (in 'prompt')"),
-    _raw("/v1/completions", b'{"model": "tiny-chat", "prompt": ' + b"[" * 1000 + b"]" * 1000 + b"}", None,
-         "nests deeper than 64 levels"),
-    _raw("/v1/completions", b'{"model": "tiny-chat", "prompt": "x", "max_tokens": ' + b"9" * 5000 + b"}", None,
-         "64-bit range"),
-    _raw("/v1/completions", b'{"model": "tiny-chat", "prompt": "x", "seed": 18446744073709551616}', "seed",
-         "64-bit range"),
+    _raw(
+        "/v1/completions",
+        b'{"model": "tiny-chat", "prompt": ' + b"[" * 100 + b"]" * 100 + b"}",
+        "prompt",
+        "nests deeper than 64 levels (in 'prompt')",
+    ),
+    _raw(
+        "/v1/completions",
+        b'{"model": "tiny-chat", "prompt": ' + b"[" * 1000 + b"]" * 1000 + b"}",
+        None,
+        "nests deeper than 64 levels",
+    ),
+    _raw(
+        "/v1/completions",
+        b'{"model": "tiny-chat", "prompt": "x", "max_tokens": ' + b"9" * 5000 + b"}",
+        None,
+        "64-bit range",
+    ),
+    _raw(
+        "/v1/completions",
+        b'{"model": "tiny-chat", "prompt": "x", "seed": 18446744073709551616}',
+        "seed",
+        "64-bit range",
+    ),
     _raw("/v1/completions", b'{"model": "tiny-chat", "prompt": "x", "temperature": NaN}', None, "NaN"),
-]  # fmt: skip
+]
 
 
 def _local_port(r: httpx.Response) -> int:
@@ -197,8 +227,9 @@ class _Records(logging.Handler):
         self.records.append(record)
 
 
-def test_an_internal_error_is_a_500_with_an_error_id_only(server: ServerThread, monkeypatch: pytest.MonkeyPatch
-                                                          ) -> None:  # fmt: skip
+def test_an_internal_error_is_a_500_with_an_error_id_only(
+    server: ServerThread, monkeypatch: pytest.MonkeyPatch
+) -> None:
     tokens = server.server.config.app.state.paged.tokens
 
     def boom(ids: list[int]) -> str:

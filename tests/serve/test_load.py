@@ -39,10 +39,14 @@ async def _client(api: AsyncOpenAI, i: int, rnd: int) -> str:
     """
     hang_up = i % 10 == 0
     stream = await api.completions.create(
-        model=MODEL_NAME, prompt=f"Client {i} in round {rnd} asks for a long story about",
+        model=MODEL_NAME,
+        prompt=f"Client {i} in round {rnd} asks for a long story about",
         max_tokens=200 if hang_up else 8 + i % 17,
-        temperature=0.8, seed=i, stream=True, extra_body={"ignore_eos": True},
-    )  # fmt: skip
+        temperature=0.8,
+        seed=i,
+        stream=True,
+        extra_body={"ignore_eos": True},
+    )
     chunks = 0
     finish = None
     async for chunk in stream:
@@ -76,8 +80,13 @@ def _settled(url: str, timeout: float = 15.0) -> dict[str, float]:
 
 
 async def _load(url: str) -> tuple[list[str], list[tuple[int, float]]]:
-    api = AsyncOpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=120,
-                      http_client=httpx.AsyncClient(limits=httpx.Limits(max_connections=CLIENTS + 8)))  # fmt: skip
+    api = AsyncOpenAI(
+        base_url=f"{url}/v1",
+        api_key="unused",
+        max_retries=0,
+        timeout=120,
+        http_client=httpx.AsyncClient(limits=httpx.Limits(max_connections=CLIENTS + 8)),
+    )
     stop = asyncio.Event()
     health: list[tuple[int, float]] = []
     watcher = asyncio.create_task(_watch_health(url, stop, health))
@@ -104,7 +113,8 @@ def test_load_with_hang_ups_leaves_no_blocks_behind(server: ServerThread) -> Non
     assert after["paged_kv_cache_free_blocks"] == after["paged_kv_cache_blocks"]
     # Every request either finished or was aborted for its vanished client; the hung-up ones mostly aborted.
     finished = after["paged_requests_finished_total{finish_reason=length}"] - before.get(
-        "paged_requests_finished_total{finish_reason=length}", 0.0)  # fmt: skip
+        "paged_requests_finished_total{finish_reason=length}", 0.0
+    )
     aborted = after["paged_requests_aborted_total"] - before["paged_requests_aborted_total"]
     assert finished + aborted == CLIENTS * ROUNDS
     print(f"aborted {aborted} of {hung_up} hung-up clients; finished {finished}")
@@ -125,8 +135,13 @@ def test_non_streaming_client_that_gives_up_is_aborted(server: ServerThread) -> 
 
 def test_streaming_client_that_hangs_up_frees_its_blocks_at_once(server: ServerThread) -> None:
     before = metric_values(httpx.get(f"{server.url}/metrics").text)
-    body = {"model": MODEL_NAME, "prompt": "Stream a very long answer", "max_tokens": 400, "ignore_eos": True,
-            "stream": True}  # fmt: skip
+    body = {
+        "model": MODEL_NAME,
+        "prompt": "Stream a very long answer",
+        "max_tokens": 400,
+        "ignore_eos": True,
+        "stream": True,
+    }
     with httpx.stream("POST", f"{server.url}/v1/completions", json=body, timeout=30) as r:
         lines = r.iter_lines()
         assert next(line for line in lines if line.startswith("data: "))

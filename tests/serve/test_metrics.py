@@ -10,13 +10,27 @@ import pytest
 
 from .serve_helpers import MODEL_NAME, MODES, ServerThread, metric_values, serve
 
-GAUGES = ("paged_kv_cache_usage_ratio", "paged_kv_cache_free_blocks", "paged_kv_cache_blocks",
-          "paged_requests_running", "paged_requests_waiting", "paged_batch_invariant")  # fmt: skip
-COUNTERS = ("paged_preemptions_total", "paged_prefix_cache_queries_tokens_total",
-            "paged_prefix_cache_hits_tokens_total", "paged_prompt_tokens_total", "paged_generation_tokens_total",
-            "paged_requests_aborted_total")  # fmt: skip
-HISTOGRAMS = ("paged_time_to_first_token_seconds", "paged_inter_token_latency_seconds",
-              "paged_e2e_request_latency_seconds")  # fmt: skip
+GAUGES = (
+    "paged_kv_cache_usage_ratio",
+    "paged_kv_cache_free_blocks",
+    "paged_kv_cache_blocks",
+    "paged_requests_running",
+    "paged_requests_waiting",
+    "paged_batch_invariant",
+)
+COUNTERS = (
+    "paged_preemptions_total",
+    "paged_prefix_cache_queries_tokens_total",
+    "paged_prefix_cache_hits_tokens_total",
+    "paged_prompt_tokens_total",
+    "paged_generation_tokens_total",
+    "paged_requests_aborted_total",
+)
+HISTOGRAMS = (
+    "paged_time_to_first_token_seconds",
+    "paged_inter_token_latency_seconds",
+    "paged_e2e_request_latency_seconds",
+)
 
 
 @pytest.fixture(scope="module", params=MODES)

@@ -80,8 +80,13 @@ def test_admission_refuses_past_the_bound_and_gives_slots_back() -> None:
 
 @pytest.mark.parametrize(
     ("field", "value"),
-    [("max_queued_requests", -1), ("idle_timeout", 0), ("header_timeout", float("nan")), ("body_timeout", 1e9),
-     ("drain_timeout", -1)],
+    [
+        ("max_queued_requests", -1),
+        ("idle_timeout", 0),
+        ("header_timeout", float("nan")),
+        ("body_timeout", 1e9),
+        ("drain_timeout", -1),
+    ],
 )
 def test_overload_settings_are_validated(field: str, value: object) -> None:
     with pytest.raises(ConfigError, match=field):
@@ -92,8 +97,7 @@ def test_serve_cli_has_the_overload_options() -> None:
     from paged_core.cli.main import build_parser
 
     help_text = build_parser()._subparsers._group_actions[0].choices["serve"].format_help()  # type: ignore[union-attr]
-    for option in ("--max-queued-requests", "--idle-timeout", "--header-timeout", "--body-timeout",
-                   "--drain-timeout"):
+    for option in ("--max-queued-requests", "--idle-timeout", "--header-timeout", "--body-timeout", "--drain-timeout"):
         assert option in help_text
 
 
@@ -117,8 +121,13 @@ async def _flood(url: str) -> list[httpx.Response]:
     async with httpx.AsyncClient(timeout=120, limits=limits) as http:
 
         async def one(i: int) -> httpx.Response:
-            body = {"model": MODEL_NAME, "prompt": f"Flood request {i} wants a long answer", "max_tokens": TOKENS,
-                    "ignore_eos": True, "stream": i % 2 == 1}  # fmt: skip
+            body = {
+                "model": MODEL_NAME,
+                "prompt": f"Flood request {i} wants a long answer",
+                "max_tokens": TOKENS,
+                "ignore_eos": True,
+                "stream": i % 2 == 1,
+            }
             r = await http.post(f"{url}/v1/completions", json=body)
             await r.aread()  # a stream is read to its end
             return r
@@ -170,8 +179,10 @@ def test_flood_past_the_queue_bound_gets_429_while_health_stays_fast(flood_serve
     assert probes and all(code == 200 for code, _ in probes)
     latencies = sorted(dt for _, dt in probes)
     p50, p99 = (latencies[min(len(latencies) - 1, int(len(latencies) * q))] for q in (0.5, 0.99))
-    print(f"flood: {ok} served, {len(refused)} refused; /health p50 {p50 * 1000:.1f} ms, p99 {p99 * 1000:.1f} ms "
-          f"over {len(latencies)} probes")
+    print(
+        f"flood: {ok} served, {len(refused)} refused; /health p50 {p50 * 1000:.1f} ms, p99 {p99 * 1000:.1f} ms "
+        f"over {len(latencies)} probes"
+    )
     assert len(latencies) >= 10
     # A /health that waited for the engine would wait for whole steps during the flood (seconds here), at the
     # median too. The tail is looser: the prober, the 40 clients and the server share this process's GIL on
@@ -182,8 +193,10 @@ def test_flood_past_the_queue_bound_gets_429_while_health_stays_fast(flood_serve
     assert after["paged_requests_in_flight"] == 0
     assert after["paged_requests_running"] == 0 and after["paged_requests_waiting"] == 0
     assert after["paged_kv_cache_free_blocks"] == after["paged_kv_cache_blocks"]
-    refusals = after["paged_requests_refused_total{reason=queue_full}"] - before[
-        "paged_requests_refused_total{reason=queue_full}"]  # fmt: skip
+    refusals = (
+        after["paged_requests_refused_total{reason=queue_full}"]
+        - before["paged_requests_refused_total{reason=queue_full}"]
+    )
     assert refusals == len(refused)
     # And the server serves again at once.
     r = httpx.post(f"{url}/v1/completions", json={"model": MODEL_NAME, "prompt": "Hi", "max_tokens": 2}, timeout=30)
@@ -235,8 +248,10 @@ def test_half_sent_headers_are_closed_with_408(timeout_server: ServerThread) -> 
 def test_trickled_body_is_closed_and_frees_its_slot(timeout_server: ServerThread) -> None:
     gate = timeout_server.server.config.app.state.paged.admission
     sock = _connect(timeout_server)
-    sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: test\r\nContent-Type: application/json\r\n"
-                 b"Content-Length: 100\r\n\r\n{\"model\": ")  # fmt: skip
+    sock.sendall(
+        b"POST /v1/completions HTTP/1.1\r\nHost: test\r\nContent-Type: application/json\r\n"
+        b'Content-Length: 100\r\n\r\n{"model": '
+    )
     data, waited = _until_closed(sock)
     assert data.startswith(b"HTTP/1.1 408 ") and b"request body not received within 1 s" in data
     assert BODY * 0.9 < waited < BODY + MARGIN

@@ -42,19 +42,32 @@ OPERATIONS = {
     "GET /health": 5,
     "GET /metrics": 5,
 }
-CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance, response_headers_conformance,
-          response_schema_conformance]  # fmt: skip
+CHECKS = [
+    not_a_server_error,
+    status_code_conformance,
+    content_type_conformance,
+    response_headers_conformance,
+    response_schema_conformance,
+]
 TOTALS: dict[str, Any] = {"cases": 0, "seconds": 0.0, "statuses": {}, "slowest": (0.0, "", "")}
 
 
 @pytest.fixture(scope="module")
 def server(loaded: Any) -> Iterator[ServerThread]:
-    config = ServeConfig(served_model_name=MODEL_NAME, api_key=API_KEY, max_tokens_limit=4, max_n=2, max_prompts=4,
-                         max_body_bytes=1 << 16)  # fmt: skip
+    config = ServeConfig(
+        served_model_name=MODEL_NAME,
+        api_key=API_KEY,
+        max_tokens_limit=4,
+        max_n=2,
+        max_prompts=4,
+        max_body_bytes=1 << 16,
+    )
     with serve(loaded, config) as s:
         yield s
-    print(f"\nschemathesis: {TOTALS['cases']} cases in {TOTALS['seconds']:.1f} s, statuses {TOTALS['statuses']}; "
-          "slowest case %.2f s (%s %s)" % TOTALS["slowest"])  # fmt: skip
+    print(
+        f"\nschemathesis: {TOTALS['cases']} cases in {TOTALS['seconds']:.1f} s, statuses {TOTALS['statuses']}; "
+        "slowest case %.2f s (%s %s)" % TOTALS["slowest"]
+    )
 
 
 @pytest.fixture(scope="module")
@@ -74,7 +87,8 @@ def test_every_route_is_documented_with_bodies_and_errors(schema: Any, server: S
         assert name in document["components"]["schemas"], name
     completions = document["paths"]["/v1/completions"]["post"]
     assert completions["requestBody"]["content"]["application/json"]["schema"] == {
-        "$ref": "#/components/schemas/CompletionRequest"}  # fmt: skip
+        "$ref": "#/components/schemas/CompletionRequest"
+    }
     assert set(completions["responses"]) == {"200", "400", "401", "404", "413", "429", "500", "503"}
     assert "Retry-After" in completions["responses"]["429"]["headers"]
     assert set(completions["responses"]["200"]["content"]) == {"application/json", "text/event-stream"}
@@ -82,8 +96,12 @@ def test_every_route_is_documented_with_bodies_and_errors(schema: Any, server: S
     assert document["security"] == [{"bearer": []}]
 
 
-BODIES = {"/v1/completions": CompletionRequest, "/v1/chat/completions": ChatCompletionRequest,
-          "/tokenize": TokenizeRequest, "/detokenize": DetokenizeRequest}  # fmt: skip
+BODIES = {
+    "/v1/completions": CompletionRequest,
+    "/v1/chat/completions": ChatCompletionRequest,
+    "/tokenize": TokenizeRequest,
+    "/detokenize": DetokenizeRequest,
+}
 
 
 def _steer(case: Any, path: str, steer: int, keep: set[int]) -> None:
@@ -110,8 +128,12 @@ def _steer(case: Any, path: str, steer: int, keep: set[int]) -> None:
 
 
 # A GET without parameters has no invalid input to send.
-CASES = [(label, mode) for label in OPERATIONS for mode in ("positive", "negative")
-         if mode == "positive" or label.startswith("POST")]  # fmt: skip
+CASES = [
+    (label, mode)
+    for label in OPERATIONS
+    for mode in ("positive", "negative")
+    if mode == "positive" or label.startswith("POST")
+]
 
 
 @pytest.mark.parametrize(("label", "mode"), CASES, ids=[f"{label}-{mode}" for label, mode in CASES])

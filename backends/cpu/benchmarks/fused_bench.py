@@ -256,11 +256,13 @@ def bench_quant(
     """Packed linear per format, projection and M: packed GB/s, share of copy bandwidth, time vs dense fp32."""
     copy_bw, read_bw = copy_bandwidth(), read_bandwidth()
     cpu = CpuFusedOps()
-    print(f"copy bandwidth (256 MB tensor copy, read + write): {copy_bw / 1e9:.1f} GB/s; read bandwidth (sum of a "
-          f"256 MB tensor): {read_bw / 1e9:.1f} GB/s; "
-          f"streaming up to {cpu.quant_stream_rows} rows, activations there {ops.linear_activations()} (q4_0, q4_1, "
-          f"q8_0; kernels {ops.quant_q8_isa()}); cold weights: {cold_mb} MB of copies per path; "
-          f"{'fastest' if BEST else 'median'} timings")  # fmt: skip
+    print(
+        f"copy bandwidth (256 MB tensor copy, read + write): {copy_bw / 1e9:.1f} GB/s; read bandwidth (sum of a "
+        f"256 MB tensor): {read_bw / 1e9:.1f} GB/s; "
+        f"streaming up to {cpu.quant_stream_rows} rows, activations there {ops.linear_activations()} (q4_0, q4_1, "
+        f"q8_0; kernels {ops.quant_q8_isa()}); cold weights: {cold_mb} MB of copies per path; "
+        f"{'fastest' if BEST else 'median'} timings"
+    )
     print(
         "| format | projection | M | packed | packed (us) | packed GB/s | of copy | of read | dense fp32 (us) "
         "| dense / packed |"
@@ -315,8 +317,12 @@ def main() -> None:
     parser.add_argument("--formats", nargs="+", default=["q4_0", "q8_0", "int8"])
     parser.add_argument("--quant-rows", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32, 64, 128, 512])
     parser.add_argument("--best", action="store_true", help="report the fastest timing, not the median")
-    parser.add_argument("--activations", choices=["int8x2", "int8", "fp32"], default=None,
-                        help="the packed linear's activations at streaming row counts (default: the backend's)")
+    parser.add_argument(
+        "--activations",
+        choices=["int8x2", "int8", "fp32"],
+        default=None,
+        help="the packed linear's activations at streaming row counts (default: the backend's)",
+    )
     parser.add_argument("--cold-mb", type=int, default=128, help="MB of weight copies each path cycles through")
     args = parser.parse_args()
     global BEST

@@ -21,10 +21,25 @@ SELECTION = (
 def test_conformance_slice_passes_and_reports_its_rows(tmp_path: Path) -> None:
     report_path, junit = tmp_path / "report.json", tmp_path / "junit.xml"
     proc = subprocess.run(
-        [str(BIN / "paged-conformance"), "run", "--backend", "cpu", "--quick",
-         "--json", str(report_path), "--junitxml", str(junit), "--", "-k", SELECTION],
-        capture_output=True, text=True, cwd=tmp_path, timeout=900,
-    )  # fmt: skip
+        [
+            str(BIN / "paged-conformance"),
+            "run",
+            "--backend",
+            "cpu",
+            "--quick",
+            "--json",
+            str(report_path),
+            "--junitxml",
+            str(junit),
+            "--",
+            "-k",
+            SELECTION,
+        ],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=900,
+    )
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
     report = json.loads(report_path.read_text())
     assert report["backend"]["distribution"] == "paged-backend-cpu"

@@ -112,9 +112,12 @@ def tolerance(x: torch.Tensor, wd: torch.Tensor, bias: torch.Tensor | None) -> t
 
 
 def check(
-    got: torch.Tensor, x: torch.Tensor, wd: torch.Tensor, bias: torch.Tensor | None,
+    got: torch.Tensor,
+    x: torch.Tensor,
+    wd: torch.Tensor,
+    bias: torch.Tensor | None,
     bound: tuple[torch.Tensor, torch.Tensor] | None = None,
-) -> None:  # fmt: skip
+) -> None:
     """``got`` within the stated tolerance of the float64 sums (``bound``: :func:`tolerance`'s, if computed)."""
     assert got.dtype == x.dtype and got.shape == (x.shape[0], wd.shape[0]) and got.is_contiguous()
     exact, tol = bound if bound is not None else tolerance(x, wd, bias)
@@ -226,8 +229,9 @@ def test_a_corrupted_byte_is_caught(fmt: str) -> None:
             check(got, x, dequantize(bad).double(), None)  # the kernel reads the corrupted byte ...
             with pytest.raises(AssertionError, match="outside the tolerance"):
                 check(got, x, wd, None)  # ... and the check against the original weight fails
-            assert torch.equal(got[:, :7], ops.quant_linear(x, w.data, w.scale, None, ops.QUANT_FORMATS[fmt], n,
-                                                            stream_rows)[:, :7])  # fmt: skip
+            assert torch.equal(
+                got[:, :7], ops.quant_linear(x, w.data, w.scale, None, ops.QUANT_FORMATS[fmt], n, stream_rows)[:, :7]
+            )
 
 
 def test_int8_scale_is_read_per_row() -> None:
@@ -264,8 +268,13 @@ def test_results_do_not_depend_on_threads(threads: Callable[[int], None]) -> Non
     results = []
     for t in (1, 2):
         threads(t)
-        results.append([ops.quant_linear(rand(m, 576, dtype=torch.float32, seed=m), w.data, None, None, fid, 1000,
-                                         sr) for m in (1, 7, 40) for sr in (STREAM_ALL, DEQUANT_ALL)])  # fmt: skip
+        results.append(
+            [
+                ops.quant_linear(rand(m, 576, dtype=torch.float32, seed=m), w.data, None, None, fid, 1000, sr)
+                for m in (1, 7, 40)
+                for sr in (STREAM_ALL, DEQUANT_ALL)
+            ]
+        )
     for a, b in zip(*results, strict=True):
         assert torch.equal(a, b)
 
@@ -378,8 +387,10 @@ BAD_CALLS: list[tuple[Callable[[], object], str]] = [
     (_bad(XQ, Q4.data, None, None, -1, 20, 8), r"fmt -1 is not a format id"),
     (_bad(XQ[0], Q4.data, None, None, F_Q4, 20, 8), r"quant_linear: x must be 2-D"),
     (_bad(XQ.double(), Q4.data, None, None, F_Q4, 20, 8), r"quant_linear: x dtype Double not supported"),
-    (_bad(torch.randn(3, 48), Q4.data, None, None, F_Q4, 20, 8),
-     r"x has 48 features, not a positive multiple of the q4_0 block of 32"),
+    (
+        _bad(torch.randn(3, 48), Q4.data, None, None, F_Q4, 20, 8),
+        r"x has 48 features, not a positive multiple of the q4_0 block of 32",
+    ),
     (_bad(torch.randn(3, 96), Q4.data, None, None, F_Q4, 20, 8), r"data must be \[20, 54\] \(out_features, 3 blocks"),
     (_bad(XQ, Q4.data, None, None, F_Q4, 21, 8), r"data must be \[21, 36\]"),
     (_bad(XQ, Q4.data.view(torch.int8), None, None, F_Q4, 20, 8), r"data must be a cpu Byte tensor for q4_0, got Char"),
@@ -392,7 +403,7 @@ BAD_CALLS: list[tuple[Callable[[], object], str]] = [
     (_bad(XQ, Q4.data, None, torch.randn(19), F_Q4, 20, 8), r"quant_linear: bias must be \[20\], got shape \[19\]"),
     (_bad(XQ, Q4.data, None, torch.randn(20).double(), F_Q4, 20, 8), r"quant_linear: bias dtype Double not supported"),
     (_bad(XQ, Q4.data.t().contiguous().t(), None, None, F_Q4, 20, 8), r"data rows must be contiguous, got strides"),
-]  # fmt: skip
+]
 
 
 @pytest.mark.parametrize(("call", "message"), BAD_CALLS, ids=[str(i) for i in range(len(BAD_CALLS))])
@@ -422,8 +433,11 @@ Q8_FORMATS = ["q4_0", "q4_1"]
 BUILDS = {"avx512": "vnni", "avx2": "avx2", "scalar": "scalar"}
 """set_quant_isa's build -> the q8 kernels it runs (avx512 and auto: AVX-512 VNNI where the CPU has it)."""
 HAS_VNNI = "avx512" in ops.supported_isas() and ops.quant_q8_isa() == "vnni"
-Q8_VARIANTS = [b for b in BUILDS if b == "scalar" or (b == "avx2" and "avx2" in ops.supported_isas()) or
-               (b == "avx512" and HAS_VNNI)]  # fmt: skip
+Q8_VARIANTS = [
+    b
+    for b in BUILDS
+    if b == "scalar" or (b == "avx2" and "avx2" in ops.supported_isas()) or (b == "avx512" and HAS_VNNI)
+]
 
 
 @pytest.fixture
@@ -526,12 +540,20 @@ def test_q8_mode_switch_and_what_it_covers(int8_activations: None) -> None:
     ops.set_linear_activations("int8")
     assert torch.equal(ops.quant_linear(x, w.data, None, None, fid, 40, 0), rounded)  # no exact dequantize path
     q8 = make_weight("q8_0", 40, 128, seed=5)  # 8-bit weights keep exact activations
-    check(ops.quant_linear(x, q8.data, None, None, ops.QUANT_FORMATS["q8_0"], 40, STREAM_ALL), x,
-          dequantize(q8).double(), None)  # fmt: skip
+    check(
+        ops.quant_linear(x, q8.data, None, None, ops.QUANT_FORMATS["q8_0"], 40, STREAM_ALL),
+        x,
+        dequantize(q8).double(),
+        None,
+    )
     k4 = make_weight("q4_k", 40, 256, seed=3)
     xk = rand(2, 256, dtype=torch.float32, seed=4)
-    check(ops.quant_linear(xk, k4.data, None, None, ops.QUANT_FORMATS["q4_k"], 40, STREAM_ALL), xk,
-          dequantize(k4).double(), None)  # fmt: skip
+    check(
+        ops.quant_linear(xk, k4.data, None, None, ops.QUANT_FORMATS["q4_k"], 40, STREAM_ALL),
+        xk,
+        dequantize(k4).double(),
+        None,
+    )
     with pytest.raises(RuntimeError, match="linear activations must be int8x2, int8 or fp32, got 'int4'"):
         ops.set_linear_activations("int4")
     assert ops.linear_activations() == "int8"
@@ -546,8 +568,17 @@ def test_q8_results_do_not_depend_on_threads(int8_activations: None, threads: Ca
     outs = []
     for t in (1, 2):
         threads(t)
-        outs.append(ops.quant_linear(rand(3, 576, dtype=torch.float32, seed=3), w.data, None, None,
-                                     ops.QUANT_FORMATS["q4_0"], 1000, STREAM_ALL))  # fmt: skip
+        outs.append(
+            ops.quant_linear(
+                rand(3, 576, dtype=torch.float32, seed=3),
+                w.data,
+                None,
+                None,
+                ops.QUANT_FORMATS["q4_0"],
+                1000,
+                STREAM_ALL,
+            )
+        )
     assert torch.equal(*outs)
 
 
@@ -556,8 +587,9 @@ def test_q8_results_do_not_depend_on_threads(int8_activations: None, threads: Ca
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("fmt", Q8_FORMATS)
-def test_interleaved_matches_the_rounded_oracle(int8_activations: None, q8_variant: str, fmt: str,
-                                                dtype: torch.dtype) -> None:  # fmt: skip
+def test_interleaved_matches_the_rounded_oracle(
+    int8_activations: None, q8_variant: str, fmt: str, dtype: torch.dtype
+) -> None:
     """Same oracle as the row-major int8 path: every group count (one group, an odd count for the one-row tiles
     of two groups, many), every row tile, a bias, strided x; the scalar build has no such kernel and reads
     the rows as they are."""
@@ -607,12 +639,28 @@ def test_interleave_refuses_what_it_cannot_lay_out() -> None:
     good = make_weight("q4_1", 16, 64, seed=1)
     interleaved = ops.interleave_q4(good.data, ops.QUANT_FORMATS["q4_1"])
     with pytest.raises(RuntimeError, match="interleaved must be"):
-        ops.quant_linear(rand(1, 64, dtype=torch.float32, seed=1), good.data, None, None, ops.QUANT_FORMATS["q4_1"],
-                         16, STREAM_ALL, interleaved[:1])  # fmt: skip
+        ops.quant_linear(
+            rand(1, 64, dtype=torch.float32, seed=1),
+            good.data,
+            None,
+            None,
+            ops.QUANT_FORMATS["q4_1"],
+            16,
+            STREAM_ALL,
+            interleaved[:1],
+        )
     with pytest.raises(RuntimeError, match="only read for q4_0 and q4_1"):
         q8 = make_weight("q8_0", 16, 64, seed=1)
-        ops.quant_linear(rand(1, 64, dtype=torch.float32, seed=1), q8.data, None, None, ops.QUANT_FORMATS["q8_0"],
-                         16, STREAM_ALL, interleaved)  # fmt: skip
+        ops.quant_linear(
+            rand(1, 64, dtype=torch.float32, seed=1),
+            q8.data,
+            None,
+            None,
+            ops.QUANT_FORMATS["q8_0"],
+            16,
+            STREAM_ALL,
+            interleaved,
+        )
 
 
 def test_pack_linear_interleaves_q4_rows_in_groups_of_8() -> None:

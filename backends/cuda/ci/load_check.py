@@ -43,8 +43,12 @@ def main() -> int:
         assert schema in got, f"{op}: {got}"
         print(f"ok: {got[:110]}")
     try:
-        torch.ops.paged_cuda.write_kv(torch.zeros(1, 1, 64), torch.zeros(1, 1, 64), torch.zeros(2, 1, 16, 1, 64),
-                                      torch.zeros(1, dtype=torch.int64))  # fmt: skip
+        torch.ops.paged_cuda.write_kv(
+            torch.zeros(1, 1, 64),
+            torch.zeros(1, 1, 64),
+            torch.zeros(2, 1, 16, 1, 64),
+            torch.zeros(1, dtype=torch.int64),
+        )
         raise AssertionError("CPU tensors were accepted")
     except NotImplementedError as exc:
         assert "CPU" in str(exc)

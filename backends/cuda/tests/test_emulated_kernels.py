@@ -125,9 +125,14 @@ DECODE_SEQ_LENS = [1, 17, 64, 130]
     ],
 )
 def test_decode(
-    launches: Launches, num_heads: int, num_kv_heads: int, head_size: int, block_size: int, dtype: torch.dtype,
+    launches: Launches,
+    num_heads: int,
+    num_kv_heads: int,
+    head_size: int,
+    block_size: int,
+    dtype: torch.dtype,
     tile: int,
-) -> None:  # fmt: skip
+) -> None:
     """Decode rows (seq_len 1 to 130) for GQA 1/4/8/6/2/16: one unsplit launch with the group's tile."""
     spec = AttentionSpec(num_heads, num_kv_heads, head_size)
     check_attention([1] * 4, DECODE_SEQ_LENS, spec, block_size, dtype)
@@ -168,9 +173,13 @@ def test_decode_split_at_graph_bound(launches: Launches) -> None:
     ],
 )
 def test_prefill(
-    launches: Launches, query_lens: list[int], seq_lens: list[int], head_size: int, block_size: int,
+    launches: Launches,
+    query_lens: list[int],
+    seq_lens: list[int],
+    head_size: int,
+    block_size: int,
     dtype: torch.dtype,
-) -> None:  # fmt: skip
+) -> None:
     """Prefill rows, with and without cached context: one launch of eight-row tiles."""
     check_attention(query_lens, seq_lens, AttentionSpec(8, 2, head_size), block_size, dtype)
     assert launches == [{"first_row": 0, "num_rows": 2, "rows_per_tile": 8, "num_splits": 1}]
@@ -252,9 +261,14 @@ def test_graph_padded_any_batch(launches: Launches) -> None:
         seq_lens=torch.tensor(seq_lens + [0] * (n - 3), dtype=torch.int32),
         block_table=torch.cat([real.block_table, torch.zeros(n - 3, real.block_table.shape[1], dtype=torch.int32)]),
         slot_mapping=torch.cat([real.slot_mapping, torch.full((n - real_tokens,), -1, dtype=torch.int64)]),
-        num_decodes=0, num_decode_tokens=0, num_prefills=n, num_actual_tokens=n, max_query_len=n, max_seq_len=4096,
+        num_decodes=0,
+        num_decode_tokens=0,
+        num_prefills=n,
+        num_actual_tokens=n,
+        max_query_len=n,
+        max_seq_len=4096,
         uniform_query_len=0,
-    )  # fmt: skip
+    )
     key, value = (torch.randn(n, 2, 80, generator=gen) for _ in range(2))
     query = torch.cat([query, torch.randn(n - real_tokens, 12, 80, generator=gen)])
     mine, theirs = cache.clone(), cache.clone()
@@ -279,10 +293,13 @@ def test_random_batches(seed: int) -> None:
     seq_lens = [rng.choice([rng.randint(1, 64), rng.randint(200, 1200)]) for _ in range(decodes)]
     seq_lens += [q + rng.choice([0, rng.randint(1, 150)]) for q in query_lens[decodes:]]
     spec = AttentionSpec(
-        num_kv_heads * group, num_kv_heads, rng.choice([64, 80, 96, 112, 128, 160, 192, 256]),
-        scale=rng.choice([None, None, 0.02, 0.2]), sliding_window=rng.choice([None, rng.randint(1, 300)]),
+        num_kv_heads * group,
+        num_kv_heads,
+        rng.choice([64, 80, 96, 112, 128, 160, 192, 256]),
+        scale=rng.choice([None, None, 0.02, 0.2]),
+        sliding_window=rng.choice([None, rng.randint(1, 300)]),
         logits_soft_cap=rng.choice([None, rng.uniform(1.0, 30.0)]),
-    )  # fmt: skip
+    )
     dtype = rng.choice([F32, BF16, F16])
     query_dtype = rng.choice([dtype, dtype, F32, BF16])
     check_attention(query_lens, seq_lens, spec, rng.choice([16, 32, 64]), dtype, query_dtype, rng.choice([1, 16, 132]))

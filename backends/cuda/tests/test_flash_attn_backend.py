@@ -105,39 +105,80 @@ def _check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_table
 
 
 def fake_varlen(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor,
-    max_seqlen_q: int, max_seqlen_k: int, dropout_p: float = 0.0, softmax_scale: float | None = None,
-    causal: bool = False, window_size: tuple[int, int] = (-1, -1), softcap: float = 0.0, alibi_slopes: Any = None,
-    deterministic: bool = False, return_attn_probs: bool = False, block_table: torch.Tensor | None = None,
-) -> torch.Tensor:  # fmt: skip
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    cu_seqlens_k: torch.Tensor,
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    dropout_p: float = 0.0,
+    softmax_scale: float | None = None,
+    causal: bool = False,
+    window_size: tuple[int, int] = (-1, -1),
+    softcap: float = 0.0,
+    alibi_slopes: Any = None,
+    deterministic: bool = False,
+    return_attn_probs: bool = False,
+    block_table: torch.Tensor | None = None,
+) -> torch.Tensor:
     """``flash_attn_varlen_func`` (2.8.3 signature)."""
     _check_inputs(q, k, v, block_table)
     assert cu_seqlens_q.dtype == cu_seqlens_k.dtype == torch.int32 and cu_seqlens_k.is_contiguous()
     assert block_table is not None and block_table.shape[0] == cu_seqlens_q.numel() - 1
     out = varlen_paged_attention(
-        q.float(), k.float(), v.float(), cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
-        max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, block_table=block_table, softmax_scale=softmax_scale,
-        causal=causal, window_size=window_size, softcap=softcap,
-    )  # fmt: skip
+        q.float(),
+        k.float(),
+        v.float(),
+        cu_seqlens_q=cu_seqlens_q,
+        cu_seqlens_k=cu_seqlens_k,
+        max_seqlen_q=max_seqlen_q,
+        max_seqlen_k=max_seqlen_k,
+        block_table=block_table,
+        softmax_scale=softmax_scale,
+        causal=causal,
+        window_size=window_size,
+        softcap=softcap,
+    )
     return out.to(q.dtype)
 
 
 def fake_kvcache(
-    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, k: Any = None, v: Any = None,
-    rotary_cos: Any = None, rotary_sin: Any = None, cache_seqlens: torch.Tensor | None = None,
-    cache_batch_idx: Any = None, cache_leftpad: Any = None, block_table: torch.Tensor | None = None,
-    softmax_scale: float | None = None, causal: bool = False, window_size: tuple[int, int] = (-1, -1),
-    softcap: float = 0.0, rotary_interleaved: bool = True, alibi_slopes: Any = None, num_splits: int = 0,
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    k: Any = None,
+    v: Any = None,
+    rotary_cos: Any = None,
+    rotary_sin: Any = None,
+    cache_seqlens: torch.Tensor | None = None,
+    cache_batch_idx: Any = None,
+    cache_leftpad: Any = None,
+    block_table: torch.Tensor | None = None,
+    softmax_scale: float | None = None,
+    causal: bool = False,
+    window_size: tuple[int, int] = (-1, -1),
+    softcap: float = 0.0,
+    rotary_interleaved: bool = True,
+    alibi_slopes: Any = None,
+    num_splits: int = 0,
     return_softmax_lse: bool = False,
-) -> torch.Tensor:  # fmt: skip
+) -> torch.Tensor:
     """``flash_attn_with_kvcache`` (2.8.3 signature), without new keys to append."""
     _check_inputs(q, k_cache, v_cache, block_table)
     assert k is None and v is None and cache_seqlens is not None and cache_seqlens.dtype == torch.int32
     assert block_table is not None and q.dim() == 4 and block_table.shape[0] == q.shape[0]
     out = kvcache_paged_attention(
-        q.float(), k_cache.float(), v_cache.float(), cache_seqlens=cache_seqlens, block_table=block_table,
-        softmax_scale=softmax_scale, causal=causal, window_size=window_size, softcap=softcap,
-    )  # fmt: skip
+        q.float(),
+        k_cache.float(),
+        v_cache.float(),
+        cache_seqlens=cache_seqlens,
+        block_table=block_table,
+        softmax_scale=softmax_scale,
+        causal=causal,
+        window_size=window_size,
+        softcap=softcap,
+    )
     return out.to(q.dtype)
 
 
@@ -177,9 +218,12 @@ def make_step(
     tables = [free[sum(needed[:b]) : sum(needed[: b + 1])] for b in range(len(rows))]
     pad = max(pad_to - len(rows), 0)
     md = build_attention_metadata(
-        [q for q, _ in rows] + [1] * pad, [s for _, s in rows] + [1] * pad, tables + [[0]] * pad, block_size,
+        [q for q, _ in rows] + [1] * pad,
+        [s for _, s in rows] + [1] * pad,
+        tables + [[0]] * pad,
+        block_size,
         max_blocks_per_seq=max(needed) + 1,
-    )  # fmt: skip
+    )
     cache = torch.randn(2, num_blocks, block_size, spec.num_kv_heads, spec.head_size, generator=gen).bfloat16()
     query = torch.randn(md.num_tokens, spec.num_heads, spec.head_size, generator=gen)
     return md, cache, query

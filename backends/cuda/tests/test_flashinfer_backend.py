@@ -217,9 +217,12 @@ def make_metadata(
     tables = [free[sum(needed[:b]) : sum(needed[: b + 1])] for b in range(len(rows))]
     pad = max(pad_to - len(rows), 0)
     md = build_attention_metadata(
-        [q for q, _ in rows] + [1] * pad, [s for _, s in rows] + [1] * pad, tables + [[0]] * pad, block_size,
+        [q for q, _ in rows] + [1] * pad,
+        [s for _, s in rows] + [1] * pad,
+        tables + [[0]] * pad,
+        block_size,
         max_blocks_per_seq=width,
-    )  # fmt: skip
+    )
     if not pad:
         return md
     assert md.query_start_loc_cpu is not None and md.seq_lens_cpu is not None

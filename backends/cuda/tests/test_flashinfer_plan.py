@@ -38,9 +38,15 @@ def model_attention(
     if step.num_prefills:
         start, end = step.prefill_token_start, step.prefill_token_start + step.num_prefill_tokens
         out[start:end] = batch_prefill_with_paged_kv_cache(
-            query[start:end], pair, step.prefill_qo_indptr, step.prefill_kv_indptr, step.prefill_kv_indices,
-            step.prefill_kv_last_page_len, causal=True, **params,
-        )  # fmt: skip
+            query[start:end],
+            pair,
+            step.prefill_qo_indptr,
+            step.prefill_kv_indptr,
+            step.prefill_kv_indices,
+            step.prefill_kv_last_page_len,
+            causal=True,
+            **params,
+        )
     return out
 
 

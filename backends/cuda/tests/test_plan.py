@@ -29,8 +29,9 @@ def test_a_full_batch_or_a_short_context_does_not_split() -> None:
 
 
 def test_launches_cover_decode_then_prefill_rows() -> None:
-    steps = plan.launches(num_decodes=3, num_prefills=2, max_query_len=50, max_seq_len=4096, num_kv_heads=2,
-                          group=4, sm_count=132)  # fmt: skip
+    steps = plan.launches(
+        num_decodes=3, num_prefills=2, max_query_len=50, max_seq_len=4096, num_kv_heads=2, group=4, sm_count=132
+    )
     assert [(s.first_row, s.num_rows, s.max_query_len) for s in steps] == [(0, 3, 1), (3, 2, 50)]
     assert steps[0].num_splits > 1 and steps[1].num_splits == 1
 

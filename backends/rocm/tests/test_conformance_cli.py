@@ -23,10 +23,26 @@ def test_conformance_slice_passes_in_interpreter(tmp_path: Path) -> None:
     assert cli is not None, "paged-conformance is not installed next to this python"
     env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "PAGED_ROCM_INTERPRET")}
     proc = subprocess.run(
-        [cli, "run", "--backend", "rocm", "--device", "cpu-interpret", "--quick", "--json", str(report),
-         "--", "-q", "-k", SELECTION],
-        env=env, capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
+        [
+            cli,
+            "run",
+            "--backend",
+            "rocm",
+            "--device",
+            "cpu-interpret",
+            "--quick",
+            "--json",
+            str(report),
+            "--",
+            "-q",
+            "-k",
+            SELECTION,
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert report.exists(), f"no JSON report:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
     data = json.loads(report.read_text())
     outcomes = {t["nodeid"].split("::")[-1]: t["outcome"] for t in data["tests"]}

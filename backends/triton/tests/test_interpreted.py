@@ -23,11 +23,27 @@ def test_interpreted_kernel_checks(tmp_path: Path) -> None:
     # exact tile shapes a GPU launch uses.
     env = {**os.environ, "TRITON_INTERPRET": "1"}
     proc = subprocess.run(
-        [sys.executable, "-m", "pytest", str(HERE / "interpreted"), "-q", "-p", "no:cacheprovider",
-         "-o", "python_files=interp_*.py", "--rootdir", str(HERE / "interpreted"), "-c", os.devnull,
-         f"--junitxml={report}"],
-        env=env, capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            str(HERE / "interpreted"),
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "-o",
+            "python_files=interp_*.py",
+            "--rootdir",
+            str(HERE / "interpreted"),
+            "-c",
+            os.devnull,
+            f"--junitxml={report}",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert report.exists(), f"the child run wrote no report:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
     suite = ET.parse(report).getroot()
     suite = suite if suite.tag == "testsuite" else suite[0]

@@ -11,9 +11,14 @@ from paged_triton.tile_shape import MAX_SPLITS
 from paged_triton.tiles import FAMILIES, MIN_PARTITION, attention_tiles, dot_fp32, rdna_supported, split_plan
 
 DTYPES = frozenset({torch.float32, torch.bfloat16, torch.float16})
-CAPS = BackendCapabilities(dtypes=DTYPES, kv_cache_dtypes=DTYPES, block_sizes=(16, 32, 64),
-                           head_sizes=frozenset({64, 80, 96, 128, 256}), gqa_ratios=frozenset(range(1, 17)),
-                           graph_support=GraphSupport.ANY)  # fmt: skip
+CAPS = BackendCapabilities(
+    dtypes=DTYPES,
+    kv_cache_dtypes=DTYPES,
+    block_sizes=(16, 32, 64),
+    head_sizes=frozenset({64, 80, 96, 128, 256}),
+    gqa_ratios=frozenset(range(1, 17)),
+    graph_support=GraphSupport.ANY,
+)
 """What the ROCm and XPU backends declare over these kernels."""
 
 
@@ -56,8 +61,12 @@ def test_every_launchable_specialization_is_listed(family: str) -> None:
                 for block in CAPS.block_sizes:
                     for decode, split in ((True, False), (True, True), (False, False)):
                         t = attention_tiles(q, head, block, decode, split, family, kv_dtype=kv)
-                        key = (tuple(t.constexprs(dot_fp32(q, False)).items()), POINTER_TYPES[q], POINTER_TYPES[kv],
-                               t.lanes)  # fmt: skip
+                        key = (
+                            tuple(t.constexprs(dot_fp32(q, False)).items()),
+                            POINTER_TYPES[q],
+                            POINTER_TYPES[kv],
+                            t.lanes,
+                        )
                         assert key in compiled, (q, kv, head, block, decode, split, t)
     assert {s.kernel for s in specs} == {"attention", "reduce", "write_kv", "copy_blocks"}
 

@@ -22,8 +22,12 @@ CLEAN_LOG = "Compilation from IR - skipping loading of FCL\nBuild succeeded.\n"
 
 
 def _asm(num_grf: int, declares: list[str], spill: int | None = None) -> str:
-    head = ["//.kernel paged_attention_kernel", "//.platform PVCXT",
-            f"//.thread_config numGRF={num_grf}, numAcc=4, numSWSB=16", "//.instCount 4904"]  # fmt: skip
+    head = [
+        "//.kernel paged_attention_kernel",
+        "//.platform PVCXT",
+        f"//.thread_config numGRF={num_grf}, numAcc=4, numSWSB=16",
+        "//.instCount 4904",
+    ]
     if spill is not None:
         head += ["//.RA type\tGRAPH_COLORING_SPILL_FF_RA", f"//.spill size {spill}"]
     return "\n".join([*head, "", *declares, "", "(W)     mov (16|M0)  r2.0<1>:f  r1.0<1;1,0>:f", ""])
@@ -58,8 +62,11 @@ def test_asm_registers_and_spill_bytes() -> None:
 
 def test_final_asm_is_the_last_attempt() -> None:
     """IGC numbers its retries (``X_1_simd16...``): the last one is what ships."""
-    paths = ["/d/OCL_asmab_simd16_entry_0001.asm", "/d/OCL_asmab_2_simd16_entry_0001.asm",
-             "/d/OCL_asmab_1_simd16_entry_0001.asm"]  # fmt: skip
+    paths = [
+        "/d/OCL_asmab_simd16_entry_0001.asm",
+        "/d/OCL_asmab_2_simd16_entry_0001.asm",
+        "/d/OCL_asmab_1_simd16_entry_0001.asm",
+    ]
     assert aot.final_asm(paths) == "/d/OCL_asmab_2_simd16_entry_0001.asm"
     assert aot.final_asm(["/d/OCL_asmab_simd16_entry_0001.asm"]) == "/d/OCL_asmab_simd16_entry_0001.asm"
     assert aot.final_asm([]) is None
@@ -67,9 +74,14 @@ def test_final_asm_is_the_last_attempt() -> None:
 
 @pytest.mark.parametrize(
     ("flags", "mode"),
-    [("", "default (128)"), ("-cl-intel-256-GRF-per-thread", "256"), ("-cl-intel-128-GRF-per-thread", "128"),
-     (" -cl-intel-enable-auto-large-GRF-mode", "auto"), ("-cl-opt-disable -cl-intel-512-GRF-per-thread", "512")],
-)  # fmt: skip
+    [
+        ("", "default (128)"),
+        ("-cl-intel-256-GRF-per-thread", "256"),
+        ("-cl-intel-128-GRF-per-thread", "128"),
+        (" -cl-intel-enable-auto-large-GRF-mode", "auto"),
+        ("-cl-opt-disable -cl-intel-512-GRF-per-thread", "512"),
+    ],
+)
 def test_grf_mode_from_build_flags(flags: str, mode: str) -> None:
     assert aot.grf_mode(flags) == mode
 
@@ -89,9 +101,11 @@ def test_spill_gate() -> None:
 
 
 def test_report_lines_and_summary() -> None:
-    rows = [aot.Resources("attention a", "pvc", "256", "200/256", 0),
-            aot.Resources("attention a", "dg2", "256", "256/256", 3, "spill 96 B"),
-            aot.Resources("reduce", "pvc", "-", "-", 0, "error: ocloc exit 1")]  # fmt: skip
+    rows = [
+        aot.Resources("attention a", "pvc", "256", "200/256", 0),
+        aot.Resources("attention a", "dg2", "256", "256/256", 3, "spill 96 B"),
+        aot.Resources("reduce", "pvc", "-", "-", 0, "error: ocloc exit 1"),
+    ]
     lines = aot.render(rows)
     assert lines[0].startswith("| kernel | target | GRF mode |") and len(lines) == 2 + len(rows)
     assert lines[2].endswith("| 0 | ok |") and "FAIL spill 96 B" in lines[3] and "FAIL error" in lines[4]

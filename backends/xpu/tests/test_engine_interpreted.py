@@ -31,9 +31,20 @@ def _transformers_greedy(path: Path, prompts: list[list[int]]) -> list[list[int]
     import torch
     from transformers import AutoModelForCausalLM, LlamaConfig
 
-    config = LlamaConfig(vocab_size=512, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, head_dim=64, max_position_embeddings=256,
-                         initializer_range=0.3, bos_token_id=1, eos_token_id=2, tie_word_embeddings=False)  # fmt: skip
+    config = LlamaConfig(
+        vocab_size=512,
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=64,
+        max_position_embeddings=256,
+        initializer_range=0.3,
+        bos_token_id=1,
+        eos_token_id=2,
+        tie_word_embeddings=False,
+    )
     torch.manual_seed(0)
     AutoModelForCausalLM.from_config(config, dtype=torch.float32).save_pretrained(path)
     hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation="eager").eval()
@@ -41,8 +52,14 @@ def _transformers_greedy(path: Path, prompts: list[list[int]]) -> list[list[int]
     with torch.inference_mode():
         for p in prompts:
             ids = torch.tensor([p])
-            out = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=12, min_new_tokens=12,
-                              do_sample=False, pad_token_id=0)  # fmt: skip
+            out = hf.generate(
+                ids,
+                attention_mask=torch.ones_like(ids),
+                max_new_tokens=12,
+                min_new_tokens=12,
+                do_sample=False,
+                pad_token_id=0,
+            )
             want.append(out[0, len(p) :].tolist())
     return want
 
@@ -53,8 +70,13 @@ def test_greedy_output_matches_transformers_with_intel_tiles(tmp_path: Path) -> 
     want = _transformers_greedy(tmp_path / "tiny", prompts)
     env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "PAGED_TRITON_INTERPRET_TILES")}
     env.update(PAGED_XPU_INTERPRET="1", PAGED_RUNTIME="0", TRANSFORMERS_VERBOSITY="error")
-    proc = subprocess.run([sys.executable, "-c", CHILD, str(tmp_path / "tiny"), json.dumps(prompts)], env=env,
-                          capture_output=True, text=True, timeout=600)  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "-c", CHILD, str(tmp_path / "tiny"), json.dumps(prompts)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     assert result["tiles"] == "xpu", "the interpreter did not launch Intel's tiles"

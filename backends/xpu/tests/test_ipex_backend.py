@@ -54,8 +54,26 @@ class StandInIpexOps:
 
     def flash_attn_varlen_func(self, *args: Any) -> torch.Tensor:
         assert len(args) == 18
-        (out, q, k_cache, v_cache, cu_q, cu_kv, max_q, max_kv, scale, causal, block_table, alibi,
-         left, right, kv_dtype, k_scale, v_scale, softcap) = args  # fmt: skip
+        (
+            out,
+            q,
+            k_cache,
+            v_cache,
+            cu_q,
+            cu_kv,
+            max_q,
+            max_kv,
+            scale,
+            causal,
+            block_table,
+            alibi,
+            left,
+            right,
+            kv_dtype,
+            k_scale,
+            v_scale,
+            softcap,
+        ) = args
         self.calls.append(("flash_attn_varlen_func", args))
         if q.dtype != k_cache.dtype:
             raise RuntimeError(f"expected scalar type {k_cache.dtype} but found {q.dtype}")
@@ -117,8 +135,9 @@ def _run(
     context = [s - q for s, q in zip(seq_lens, query_lens, strict=True)]
     rows = [i for i, c in enumerate(context) if c > 0]
     if rows:
-        prior = build_attention_metadata([context[i] for i in rows], [context[i] for i in rows],
-                                         [tables[i] for i in rows], 16)  # fmt: skip
+        prior = build_attention_metadata(
+            [context[i] for i in rows], [context[i] for i in rows], [tables[i] for i in rows], 16
+        )
         n = sum(context)
         k, v = (torch.randn(n, spec.num_kv_heads, spec.head_size, generator=gen) for _ in range(2))
         backend.write_kv(k.to(dtype), v.to(dtype), cache, prior)
@@ -211,11 +230,19 @@ def test_refusals_name_the_problem(stand_in: StandInIpexOps) -> None:
     with pytest.raises(PagedError, match=r"must be \[2, 2, 64\]"):
         backend.write_kv(torch.randn(2, 2, 32), torch.randn(2, 2, 32), hnd, meta)
     with pytest.raises(PagedError, match="slot_mapping must be int64"):
-        backend.write_kv(torch.randn(2, 2, 64), torch.randn(2, 2, 64), hnd,
-                         dataclasses.replace(meta, slot_mapping=meta.slot_mapping.int()))  # fmt: skip
+        backend.write_kv(
+            torch.randn(2, 2, 64),
+            torch.randn(2, 2, 64),
+            hnd,
+            dataclasses.replace(meta, slot_mapping=meta.slot_mapping.int()),
+        )
     with pytest.raises(PagedError, match="cache has only 64 slots"):
-        backend.write_kv(torch.randn(2, 2, 64), torch.randn(2, 2, 64), hnd,
-                         dataclasses.replace(meta, slot_mapping=torch.tensor([0, 64])))  # fmt: skip
+        backend.write_kv(
+            torch.randn(2, 2, 64),
+            torch.randn(2, 2, 64),
+            hnd,
+            dataclasses.replace(meta, slot_mapping=torch.tensor([0, 64])),
+        )
     with pytest.raises(PagedError, match=r"query \(2, 4, 64\) must be \[T, 8, 64\]"):
         backend.attention(torch.randn(2, 4, 64), hnd, meta, SPEC)
     with pytest.raises(PagedError, match="do not match the spec"):
@@ -256,8 +283,9 @@ def test_window_and_softcap_arguments(stand_in: StandInIpexOps) -> None:
     assert ipex_backend.window_sides(None) == (-1, -1)
     assert ipex_backend.window_sides(7) == (6, 0)
     assert ipex_backend.softcap_value(None) == -1.0 and ipex_backend.softcap_value(2) == 2.0
-    _run(IpexBackend("cpu"), AttentionSpec(8, 2, 64, sliding_window=7, logits_soft_cap=3.0), torch.float32,
-         torch.float32)  # fmt: skip
+    _run(
+        IpexBackend("cpu"), AttentionSpec(8, 2, 64, sliding_window=7, logits_soft_cap=3.0), torch.float32, torch.float32
+    )
     (args,) = [a for name, a in stand_in.calls if name == "flash_attn_varlen_func"]
     assert args[12:14] == (6, 0) and args[17] == 3.0
     assert args[8] == pytest.approx(64**-0.5)

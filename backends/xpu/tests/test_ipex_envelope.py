@@ -36,10 +36,15 @@ def _attend(backend: object, spec: AttentionSpec, dtype: torch.dtype, block_size
     kv = (spec.num_kv_heads, spec.head_size)
     context = [s - q for s, q in zip(seq_lens, query_lens, strict=True)]
     rows = [i for i, c in enumerate(context) if c]
-    prior = build_attention_metadata([context[i] for i in rows], [context[i] for i in rows],
-                                     [tables[i] for i in rows], block_size)  # fmt: skip
-    backend.write_kv(torch.randn(sum(context), *kv, generator=gen).to(dtype),
-                     torch.randn(sum(context), *kv, generator=gen).to(dtype), cache, prior)  # fmt: skip
+    prior = build_attention_metadata(
+        [context[i] for i in rows], [context[i] for i in rows], [tables[i] for i in rows], block_size
+    )
+    backend.write_kv(
+        torch.randn(sum(context), *kv, generator=gen).to(dtype),
+        torch.randn(sum(context), *kv, generator=gen).to(dtype),
+        cache,
+        prior,
+    )
     meta = build_attention_metadata(query_lens, seq_lens, tables, block_size)
     n = sum(query_lens)
     q = torch.randn(n, spec.num_heads, spec.head_size, generator=gen).to(dtype)

@@ -134,8 +134,16 @@ class StandIn:
         is_mix_batch: bool = True,
         host_kv_lens: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        self.calls.append({"op": "varlen", "q_rows": q.shape[0], "max_seqlen_q": max_seqlen_q, "causal": causal,
-                           "window_size": window_size, "softcap": softcap})  # fmt: skip
+        self.calls.append(
+            {
+                "op": "varlen",
+                "q_rows": q.shape[0],
+                "max_seqlen_q": max_seqlen_q,
+                "causal": causal,
+                "window_size": window_size,
+                "softcap": softcap,
+            }
+        )
         # The wrapper's asserts.
         assert cu_seqlens_k is not None or seqused_k is not None, "cu_seqlens_k or seqused_k must be provided"
         assert cu_seqlens_k is None or seqused_k is None, "cu_seqlens_k and seqused_k cannot be provided together"
@@ -340,15 +348,23 @@ def test_uniform_decode_graph_shaped_step(standin: StandIn) -> None:
         seq_lens=torch.cat([m.seq_lens, torch.ones(n - 3, dtype=torch.int32)]),
         block_table=torch.cat([m.block_table, torch.zeros(n - 3, width, dtype=torch.int32)]),
         slot_mapping=torch.cat([m.slot_mapping, torch.full((n - 3,), -1, dtype=torch.int64)]),
-        num_decodes=n, num_decode_tokens=n, num_actual_tokens=n, max_seq_len=4096,
-        query_start_loc_cpu=None, seq_lens_cpu=None, uniform_query_len=1,
-    )  # fmt: skip
+        num_decodes=n,
+        num_decode_tokens=n,
+        num_actual_tokens=n,
+        max_seq_len=4096,
+        query_start_loc_cpu=None,
+        seq_lens_cpu=None,
+        uniform_query_len=1,
+    )
     pad = torch.zeros(n - 3, *real.query.shape[1:], dtype=real.query.dtype)
     padk = torch.zeros(n - 3, *real.key.shape[1:], dtype=real.key.dtype)
     step = dataclasses.replace(
-        real, metadata=metadata, query=torch.cat([real.query, pad]), key=torch.cat([real.key, padk]),
+        real,
+        metadata=metadata,
+        query=torch.cat([real.query, pad]),
+        key=torch.cat([real.key, padk]),
         value=torch.cat([real.value, padk]),
-    )  # fmt: skip
+    )
     out, cache = run_backend(step, lib=standin)
     ref_out, ref_cache = run_reference(real)
     torch.testing.assert_close(out[:3], ref_out, atol=TOL[torch.bfloat16], rtol=TOL[torch.bfloat16])
@@ -369,9 +385,11 @@ def test_write_casts_and_accepts_fused_qkv_views(standin: StandIn) -> None:
     q_width, kv_width = sp.num_heads * sp.head_size, sp.num_kv_heads * sp.head_size
     q, k, v = fused[:, :q_width], fused[:, q_width : q_width + kv_width], fused[:, q_width + kv_width :]
     step = dataclasses.replace(
-        step, query=q.reshape(tokens, sp.num_heads, sp.head_size).to(torch.bfloat16),
-        key=k.view(tokens, sp.num_kv_heads, sp.head_size), value=v.view(tokens, sp.num_kv_heads, sp.head_size),
-    )  # fmt: skip
+        step,
+        query=q.reshape(tokens, sp.num_heads, sp.head_size).to(torch.bfloat16),
+        key=k.view(tokens, sp.num_kv_heads, sp.head_size),
+        value=v.view(tokens, sp.num_kv_heads, sp.head_size),
+    )
     assert not step.key.is_contiguous()
     out, cache = run_backend(step, lib=standin)
     assert out.dtype == torch.bfloat16

@@ -7,8 +7,9 @@ from collections.abc import Callable
 from typing import Any
 
 
-def lazy_getattr(package: str, names: dict[str, str], namespace: dict[str, Any], extra: str | None = None
-                 ) -> Callable[[str], Any]:  # fmt: skip
+def lazy_getattr(
+    package: str, names: dict[str, str], namespace: dict[str, Any], extra: str | None = None
+) -> Callable[[str], Any]:
     """A module ``__getattr__`` importing ``names[name]`` on first access and caching it in ``namespace``.
 
     With ``extra``, an import that fails on a module outside paged-core raises

@@ -83,18 +83,33 @@ class ModelConfig:
     backend: str | None = _opt(None, "backend name (default: the best available; see `paged backends`)")
     dtype: str = _opt("auto", "compute dtype (auto: bf16 where fast, else fp32)", choices=DTYPES)
     device: str | None = _opt(None, "torch device, e.g. cuda:1 (default: the backend's)")
-    trust_remote_code: bool = _opt(False, "allow model code shipped with the checkpoint (not acted on yet: only "
-                                   "transformers' built-in architectures load)")  # fmt: skip
-    model_impl: str = _opt("auto", "fused: the engine's decoder (Llama/Mistral/Qwen2/Qwen3); transformers: its "
-                           "modules; auto: fused where it applies", choices=MODEL_IMPLS)  # fmt: skip
-    quantization: str = _opt("auto", "linear weights: auto keeps a GGUF's quantized blocks packed (read by the "
-                             "backend's kernels); none dequantizes them; int8 packs a bf16/fp16/fp32 checkpoint to "
-                             "int8 per output channel", choices=QUANTIZATIONS)  # fmt: skip
-    seed: int = _opt(0, "seed of the sampler's shared generator and of torch (requests may bring their own)",
-                     flag="--engine-seed")  # fmt: skip
-    batch_invariant: bool = _opt(False, "refuse to start unless this configuration is batch-invariant (a request's "
-                                 "tokens do not depend on what it is batched with), naming each part that is not; "
-                                 "the engine logs and reports it either way")  # fmt: skip
+    trust_remote_code: bool = _opt(
+        False,
+        "allow model code shipped with the checkpoint (not acted on yet: only "
+        "transformers' built-in architectures load)",
+    )
+    model_impl: str = _opt(
+        "auto",
+        "fused: the engine's decoder (Llama/Mistral/Qwen2/Qwen3); transformers: its "
+        "modules; auto: fused where it applies",
+        choices=MODEL_IMPLS,
+    )
+    quantization: str = _opt(
+        "auto",
+        "linear weights: auto keeps a GGUF's quantized blocks packed (read by the "
+        "backend's kernels); none dequantizes them; int8 packs a bf16/fp16/fp32 checkpoint to "
+        "int8 per output channel",
+        choices=QUANTIZATIONS,
+    )
+    seed: int = _opt(
+        0, "seed of the sampler's shared generator and of torch (requests may bring their own)", flag="--engine-seed"
+    )
+    batch_invariant: bool = _opt(
+        False,
+        "refuse to start unless this configuration is batch-invariant (a request's "
+        "tokens do not depend on what it is batched with), naming each part that is not; "
+        "the engine logs and reports it either way",
+    )
 
     def __post_init__(self) -> None:
         for name in ("model", "backend", "device"):
@@ -118,8 +133,9 @@ class CacheConfig:
     """
 
     block_size: int | None = _opt(None, "tokens per KV block (default: the backend's)")
-    kv_cache_memory: int | str | None = _opt(None, "KV-cache budget, e.g. 4GiB or a byte count (default: from free "
-                                             "memory)", metavar="SIZE")  # fmt: skip
+    kv_cache_memory: int | str | None = _opt(
+        None, "KV-cache budget, e.g. 4GiB or a byte count (default: from free memory)", metavar="SIZE"
+    )
     memory_fraction: float = _opt(0.9, "share of GPU memory the engine may use, weights and KV cache together")
     enable_prefix_caching: bool = _opt(True, "turn off the prefix cache", flag="--no-prefix-caching")
     hash_algorithm: str = _opt("sha256", "digest chaining the prefix cache's block hashes", choices=HASH_ALGORITHMS)
@@ -177,8 +193,9 @@ class SchedulerConfig:
     max_num_batched_tokens: int = _opt(2048, "token budget of one step")
     max_num_seqs: int = _opt(256, "most requests running at once")
     enable_chunked_prefill: bool = _opt(True, "prefill each prompt in one step", flag="--no-chunked-prefill")
-    policy: str = _opt("fcfs", "who is preempted first: fcfs (latest arrival) or priority (lowest priority)",
-                       choices=POLICIES)  # fmt: skip
+    policy: str = _opt(
+        "fcfs", "who is preempted first: fcfs (latest arrival) or priority (lowest priority)", choices=POLICIES
+    )
     num_lookahead_tokens: int = _opt(0, "extra KV slots reserved per decode for speculative tokens")
 
     def __post_init__(self) -> None:
@@ -199,10 +216,15 @@ class SchedulerConfig:
 class GraphConfig:
     """How steps run (see :mod:`paged_core.runner.executors`) and where compiled steps are cached."""
 
-    graph_mode: str = _opt("auto", "eager, compiled (torch.compile), device (CUDA/HIP/XPU graphs); auto: device "
-                           "graphs where the backend captures, else eager", choices=GRAPH_MODES)  # fmt: skip
-    capture_sizes: tuple[int, ...] | None = _opt(None, "comma-separated batch sizes that get a device graph "
-                                                 "(default 1,2,4,8,16,... up to max_num_seqs)")  # fmt: skip
+    graph_mode: str = _opt(
+        "auto",
+        "eager, compiled (torch.compile), device (CUDA/HIP/XPU graphs); auto: device "
+        "graphs where the backend captures, else eager",
+        choices=GRAPH_MODES,
+    )
+    capture_sizes: tuple[int, ...] | None = _opt(
+        None, "comma-separated batch sizes that get a device graph (default 1,2,4,8,16,... up to max_num_seqs)"
+    )
     compile_cache_dir: str | None = _opt(None, "root of the compiled-step cache (default ~/.cache/paged/compile)")
 
     def __post_init__(self) -> None:
@@ -229,11 +251,15 @@ class ParallelConfig:
 
     tensor_parallel_size: int = _opt(1, "ranks one model is split across (tensor parallel)")
     data_parallel_size: int = _opt(1, "engine cores behind one server (data parallel; paged serve only)")
-    distributed_init: str = _opt("local", "how tensor-parallel ranks meet: local (workers started here) or env "
-                                 "(MASTER_ADDR/MASTER_PORT/WORLD_SIZE/RANK, ranks launched separately)",
-                                 choices=DISTRIBUTED_INITS)  # fmt: skip
-    distributed_timeout: float = _opt(60.0, "seconds a collective or a rank's start-up may take before the engine "
-                                      "fails with the cause")  # fmt: skip
+    distributed_init: str = _opt(
+        "local",
+        "how tensor-parallel ranks meet: local (workers started here) or env "
+        "(MASTER_ADDR/MASTER_PORT/WORLD_SIZE/RANK, ranks launched separately)",
+        choices=DISTRIBUTED_INITS,
+    )
+    distributed_timeout: float = _opt(
+        60.0, "seconds a collective or a rank's start-up may take before the engine fails with the cause"
+    )
 
     def __post_init__(self) -> None:
         _require_int("tensor_parallel_size", self.tensor_parallel_size, 1, 1024)
@@ -259,8 +285,11 @@ class SpeculativeConfig:
     :mod:`paged_core.speculative`.
     """
 
-    speculative: str | None = _opt(None, "speculative decoding: ngram (prompt lookup) or a draft model's path "
-                                   "(default: off)", metavar="ngram|MODEL")  # fmt: skip
+    speculative: str | None = _opt(
+        None,
+        "speculative decoding: ngram (prompt lookup) or a draft model's path (default: off)",
+        metavar="ngram|MODEL",
+    )
     num_speculative_tokens: int = _opt(3, "draft tokens proposed per sequence and step")
     prompt_lookup_max: int = _opt(4, "longest suffix the ngram proposer looks up")
     prompt_lookup_min: int = _opt(2, "shortest suffix the ngram proposer looks up")
@@ -272,8 +301,9 @@ class SpeculativeConfig:
         _require_int("prompt_lookup_max", self.prompt_lookup_max, 1, 64)
         _require_int("prompt_lookup_min", self.prompt_lookup_min, 1, 64)
         if self.prompt_lookup_min > self.prompt_lookup_max:
-            raise ConfigError(f"prompt_lookup_min ({self.prompt_lookup_min}) must be <= prompt_lookup_max "
-                              f"({self.prompt_lookup_max})")  # fmt: skip
+            raise ConfigError(
+                f"prompt_lookup_min ({self.prompt_lookup_min}) must be <= prompt_lookup_max ({self.prompt_lookup_max})"
+            )
 
     @property
     def enabled(self) -> bool:

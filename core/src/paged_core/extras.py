@@ -19,6 +19,7 @@ DISTRIBUTION = "paged-core"
 _NAME = re.compile(r"^\s*([A-Za-z0-9][A-Za-z0-9._-]*)\s*(\[[^\]]*\])?")
 _EXTRA_MARKER = re.compile(r"""extra\s*==\s*["']([^"']+)["']""")
 
+
 class MissingExtraError(PagedError, ImportError):
     """A feature needs an optional part of paged-core that is not installed; the message says what to install."""
 

@@ -13,9 +13,23 @@ from paged_core.engine_config import EngineConfig, FlatField, flat_fields
 from paged_core.errors import ConfigError
 
 # Flags users already type; they must keep working.
-KEPT = ("--model", "--backend", "--dtype", "--kv-cache-memory", "--max-num-seqs", "--max-num-batched-tokens",
-        "--max-model-len", "--block-size", "--no-prefix-caching", "--no-chunked-prefill", "--model-impl",
-        "--graph-mode", "--enforce-eager", "--capture-sizes", "--compile-cache-dir")  # fmt: skip
+KEPT = (
+    "--model",
+    "--backend",
+    "--dtype",
+    "--kv-cache-memory",
+    "--max-num-seqs",
+    "--max-num-batched-tokens",
+    "--max-model-len",
+    "--block-size",
+    "--no-prefix-caching",
+    "--no-chunked-prefill",
+    "--model-impl",
+    "--graph-mode",
+    "--enforce-eager",
+    "--capture-sizes",
+    "--compile-cache-dir",
+)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -60,8 +74,16 @@ def test_no_flags_give_the_default_config() -> None:
 
 def test_kept_flags_and_field_help() -> None:
     text = _parser().format_help()
-    new = ("--engine-seed", "--trust-remote-code", "--policy", "--num-lookahead-tokens", "--hash-algorithm",
-           "--memory-fraction", "--num-blocks", "--device")  # fmt: skip
+    new = (
+        "--engine-seed",
+        "--trust-remote-code",
+        "--policy",
+        "--num-lookahead-tokens",
+        "--hash-algorithm",
+        "--memory-fraction",
+        "--num-blocks",
+        "--device",
+    )
     for flag in (*KEPT, *new):
         assert flag in text
     assert "token budget of one step (default 2048)" in " ".join(text.split())

@@ -113,9 +113,7 @@ def extra_subcommand(tmp_path, monkeypatch):
 
 def test_a_parser_needing_a_missing_module_becomes_a_stand_in(tmp_path, monkeypatch, capsys) -> None:
     (tmp_path / "needy.py").write_text(
-        "EXTRA = 'serve'\n"
-        "def register(subparsers):\n"
-        "    import paged_test_not_installed_anywhere\n"
+        "EXTRA = 'serve'\ndef register(subparsers):\n    import paged_test_not_installed_anywhere\n"
     )
     monkeypatch.setattr(cli_package, "__path__", [*cli_package.__path__, str(tmp_path)])
     monkeypatch.setattr("paged_core.extras.missing_for", lambda name: [])

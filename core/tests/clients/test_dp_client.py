@@ -131,11 +131,16 @@ def test_metrics_and_health_report_each_core() -> None:
         r = http.post("/v1/completions", json={"model": "fake", "prompt": "hello", "max_tokens": 3})
         assert r.status_code == 200, r.text
         health = http.get("/health").json()
-        assert health == {"status": "ok", "engines": [{"engine": 0, "pid": None, "status": "ok"},
-                                                      {"engine": 1, "pid": None, "status": "ok"}]}  # fmt: skip
+        assert health == {
+            "status": "ok",
+            "engines": [{"engine": 0, "pid": None, "status": "ok"}, {"engine": 1, "pid": None, "status": "ok"}],
+        }
         text = http.get("/metrics").text
-    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
-               for f in text_string_to_metric_families(text) for s in f.samples}  # fmt: skip
+    samples = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for f in text_string_to_metric_families(text)
+        for s in f.samples
+    }
     for engine in ("0", "1"):
         assert samples[("paged_engine_up", (("engine", engine),))] == 1
         assert ("paged_kv_cache_blocks", (("engine", engine),)) in samples

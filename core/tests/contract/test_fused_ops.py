@@ -67,8 +67,9 @@ def test_a_declaration_in_between_is_inherited_and_one_of_its_own_wins() -> None
     class OwnWord(ReferenceFusedOps):
         batch_invariant_linear = frozenset({"q4_0"})
 
-        def rotary(self, positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor,
-                   cos_sin_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+        def rotary(
+            self, positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor, cos_sin_cache: torch.Tensor
+        ) -> tuple[torch.Tensor, torch.Tensor]:
             return super().rotary(positions, query, key, cos_sin_cache)
 
     assert Child.batch_invariant_linear == frozenset({"q8_0", "bfloat16"}) and Child.batch_invariant_layer_ops

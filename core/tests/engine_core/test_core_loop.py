@@ -41,9 +41,20 @@ class StepCore:
         self.added: list[CoreRequest] = []
 
     def facts(self) -> CoreFacts:
-        return CoreFacts(model_name="step", model_source="step", vocab_size=VOCAB, eos_token_ids=[], max_model_len=64,
-                         block_size=16, num_usable_blocks=8, max_num_seqs=4, backend="fake", dtype="float32",
-                         graph_mode="eager", model_path="step")  # fmt: skip
+        return CoreFacts(
+            model_name="step",
+            model_source="step",
+            vocab_size=VOCAB,
+            eos_token_ids=[],
+            max_model_len=64,
+            block_size=16,
+            num_usable_blocks=8,
+            max_num_seqs=4,
+            backend="fake",
+            dtype="float32",
+            graph_mode="eager",
+            model_path="step",
+        )
 
     def add_request(self, request: CoreRequest) -> None:
         self.added.append(request)
@@ -115,21 +126,25 @@ def _until_finished(sock: zmq.Socket[Any], rid: str) -> list[FromCore]:
 
 def test_adds_are_not_answered_and_refusals_come_with_the_next_outputs(loop: Any) -> None:
     to_core, from_core, _ = loop
-    batch = CoreRequests([CoreRequest("a", [1, 2], SamplingParams(max_tokens=3)),
-                          CoreRequest("bad", [0], SamplingParams())])  # fmt: skip
+    batch = CoreRequests(
+        [CoreRequest("a", [1, 2], SamplingParams(max_tokens=3)), CoreRequest("bad", [0], SamplingParams())]
+    )
     to_core.send(msgspec.msgpack.encode(batch))
     steps = [m for m in _until_finished(from_core, "a") if isinstance(m, CoreOutputs)]
     assert steps[0].refused == {"bad": "prompt [0] is refused"} and all(not m.refused for m in steps[1:])
     assert [d.new_token_ids for m in steps for d in m.deltas] == [[7], [7], [7]]
 
 
-@pytest.mark.parametrize(("request_", "why"), [
-    (CoreRequest("ids", [1, VOCAB], SamplingParams()), f"token ids must be ints in [0, {VOCAB})"),
-    (CoreRequest("empty", [], SamplingParams()), "prompt is empty"),
-    (CoreRequest("stop", [1], SamplingParams(stop_token_ids=[VOCAB])), "stop_token_ids"),
-    (CoreRequest("beam", [1], SamplingParams(temperature=1.0), beam=BeamParams(2)), "temperature"),
-    (CoreRequest("wide", [1], SamplingParams(temperature=0.0), beam=BeamParams(5)), "beam_width"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("request_", "why"),
+    [
+        (CoreRequest("ids", [1, VOCAB], SamplingParams()), f"token ids must be ints in [0, {VOCAB})"),
+        (CoreRequest("empty", [], SamplingParams()), "prompt is empty"),
+        (CoreRequest("stop", [1], SamplingParams(stop_token_ids=[VOCAB])), "stop_token_ids"),
+        (CoreRequest("beam", [1], SamplingParams(temperature=1.0), beam=BeamParams(2)), "temperature"),
+        (CoreRequest("wide", [1], SamplingParams(temperature=0.0), beam=BeamParams(5)), "beam_width"),
+    ],
+)
 def test_requests_off_the_socket_are_checked_before_the_core_sees_them(
     loop: Any, request_: CoreRequest, why: str
 ) -> None:

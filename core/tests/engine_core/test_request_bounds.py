@@ -51,8 +51,9 @@ def test_top_k_inside_the_vocabulary_is_kept(engine: LLMEngine, top_k: int) -> N
     engine.abort_request([rid])
 
 
-@pytest.mark.parametrize("priority", [2**63, -(2**63) - 1, 10**5000, 1.5, True],
-                         ids=["2**63", "-2**63-1", "10**5000", "float", "bool"])  # fmt: skip
+@pytest.mark.parametrize(
+    "priority", [2**63, -(2**63) - 1, 10**5000, 1.5, True], ids=["2**63", "-2**63-1", "10**5000", "float", "bool"]
+)
 def test_priority_must_fit_int64(engine: LLMEngine, priority: Any) -> None:
     with pytest.raises(RequestRejectedError, match=r"priority must be an int in \[-2\*\*63, 2\*\*63 - 1\]"):
         engine.add_request([1, 2], SamplingParams(), priority=priority)

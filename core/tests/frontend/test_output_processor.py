@@ -35,12 +35,16 @@ def _req(rid: str, **params: Any) -> CoreRequest:
 def test_deltas_rebuild_text_and_tokens_and_n_is_assembled() -> None:
     proc = OutputProcessor(Chars())
     proc.add(_req("r", n=2, max_tokens=2), "x")
-    outs, stopped = proc.process(_outputs(SeqDelta("r", 0, [ord("a")], num_cached_tokens=0),
-                                          SeqDelta("r", 1, [ord("b")])))  # fmt: skip
+    outs, stopped = proc.process(
+        _outputs(SeqDelta("r", 0, [ord("a")], num_cached_tokens=0), SeqDelta("r", 1, [ord("b")]))
+    )
     assert not stopped and len(outs) == 1 and not outs[0].finished
     assert [o.text for o in outs[0].outputs] == ["a", "b"] and outs[0].metrics.first_token_time is not None
-    outs, _ = proc.process(_outputs(SeqDelta("r", 0, [ord("c")], finish_reason="length"),
-                                    SeqDelta("r", 1, [ord("d")], finish_reason="length")))  # fmt: skip
+    outs, _ = proc.process(
+        _outputs(
+            SeqDelta("r", 0, [ord("c")], finish_reason="length"), SeqDelta("r", 1, [ord("d")], finish_reason="length")
+        )
+    )
     final = outs[0]
     assert final.finished and [o.token_ids for o in final.outputs] == [[97, 99], [98, 100]]
     assert [o.new_text for o in final.outputs] == ["c", "d"] and "r" not in proc
@@ -62,9 +66,13 @@ def test_an_error_delta_fails_the_request_alone() -> None:
     proc = OutputProcessor(Chars())
     proc.add(_req("bad"))
     proc.add(_req("good", max_tokens=1))
-    outs, _ = proc.process(_outputs(SeqDelta("bad", 0, [], finish_reason="abort", error="sampling failed"),
-                                    SeqDelta("good", 0, [ord("k")], finish_reason="length"),
-                                    failed={"bad": "sampling failed"}))  # fmt: skip
+    outs, _ = proc.process(
+        _outputs(
+            SeqDelta("bad", 0, [], finish_reason="abort", error="sampling failed"),
+            SeqDelta("good", 0, [ord("k")], finish_reason="length"),
+            failed={"bad": "sampling failed"},
+        )
+    )
     by_id = {o.request_id: o for o in outs}
     assert by_id["bad"].error == "sampling failed" and by_id["bad"].outputs == [] and by_id["bad"].finished
     assert by_id["good"].error is None and by_id["good"].outputs[0].text == "k"

@@ -26,9 +26,15 @@ class Recorder:
 def make(g: SimpleNamespace, backend_cls: type, sizes: list[int] = [1, 2, 4]) -> tuple[GraphRunner, Recorder]:  # noqa: B006
     step = Recorder()
     runner = GraphRunner(
-        backend_cls(), step, block_size=4, max_blocks_per_seq=3, capture_sizes=sizes,
-        inputs=[StaticInput("x", (), torch.int64)], strategy=EagerStrategy(), max_model_len=10,
-    )  # fmt: skip
+        backend_cls(),
+        step,
+        block_size=4,
+        max_blocks_per_seq=3,
+        capture_sizes=sizes,
+        inputs=[StaticInput("x", (), torch.int64)],
+        strategy=EagerStrategy(),
+        max_model_len=10,
+    )
     return runner, step
 
 
@@ -44,9 +50,15 @@ def test_uniform_decode_replays_decodes_and_pads(g: SimpleNamespace) -> None:
     assert out.tolist() == [15, 27, 32]  # sliced to the 3 real tokens, computed with the real seq_lens
     assert runner.stats.replays == 1 and runner.stats.replays_by_size[4] == 1
     assert step.seen[-1] == {
-        "block_size": 4, "num_decodes": 4, "num_decode_tokens": 4, "num_prefills": 0,
-        "num_actual_tokens": 4, "max_query_len": 1, "max_seq_len": 10, "uniform_query_len": 1,
-    }  # fmt: skip
+        "block_size": 4,
+        "num_decodes": 4,
+        "num_decode_tokens": 4,
+        "num_prefills": 0,
+        "num_actual_tokens": 4,
+        "max_query_len": 1,
+        "max_seq_len": 10,
+        "uniform_query_len": 1,
+    }
 
 
 def test_uniform_decode_falls_back_for_prefill(g: SimpleNamespace) -> None:
@@ -90,9 +102,7 @@ def test_fallback_reasons(
 ) -> None:
     runner, _ = make(g, g.AnyBackend)
     runner.capture_all()
-    md = build_attention_metadata(
-        query_lens, seq_lens, [[1] * width] * len(query_lens), 4, max_blocks_per_seq=width
-    )
+    md = build_attention_metadata(query_lens, seq_lens, [[1] * width] * len(query_lens), 4, max_blocks_per_seq=width)
     runner.run(md, x=torch.zeros(len(query_lens), dtype=torch.int64))
     assert runner.stats.fallback_reasons == {reason: 1} and runner.stats.replays == 0
 
@@ -109,9 +119,15 @@ def test_a_strategy_captured_elsewhere_is_still_usable(g: SimpleNamespace) -> No
     runner, _ = make(g, g.VectorBackend)
     runner.capture_all()
     again = GraphRunner(
-        g.VectorBackend(), Recorder(), block_size=4, max_blocks_per_seq=3, capture_sizes=[1, 2, 4],
-        inputs=[StaticInput("x", (), torch.int64)], strategy=runner.strategy, max_model_len=10,
-    )  # fmt: skip
+        g.VectorBackend(),
+        Recorder(),
+        block_size=4,
+        max_blocks_per_seq=3,
+        capture_sizes=[1, 2, 4],
+        inputs=[StaticInput("x", (), torch.int64)],
+        strategy=runner.strategy,
+        max_model_len=10,
+    )
     again.capture_all()
     again.run(batch([1], [3]), x=torch.tensor([1]))
     assert again.stats.replays == 1

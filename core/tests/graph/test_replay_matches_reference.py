@@ -36,9 +36,14 @@ def make_runner(
         StaticInput("value", (g.SPEC.num_kv_heads, g.SPEC.head_size)),
     ]
     return GraphRunner(
-        backend, step, block_size=g.BLOCK_SIZE, max_blocks_per_seq=g.MAX_BLOCKS, capture_sizes=SIZES,
-        inputs=per_token, strategy=strategy,
-    )  # fmt: skip
+        backend,
+        step,
+        block_size=g.BLOCK_SIZE,
+        max_blocks_per_seq=g.MAX_BLOCKS,
+        capture_sizes=SIZES,
+        inputs=per_token,
+        strategy=strategy,
+    )
 
 
 def batches_per_size(rng: random.Random, decode_only: bool) -> list[tuple[int, list[int]]]:

@@ -48,15 +48,28 @@ def test_declared_everywhere_on_the_eager_fused_path_is_invariant() -> None:
 
 
 def test_every_undeclared_part_is_named_with_its_reason() -> None:
-    report = batch_invariance(VARIANT, PackedOnly(), ["q8_0", "q8_0", "float32", "q4_0"], backend="vendor",
-                              model_path="fused", graph_mode="compiled", tensor_parallel_size=2)  # fmt: skip
-    assert _parts(report) == ["attention", "linear float32 (1 layer)", "linear q4_0 (1 layer)", "graph_mode compiled",
-                              "tensor_parallel_size 2"]  # fmt: skip
+    report = batch_invariance(
+        VARIANT,
+        PackedOnly(),
+        ["q8_0", "q8_0", "float32", "q4_0"],
+        backend="vendor",
+        model_path="fused",
+        graph_mode="compiled",
+        tensor_parallel_size=2,
+    )
+    assert _parts(report) == [
+        "attention",
+        "linear float32 (1 layer)",
+        "linear q4_0 (1 layer)",
+        "graph_mode compiled",
+        "tensor_parallel_size 2",
+    ]
     reasons = report.reasons()
     assert reasons[0] == "attention: backend 'vendor' does not declare batch_invariant"
     assert reasons[1].startswith("linear float32 (1 layer): packed-only FusedOps (") and "reference" not in reasons[1]
-    assert reasons[2].endswith("packed by the reference (not one of packed-only FusedOps "
-                               f"({PackedOnly.__module__}.PackedOnly)'s)")  # fmt: skip
+    assert reasons[2].endswith(
+        f"packed by the reference (not one of packed-only FusedOps ({PackedOnly.__module__}.PackedOnly)'s)"
+    )
     assert "inductor" in reasons[3]
     assert not report.invariant and report.describe() == "batch-invariant: no (" + "; ".join(reasons) + ")"
     with pytest.raises(UnsupportedConfigError) as err:
@@ -67,8 +80,9 @@ def test_every_undeclared_part_is_named_with_its_reason() -> None:
 def test_the_base_ops_transformers_path_and_device_graphs_are_not_proven() -> None:
     base = batch_invariance(INVARIANT, FusedOps(), ["float32"], backend="ref")
     assert _parts(base) == ["layer ops", "linear float32 (1 layer)"]
-    hf = batch_invariance(INVARIANT, ReferenceFusedOps(), ["float32"], backend="ref", model_path="transformers",
-                          graph_mode="device")  # fmt: skip
+    hf = batch_invariance(
+        INVARIANT, ReferenceFusedOps(), ["float32"], backend="ref", model_path="transformers", graph_mode="device"
+    )
     assert _parts(hf) == ["model_impl transformers", "graph_mode device"]  # its layer ops are torch's own
     assert "not bit for bit" in hf.reasons()[1]
 
@@ -77,11 +91,16 @@ def test_model_linear_kinds_counts_packed_dense_and_a_tied_head() -> None:
     emb = torch.nn.Embedding(16, 32)
     head = torch.nn.Linear(32, 16, bias=False)
     head.weight = emb.weight
-    model = torch.nn.ModuleDict({
-        "emb": emb, "q": PackedLinearModule(random_packed(Q4_0, 32, 32)),
-        "k": PackedLinearModule(random_packed(Q8_0, 8, 32)), "v": PackedLinearModule(random_packed(Q4_0, 8, 32)),
-        "o": torch.nn.Linear(32, 32).bfloat16(), "lm_head": head,
-    })  # fmt: skip
+    model = torch.nn.ModuleDict(
+        {
+            "emb": emb,
+            "q": PackedLinearModule(random_packed(Q4_0, 32, 32)),
+            "k": PackedLinearModule(random_packed(Q8_0, 8, 32)),
+            "v": PackedLinearModule(random_packed(Q4_0, 8, 32)),
+            "o": torch.nn.Linear(32, 32).bfloat16(),
+            "lm_head": head,
+        }
+    )
     assert model_linear_kinds(model) == Counter({"q4_0": 2, "q8_0": 1, "bfloat16": 1, "float32": 1})
 
 
@@ -107,10 +126,13 @@ def test_the_engine_reports_what_is_not(reference_loaded: Any) -> None:
     assert [v.split(":")[0] for v in facts.batch_variant] == ["model_impl transformers"]
 
 
-@pytest.mark.parametrize(("overrides", "parts"), [
-    ({"model_impl": "transformers"}, ["model_impl transformers"]),
-    ({"graph_mode": "compiled"}, ["graph_mode compiled"]),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("overrides", "parts"),
+    [
+        ({"model_impl": "transformers"}, ["model_impl transformers"]),
+        ({"graph_mode": "compiled"}, ["graph_mode compiled"]),
+    ],
+)
 def test_batch_invariant_refuses_at_start_naming_every_part(
     reference_loaded: Any, overrides: dict[str, str], parts: list[str]
 ) -> None:

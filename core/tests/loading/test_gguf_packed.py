@@ -15,8 +15,15 @@ from paged_core.runner.packed_linear import PackedLinearModule, packed_modules
 
 from ..gguf_helpers import dense_oracle, tiny_config, write_tiny_gguf
 
-MIXED = {"self_attn.q_proj": Q4_1, "self_attn.k_proj": Q8_0, "self_attn.v_proj": Q6_K, "self_attn.o_proj": Q4_0,
-         "mlp.gate_proj": Q4_K, "mlp.up_proj": Q4_K, "mlp.down_proj": Q6_K}  # fmt: skip
+MIXED = {
+    "self_attn.q_proj": Q4_1,
+    "self_attn.k_proj": Q8_0,
+    "self_attn.v_proj": Q6_K,
+    "self_attn.o_proj": Q4_0,
+    "mlp.gate_proj": Q4_K,
+    "mlp.up_proj": Q4_K,
+    "mlp.down_proj": Q6_K,
+}
 
 
 def _logits(model: torch.nn.Module, ids: torch.Tensor) -> torch.Tensor:
@@ -25,9 +32,16 @@ def _logits(model: torch.nn.Module, ids: torch.Tensor) -> torch.Tensor:
     return out
 
 
-@pytest.mark.parametrize(("formats", "embed", "tie"), [
-    (Q4_1, Q8_0, True), (Q4_0, None, True), (Q8_0, None, False), (MIXED, Q4_1, True),
-], ids=["q4_1-tied-q8_0-head", "q4_0-dense-embed", "q8_0-untied", "mixed-k-quants"])  # fmt: skip
+@pytest.mark.parametrize(
+    ("formats", "embed", "tie"),
+    [
+        (Q4_1, Q8_0, True),
+        (Q4_0, None, True),
+        (Q8_0, None, False),
+        (MIXED, Q4_1, True),
+    ],
+    ids=["q4_1-tied-q8_0-head", "q4_0-dense-embed", "q8_0-untied", "mixed-k-quants"],
+)
 def test_packed_load_equals_the_dequantized_values(tmp_path: Path, formats: object, embed: object, tie: bool) -> None:
     config = tiny_config(tie)
     path = tmp_path / "tiny.gguf"
@@ -67,10 +81,14 @@ def test_int8_on_an_already_quantized_gguf_says_why(tmp_path: Path) -> None:
     config = tiny_config()
     path = tmp_path / "tiny.gguf"
     write_tiny_gguf(path, config, Q4_1)
-    with pytest.raises(ConfigError, match=r"--quantization int8 cannot apply to tiny\.gguf: its weights are already "
-                       r"quantized \(Q4_1\)"):  # fmt: skip
-        load_model(ModelSource(tmp_path, "tiny.gguf", "tiny"), config, torch.float32, torch.device("cpu"), "sdpa",
-                   "int8")  # fmt: skip
+    with pytest.raises(
+        ConfigError,
+        match=r"--quantization int8 cannot apply to tiny\.gguf: its weights are already "
+        r"quantized \(Q4_1\)",
+    ):
+        load_model(
+            ModelSource(tmp_path, "tiny.gguf", "tiny"), config, torch.float32, torch.device("cpu"), "sdpa", "int8"
+        )
 
 
 def test_none_dequantizes_every_tensor(tmp_path: Path) -> None:

@@ -13,9 +13,16 @@ from paged_core.sizes import parse_size
 
 @pytest.mark.parametrize(
     ("text", "expected"),
-    [("4GiB", 4 * 2**30), ("512MiB", 512 * 2**20), ("2GB", 2 * 10**9), ("1.5G", 1_500_000_000), (" 64 kib ", 65536),
-     (1024, 1024), ("4096", 4096)],
-)  # fmt: skip
+    [
+        ("4GiB", 4 * 2**30),
+        ("512MiB", 512 * 2**20),
+        ("2GB", 2 * 10**9),
+        ("1.5G", 1_500_000_000),
+        (" 64 kib ", 65536),
+        (1024, 1024),
+        ("4096", 4096),
+    ],
+)
 def test_parse_size(text: str | int, expected: int) -> None:
     assert parse_size(text) == expected
 

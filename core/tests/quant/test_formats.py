@@ -95,8 +95,11 @@ def test_merging_views_of_one_merge_again_is_a_view_not_a_copy() -> None:
 
 def test_bad_sizes_are_refused_naming_the_tensor() -> None:
     data = torch.zeros(4, 2 * Q4_1.block_bytes - 1, dtype=torch.uint8)
-    with pytest.raises(WeightFormatError, match=r"blk\.3\.attn_q\.weight: data is \(4, 39\) \(156 bytes\), q4_1 "
-                       r"\(4, 64\) needs \(4, 40\)"):  # fmt: skip
+    with pytest.raises(
+        WeightFormatError,
+        match=r"blk\.3\.attn_q\.weight: data is \(4, 39\) \(156 bytes\), q4_1 "
+        r"\(4, 64\) needs \(4, 40\)",
+    ):
         QuantizedWeight(Q4_1, (4, 64), data, name="blk.3.attn_q.weight")
     with pytest.raises(WeightFormatError, match="not a multiple of the q4_k block of 256"):
         QuantizedWeight(Q4_K, (4, 64), torch.zeros(4, 36, dtype=torch.uint8), name="w")

@@ -136,8 +136,9 @@ def test_a_token_has_the_same_bits_in_a_chunk_as_a_decode_row_in_any_batch(
 
     def step(rows: list[tuple[int, int, int]], q: torch.Tensor) -> torch.Tensor:
         """Attention of rows ``(sequence, query_len, seq_len)`` (decodes first) over the filled cache."""
-        md = build_attention_metadata([r[1] for r in rows], [r[2] for r in rows], [batch.tables[r[0]] for r in rows],
-                                      16)  # fmt: skip
+        md = build_attention_metadata(
+            [r[1] for r in rows], [r[2] for r in rows], [batch.tables[r[0]] for r in rows], 16
+        )
         return backend.attention(q, cache, md, spec)
 
     chunk = step([(0, 40, 600)], query[560:])

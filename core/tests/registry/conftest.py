@@ -121,4 +121,3 @@ class FakePlugins:
 def plugins(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> FakePlugins:
     """A fresh :class:`FakePlugins` rooted in this test's temporary folder."""
     return FakePlugins(tmp_path, monkeypatch)
-

@@ -30,9 +30,18 @@ BLOCK, WIDTH, ROWS, TOKENS = 16, 5, 8, 96
 def _decoder(backend: ReferenceBackend) -> tuple[FusedDecoder, list[AttentionSpec]]:
     from transformers import AutoModelForCausalLM, MistralConfig
 
-    config = MistralConfig(vocab_size=64, hidden_size=64, intermediate_size=96, num_hidden_layers=1,
-                           num_attention_heads=2, num_key_value_heads=1, head_dim=32, sliding_window=20,
-                           max_position_embeddings=128, tie_word_embeddings=False)  # fmt: skip
+    config = MistralConfig(
+        vocab_size=64,
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=32,
+        sliding_window=20,
+        max_position_embeddings=128,
+        tie_word_embeddings=False,
+    )
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
     specs = [AttentionSpec(num_heads=2, num_kv_heads=1, head_size=32, sliding_window=20)]
@@ -93,10 +102,20 @@ def test_no_capture_backend_is_never_traced_and_compiles_at_warm_up_only(graphs:
         assert 0 < warmed <= 16, warmed  # the step around the forward and the layer ops, per warm-up shape
         # Every kind of step the scheduler makes: alone or together, prefill, decode, mixed, and prompt chunks
         # that sample nothing (so a step samples 0, 1 or several rows, whatever its row count).
-        for query_lens, context, chunks in (([9], 0, 0), ([1], 9, 0), ([5, 30, 2], 0, 0), ([1, 1, 1], 30, 0),
-                                            ([1, 1, 7], 12, 0), ([24, 24], 20, 0), ([1] * ROWS, 40, 0),
-                                            ([12], 0, 1), ([1], 4, 1), ([1, 9], 8, 1), ([6, 9], 8, 2),
-                                            ([1, 1, 9], 8, 1)):  # fmt: skip
+        for query_lens, context, chunks in (
+            ([9], 0, 0),
+            ([1], 9, 0),
+            ([5, 30, 2], 0, 0),
+            ([1, 1, 1], 30, 0),
+            ([1, 1, 7], 12, 0),
+            ([24, 24], 20, 0),
+            ([1] * ROWS, 40, 0),
+            ([12], 0, 1),
+            ([1], 4, 1),
+            ([1, 9], 8, 1),
+            ([6, 9], 8, 2),
+            ([1, 1, 9], 8, 1),
+        ):
             batch = _step(builder, query_lens, context, chunks)
             want = eager.run(batch).clone()
             got = compiled.run(batch)

@@ -86,6 +86,7 @@ def test_engine_sizes_the_kv_cache_through_the_backends_hooks(
     assert block is not None
     fraction = config.cache.memory_fraction
     budget = int(64 * MiB * fraction) - 20 * MiB  # the profiled peak (20 MiB) exceeds what is in use (16 MiB)
-    assert resolved.cache.num_blocks == blocks_for_memory(budget, bytes_per_block(loaded.backend, loaded.specs,
-                                                                                  block, loaded.dtype))  # fmt: skip
+    assert resolved.cache.num_blocks == blocks_for_memory(
+        budget, bytes_per_block(loaded.backend, loaded.specs, block, loaded.dtype)
+    )
     assert fake.calls == ["synchronize", "reset_peak_memory", "synchronize", "peak_memory", "empty_cache", "memory"]

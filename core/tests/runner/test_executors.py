@@ -28,8 +28,11 @@ def test_unknown_graph_mode_is_refused_with_the_modes() -> None:
 def test_device_mode_is_refused_where_nothing_can_capture() -> None:
     backend = ReferenceBackend()
     assert "graph_support=never" in (device_graph_refusal(backend) or "")
-    with pytest.raises(UnsupportedConfigError, match="device' refused: backend 'reference' declares graph_support="
-                       "never; modes that work here: eager, compiled"):  # fmt: skip
+    with pytest.raises(
+        UnsupportedConfigError,
+        match="device' refused: backend 'reference' declares graph_support="
+        "never; modes that work here: eager, compiled",
+    ):
         resolve_graph_mode("device", backend)
     assert resolve_graph_mode("auto", backend) == "eager"
     assert resolve_graph_mode("compiled", backend) == "compiled"

@@ -131,8 +131,12 @@ def test_a_rows_probabilities_have_the_same_bits_in_any_batch() -> None:
     # row, so a seeded request's distribution, like its stream, is the same whatever shares its step.
     vocab, gen = 49152, torch.Generator().manual_seed(0)
     pool = 3 * torch.randn(64, vocab, generator=gen)
-    params: list[dict[str, float]] = [{"temperature": 0.7}, {"top_p": 0.9}, {"temperature": 0.8, "top_k": 40},
-                                      {"temperature": 1.2, "min_p": 0.05}]  # fmt: skip
+    params: list[dict[str, float]] = [
+        {"temperature": 0.7},
+        {"top_p": 0.9},
+        {"temperature": 0.8, "top_k": 40},
+        {"temperature": 1.2, "min_p": 0.05},
+    ]
     states = [make_state(seed=i, **params[i % 4]) for i in range(64)]
     alone = [Sampler.probabilities(pool[i : i + 1].clone(), [states[i]], [0]) for i in range(64)]
     for m in (2, 3, 17, 64):

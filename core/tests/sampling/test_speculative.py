@@ -56,8 +56,11 @@ def test_sampled_tokens_follow_the_target_distribution(params: dict[str, float],
     first = torch.zeros(V)
     second = torch.zeros(V)  # the token after an accepted first draft: conditionally distributed as target[1]
     for _ in range(TRIALS):
-        drafts = [int(torch.multinomial(q[0], 1, generator=gen)), int(torch.multinomial(q[1], 1, generator=gen))] \
-            if q is not None else [2, 3]  # fmt: skip
+        drafts = (
+            [int(torch.multinomial(q[0], 1, generator=gen)), int(torch.multinomial(q[1], 1, generator=gen))]
+            if q is not None
+            else [2, 3]
+        )
         out = verify(sampler, logits, [state], [drafts], [q] if q is not None else None)[0]
         assert out[: len(out) - 1] == drafts[: len(out) - 1] and 1 <= len(out) <= 3
         first[out[0]] += 1
@@ -83,6 +86,7 @@ def test_bad_inputs_are_refused_and_isolated() -> None:
         verify(Sampler(0), logits[:2], [_state()], [[1, 2]])
     with pytest.raises(ValueError, match="penalties"):
         verify(Sampler(0), logits, [_state(repetition_penalty=1.2)], [[1, 2]])
-    out, errors = verify_isolated(Sampler(0), torch.zeros(5, V), [_state(), _state(presence_penalty=1.0)],
-                                  [[1, 2], [3]])  # fmt: skip
+    out, errors = verify_isolated(
+        Sampler(0), torch.zeros(5, V), [_state(), _state(presence_penalty=1.0)], [[1, 2], [3]]
+    )
     assert list(errors) == [1] and len(out[0]) >= 1 and out[1] == []

@@ -126,9 +126,7 @@ class FakeRunner:
             before[new.req_id] = new.num_computed_tokens
         cached = out.scheduled_cached_reqs
         assert set(out.replaced_block_ids) <= set(cached.req_ids), "replacements for rows that are not continuing"
-        for rid, gained, computed in zip(
-            cached.req_ids, cached.new_block_ids, cached.num_computed_tokens, strict=True
-        ):
+        for rid, gained, computed in zip(cached.req_ids, cached.new_block_ids, cached.num_computed_tokens, strict=True):
             assert rid in self.rows, f"{rid} continues but the runner never saw it as new"
             row = self.rows[rid]
             for index, block_id in out.replaced_block_ids.get(rid, ()):

@@ -275,8 +275,10 @@ def test_requests_without_a_shared_prefix_are_admitted_together() -> None:
 
 
 def test_without_prefix_caching_shared_prompts_are_admitted_together() -> None:
-    s = Scheduler(SchedulerConfig(max_model_len=1024, max_num_batched_tokens=64),
-                  CacheConfig(num_blocks=64, block_size=4, enable_prefix_caching=False))  # fmt: skip
+    s = Scheduler(
+        SchedulerConfig(max_model_len=1024, max_num_batched_tokens=64),
+        CacheConfig(num_blocks=64, block_size=4, enable_prefix_caching=False),
+    )
     shared = list(range(100, 116))
     s.add_request(Request("a", [*shared, 1, 2]))
     s.add_request(Request("b", [*shared, 3, 4]))

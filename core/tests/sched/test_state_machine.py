@@ -55,7 +55,13 @@ class SchedulerMachine(RuleBasedStateMachine):
         lookahead=st.sampled_from(LOOKAHEADS),
     )
     def setup(
-        self, block_size: int, num_blocks: int, budget: int, max_seqs: int, chunked: bool, max_model_len: int,
+        self,
+        block_size: int,
+        num_blocks: int,
+        budget: int,
+        max_seqs: int,
+        chunked: bool,
+        max_model_len: int,
         lookahead: int,
     ) -> None:
         """Build a small cache and tight budgets so preemption and eviction really happen."""
@@ -88,8 +94,17 @@ class SchedulerMachine(RuleBasedStateMachine):
         stops_on_eos=st.booleans(),
         priority=st.integers(0, 3),
     )
-    def add(self, prefix: tuple[int, ...], prefix_len: int, suffix: list[int], whole_blocks: bool,
-            max_tokens: int, salt: str | None, stops_on_eos: bool, priority: int) -> None:
+    def add(
+        self,
+        prefix: tuple[int, ...],
+        prefix_len: int,
+        suffix: list[int],
+        whole_blocks: bool,
+        max_tokens: int,
+        salt: str | None,
+        stops_on_eos: bool,
+        priority: int,
+    ) -> None:
         """Submit a prompt built from a shared prefix (so prefix hits happen) and a random suffix."""
         self.rules_run += 1
         prompt = [*prefix[:prefix_len], *suffix] or [1]
@@ -97,11 +112,22 @@ class SchedulerMachine(RuleBasedStateMachine):
             prompt = prompt[: len(prompt) // self.bs * self.bs]
         self.clock += 1
         rid = f"r{self.clock}"
-        req = Request(rid, prompt, max_tokens=max_tokens, eos_token_id=EOS, ignore_eos=not stops_on_eos,
-                      priority=priority, arrival_time=float(self.clock), cache_salt=salt)
+        req = Request(
+            rid,
+            prompt,
+            max_tokens=max_tokens,
+            eos_token_id=EOS,
+            ignore_eos=not stops_on_eos,
+            priority=priority,
+            arrival_time=float(self.clock),
+            cache_salt=salt,
+        )
         cfg, usable = self.s.config, self.s.kv.pool.num_usable_blocks
-        too_big = (len(prompt) > cfg.max_model_len or -(-len(prompt) // self.bs) > usable
-                   or (not cfg.enable_chunked_prefill and len(prompt) > cfg.max_num_batched_tokens))
+        too_big = (
+            len(prompt) > cfg.max_model_len
+            or -(-len(prompt) // self.bs) > usable
+            or (not cfg.enable_chunked_prefill and len(prompt) > cfg.max_num_batched_tokens)
+        )
         try:
             self.s.add_request(req)
         except RequestRejectedError:

@@ -48,14 +48,28 @@ class FakeEngine:
 
     def facts(self) -> CoreFacts:
         return CoreFacts(
-            model_name="fake", model_source="fake", vocab_size=VOCAB, eos_token_ids=[], max_model_len=self.max_len,
-            block_size=16, num_usable_blocks=10, max_num_seqs=256, backend="fake", dtype="float32",
-            graph_mode="eager", model_path="fake",
-        )  # fmt: skip
+            model_name="fake",
+            model_source="fake",
+            vocab_size=VOCAB,
+            eos_token_ids=[],
+            max_model_len=self.max_len,
+            block_size=16,
+            num_usable_blocks=10,
+            max_num_seqs=256,
+            backend="fake",
+            dtype="float32",
+            graph_mode="eager",
+            model_path="fake",
+        )
 
     def stats(self) -> SchedulerStats:
-        return SchedulerStats(kv_usage=min(1.0, len(self.groups) / 10), num_free_blocks=10, num_usable_blocks=10,
-                              num_running=len(self.groups), steps=self.steps)  # fmt: skip
+        return SchedulerStats(
+            kv_usage=min(1.0, len(self.groups) / 10),
+            num_free_blocks=10,
+            num_usable_blocks=10,
+            num_running=len(self.groups),
+            steps=self.steps,
+        )
 
     def close(self) -> None:
         """Nothing to release (a real core stops its tensor-parallel workers here)."""
@@ -67,8 +81,11 @@ class FakeEngine:
         if REFUSED_TOKEN in request.prompt_token_ids:
             raise RequestRejectedError("SamplingParams.max_tokens must be refused for this prompt")
         n = request.params.n
-        self.groups[request.request_id] = {"params": request.params, "tokens": [[] for _ in range(n)],
-                                           "done": [False] * n}  # fmt: skip
+        self.groups[request.request_id] = {
+            "params": request.params,
+            "tokens": [[] for _ in range(n)],
+            "done": [False] * n,
+        }
 
     def abort(self, abort: CoreAbort) -> None:
         for rid in abort.request_ids:
@@ -102,9 +119,16 @@ class FakeEngine:
                 tok = ord("a") + j
                 toks.append(tok)
                 done = len(toks) >= p.max_tokens
-                deltas.append(SeqDelta(rid, j, [tok], [{tok: -0.5, 200: -1.5}] if p.logprobs is not None else None,
-                                       finish_reason="length" if done else None,
-                                       num_cached_tokens=0 if len(toks) == 1 else -1))  # fmt: skip
+                deltas.append(
+                    SeqDelta(
+                        rid,
+                        j,
+                        [tok],
+                        [{tok: -0.5, 200: -1.5}] if p.logprobs is not None else None,
+                        finish_reason="length" if done else None,
+                        num_cached_tokens=0 if len(toks) == 1 else -1,
+                    )
+                )
                 g["done"][j] = done
             if all(g["done"]):
                 del self.groups[rid]

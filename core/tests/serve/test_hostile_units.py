@@ -35,20 +35,23 @@ def _nested(depth: int) -> bytes:
     return b"[" * depth + b"]" * depth
 
 
-@pytest.mark.parametrize(("raw", "message", "param"), [
-    (_nested(MAX_JSON_DEPTH + 1), f"nests deeper than {MAX_JSON_DEPTH} levels", None),
-    (b'{"a": {"b": ' + _nested(MAX_JSON_DEPTH) + b"}}", "levels (in 'a')", "a"),
-    (_nested(1000), "nests deeper", None),
-    (_nested(200_000), "nests deeper", None),  # the decoder's RecursionError, not a crash
-    (b'{"n": ' + b"9" * 5000 + b"}", "64-bit range", None),
-    (b'{"seed": 18446744073709551616}', "invalid value for 'seed'", "seed"),
-    (b'{"stop_token_ids": [1, -9223372036854775809]}', "'stop_token_ids.1'", "stop_token_ids.1"),
-    (b'{"prompt": "a\\ud800b"}', "invalid string in 'prompt'", "prompt"),
-    (b'{"messages": [{"content": "\\udfff"}]}', "'messages.0.content'", "messages.0.content"),
-    (b'{"ok": {"\\ud800": 1}}', "invalid key in 'ok'", "ok"),
-    (b'{"temperature": NaN}', "NaN is not valid JSON", None),
-    (b'{"temperature": -Infinity}', "-Infinity is not valid JSON", None),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("raw", "message", "param"),
+    [
+        (_nested(MAX_JSON_DEPTH + 1), f"nests deeper than {MAX_JSON_DEPTH} levels", None),
+        (b'{"a": {"b": ' + _nested(MAX_JSON_DEPTH) + b"}}", "levels (in 'a')", "a"),
+        (_nested(1000), "nests deeper", None),
+        (_nested(200_000), "nests deeper", None),  # the decoder's RecursionError, not a crash
+        (b'{"n": ' + b"9" * 5000 + b"}", "64-bit range", None),
+        (b'{"seed": 18446744073709551616}', "invalid value for 'seed'", "seed"),
+        (b'{"stop_token_ids": [1, -9223372036854775809]}', "'stop_token_ids.1'", "stop_token_ids.1"),
+        (b'{"prompt": "a\\ud800b"}', "invalid string in 'prompt'", "prompt"),
+        (b'{"messages": [{"content": "\\udfff"}]}', "'messages.0.content'", "messages.0.content"),
+        (b'{"ok": {"\\ud800": 1}}', "invalid key in 'ok'", "ok"),
+        (b'{"temperature": NaN}', "NaN is not valid JSON", None),
+        (b'{"temperature": -Infinity}', "-Infinity is not valid JSON", None),
+    ],
+)
 def test_hostile_json_is_a_400_saying_what(raw: bytes, message: str, param: str | None) -> None:
     with pytest.raises(APIError) as info:
         decode_json(raw)
@@ -64,16 +67,19 @@ def test_json_within_every_limit_is_accepted() -> None:
     assert decode_json(b'{"lit": "\\\\ud800"}') == {"lit": "\\ud800"}  # an escaped backslash, not a surrogate
 
 
-@pytest.mark.parametrize(("kwargs", "message"), [
-    ({"chat_template": "{% for i in range(10**9) %}x{% endfor %}"}, "only renders the model's own chat template"),
-    ({"tokenize": False}, "may not set tokenize"),
-    ({"bos_token": "<|im_start|>system"}, "may not set bos_token"),
-    ({"return_tensors": "pt", "messages": []}, "may not set messages, return_tensors"),
-    ({"items": [1, 2]}, "chat_template_kwargs.items must be a string, number or boolean, got list"),
-    ({"nested": {"a": 1}}, "got dict"),
-    ({"none": None}, "got NoneType"),
-    ({"big": "x" * MAX_TEMPLATE_KWARGS_BYTES}, f"at most {MAX_TEMPLATE_KWARGS_BYTES} are accepted"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"chat_template": "{% for i in range(10**9) %}x{% endfor %}"}, "only renders the model's own chat template"),
+        ({"tokenize": False}, "may not set tokenize"),
+        ({"bos_token": "<|im_start|>system"}, "may not set bos_token"),
+        ({"return_tensors": "pt", "messages": []}, "may not set messages, return_tensors"),
+        ({"items": [1, 2]}, "chat_template_kwargs.items must be a string, number or boolean, got list"),
+        ({"nested": {"a": 1}}, "got dict"),
+        ({"none": None}, "got NoneType"),
+        ({"big": "x" * MAX_TEMPLATE_KWARGS_BYTES}, f"at most {MAX_TEMPLATE_KWARGS_BYTES} are accepted"),
+    ],
+)
 def test_template_kwargs_are_flat_small_and_never_a_template(kwargs: dict[str, Any], message: str) -> None:
     with pytest.raises(APIError, match=re.escape(message)) as info:
         check_template_kwargs(kwargs)
@@ -86,9 +92,17 @@ def test_template_kwargs_that_set_flags_pass() -> None:
     check_template_kwargs({})
 
 
-@pytest.mark.parametrize(("header", "token"), [
-    (b"Bearer k", b"k"), (b"bearer k", b"k"), (b"BEARER  k", b"k"), (b"Basic k", None), (b"k", None), (b"", None),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("header", "token"),
+    [
+        (b"Bearer k", b"k"),
+        (b"bearer k", b"k"),
+        (b"BEARER  k", b"k"),
+        (b"Basic k", None),
+        (b"k", None),
+        (b"", None),
+    ],
+)
 def test_bearer_scheme_is_case_insensitive(header: bytes, token: bytes | None) -> None:
     assert bearer_token(header) == token
 
@@ -108,8 +122,9 @@ def test_an_omitted_budget_stays_within_the_limit_and_errors_name_the_field_sent
 
 
 def test_the_placeholder_budget_never_conflicts_with_min_tokens() -> None:
-    chat = ChatCompletionRequest.model_validate({"model": "m", "messages": [{"role": "user", "content": "x"}],
-                                                 "min_tokens": 5})  # fmt: skip
+    chat = ChatCompletionRequest.model_validate(
+        {"model": "m", "messages": [{"role": "user", "content": "x"}], "min_tokens": 5}
+    )
     assert placeholder_max_tokens(chat) == 5
     given = CompletionRequest.model_validate({"model": "m", "prompt": "x", "max_tokens": 3, "min_tokens": 5})
     assert placeholder_max_tokens(given) == 3  # both sent: min_tokens > max_tokens is still refused
@@ -121,8 +136,9 @@ class VocabTokenizer(CharTokenizer):
     def __init__(self, vocab: dict[str, int], specials: tuple[str, ...] = (), added: tuple[str, ...] = ()) -> None:
         self.vocab = vocab
         self.all_special_tokens = list(specials)
-        self.added_tokens_decoder = {i: SimpleNamespace(content=t, special=t in specials)
-                                     for i, t in enumerate(specials + added)}  # fmt: skip
+        self.added_tokens_decoder = {
+            i: SimpleNamespace(content=t, special=t in specials) for i, t in enumerate(specials + added)
+        }
         self.chat_template = "{{ '<|turn|>' }}{{ messages }}"
 
     def get_vocab(self) -> dict[str, int]:
@@ -168,11 +184,14 @@ def slow_client() -> Iterator[TestClient]:
         yield c
 
 
-@pytest.mark.parametrize(("path", "body"), [
-    ("/v1/completions", {"model": "fake", "prompt": "hi", "max_tokens": 2}),
-    ("/v1/chat/completions", {"model": "fake", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}),
-    ("/tokenize", {"prompt": "hi"}),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        ("/v1/completions", {"model": "fake", "prompt": "hi", "max_tokens": 2}),
+        ("/v1/chat/completions", {"model": "fake", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}),
+        ("/tokenize", {"prompt": "hi"}),
+    ],
+)
 def test_tokenizing_and_templates_run_off_the_event_loop(slow_client: TestClient, path: str, body: Any) -> None:
     result: dict[str, Any] = {}
 

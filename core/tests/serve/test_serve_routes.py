@@ -28,10 +28,15 @@ def test_completion_shape_and_usage(client: TestClient) -> None:
     assert r.status_code == 200
     body = r.json()
     assert body["object"] == "text_completion" and body["model"] == "fake" and body["id"].startswith("cmpl-")
-    assert body["choices"] == [{"index": 0, "text": "aaa", "logprobs": None, "finish_reason": "length",
-                                "stop_reason": None}]  # fmt: skip
-    assert body["usage"] == {"prompt_tokens": 2, "completion_tokens": 3, "total_tokens": 5,
-                             "prompt_tokens_details": {"cached_tokens": 0}}  # fmt: skip
+    assert body["choices"] == [
+        {"index": 0, "text": "aaa", "logprobs": None, "finish_reason": "length", "stop_reason": None}
+    ]
+    assert body["usage"] == {
+        "prompt_tokens": 2,
+        "completion_tokens": 3,
+        "total_tokens": 5,
+        "prompt_tokens_details": {"cached_tokens": 0},
+    }
 
 
 def test_batched_prompts_with_n_index_choices_in_order(client: TestClient) -> None:
@@ -48,8 +53,9 @@ def test_echo_prepends_the_prompt(client: TestClient) -> None:
 
 
 def test_streamed_completion_chunks_and_usage(client: TestClient) -> None:
-    events = _events(client, "/v1/completions", {**BASE, "stream": True, "n": 2,
-                                                 "stream_options": {"include_usage": True}})  # fmt: skip
+    events = _events(
+        client, "/v1/completions", {**BASE, "stream": True, "n": 2, "stream_options": {"include_usage": True}}
+    )
     choices = [e["choices"][0] for e in events if e["choices"]]
     assert "".join(c["text"] for c in choices if c["index"] == 1) == "bbb"
     assert [c["finish_reason"] for c in choices if c["finish_reason"]] == ["length", "length"]
@@ -59,8 +65,12 @@ def test_streamed_completion_chunks_and_usage(client: TestClient) -> None:
 
 def test_completion_logprobs_layout(client: TestClient) -> None:
     lp = client.post("/v1/completions", json={**BASE, "logprobs": 1}).json()["choices"][0]["logprobs"]
-    assert lp == {"tokens": ["a"] * 3, "token_logprobs": [-0.5] * 3, "top_logprobs": [{"a": -0.5}] * 3,
-                  "text_offset": [0, 1, 2]}  # fmt: skip
+    assert lp == {
+        "tokens": ["a"] * 3,
+        "token_logprobs": [-0.5] * 3,
+        "top_logprobs": [{"a": -0.5}] * 3,
+        "text_offset": [0, 1, 2],
+    }
     events = _events(client, "/v1/completions", {**BASE, "logprobs": 2, "stream": True})
     offsets = [o for e in events if e["choices"][0]["logprobs"] for o in e["choices"][0]["logprobs"]["text_offset"]]
     assert offsets == [0, 1, 2]
@@ -117,8 +127,9 @@ def test_refused_streaming_request_starts_at_once_and_ends_with_the_400_as_an_er
     events = _events(client, "/v1/completions", {**BASE, "prompt": [5, REFUSED_TOKEN], "stream": True})
     assert events == [plain.json()]
     # In a batch, the refused prompt ends the stream and its neighbour is aborted.
-    events = _events(client, "/v1/completions", {**BASE, "prompt": [[5], [5, REFUSED_TOKEN]], "max_tokens": 50,
-                                                  "stream": True})  # fmt: skip
+    events = _events(
+        client, "/v1/completions", {**BASE, "prompt": [[5], [5, REFUSED_TOKEN]], "max_tokens": 50, "stream": True}
+    )
     assert events[-1] == plain.json()
     refused_chat = [{"role": "user", "content": chr(REFUSED_TOKEN)}]
     chat = _events(client, "/v1/chat/completions", {**CHAT, "messages": refused_chat, "stream": True})
@@ -161,8 +172,11 @@ def test_health_turns_503_when_the_engine_thread_dies(client: TestClient, engine
 
 def test_models_tokenize_detokenize(client: TestClient) -> None:
     assert client.get("/v1/models").json()["data"][0]["id"] == "fake"
-    assert client.post("/tokenize", json={"prompt": "ab"}).json() == {"tokens": [97, 98], "count": 2,
-                                                                       "max_model_len": 100}  # fmt: skip
+    assert client.post("/tokenize", json={"prompt": "ab"}).json() == {
+        "tokens": [97, 98],
+        "count": 2,
+        "max_model_len": 100,
+    }
     assert client.post("/detokenize", json={"tokens": [97, 98]}).json() == {"prompt": "ab"}
     r = client.post("/tokenize", json={"prompt": "ab", "messages": [{"role": "user", "content": "x"}]})
     assert r.status_code == 400 and "exactly one" in r.json()["error"]["message"]

@@ -25,10 +25,16 @@ from paged_core.serve.tokens import _BYTES
 from .fake_engine import REFUSED_TOKEN, FakeEngine
 
 
-@pytest.mark.parametrize(("field", "value", "message"), [
-    ("port", 70000, "port must be"), ("api_key", "", "api_key must be"), ("max_n", 0, "max_n must be"),
-    ("max_body_bytes", True, "max_body_bytes must be"), ("max_tokens_limit", 0, "max_tokens_limit must be"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        ("port", 70000, "port must be"),
+        ("api_key", "", "api_key must be"),
+        ("max_n", 0, "max_n must be"),
+        ("max_body_bytes", True, "max_body_bytes must be"),
+        ("max_tokens_limit", 0, "max_tokens_limit must be"),
+    ],
+)
 def test_serve_config_names_the_bad_field(field: str, value: object, message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         ServeConfig(**{field: value})  # type: ignore[arg-type]
@@ -72,10 +78,12 @@ def test_auth_compares_the_whole_bearer_header(engine: FakeEngine) -> None:
 def _output(rid: str, new: int, finished: bool, arrival: float) -> RequestOutput:
     from paged_core import CompletionOutput
 
-    c = CompletionOutput(index=0, token_ids=[1] * new, new_token_ids=[1] * new,
-                         finish_reason="stop" if finished else None)  # fmt: skip
-    m = RequestMetrics(arrival_time=arrival, first_token_time=arrival + 0.1,
-                       finished_time=arrival + 1.0 if finished else None)  # fmt: skip
+    c = CompletionOutput(
+        index=0, token_ids=[1] * new, new_token_ids=[1] * new, finish_reason="stop" if finished else None
+    )
+    m = RequestMetrics(
+        arrival_time=arrival, first_token_time=arrival + 0.1, finished_time=arrival + 1.0 if finished else None
+    )
     return RequestOutput(rid, None, [1, 2, 3], [c], finished, m)
 
 
@@ -85,8 +93,11 @@ def test_metrics_count_tokens_latencies_and_aborts() -> None:
     m.observe([_output("a", 1, False, t0), _output("b", 1, False, t0)], t0 + 0.1)
     m.observe([_output("a", 2, True, t0)], t0 + 0.3)
     m.on_abort("b")
-    samples = {s.name + str(sorted(s.labels.items())): s.value
-               for f in text_string_to_metric_families(m.render().decode()) for s in f.samples}  # fmt: skip
+    samples = {
+        s.name + str(sorted(s.labels.items())): s.value
+        for f in text_string_to_metric_families(m.render().decode())
+        for s in f.samples
+    }
     assert samples["paged_generation_tokens_total[]"] == 4
     assert samples["paged_prompt_tokens_total[]"] == 6
     assert samples["paged_time_to_first_token_seconds_count[]"] == 2
@@ -102,11 +113,18 @@ def test_metrics_count_tokens_latencies_and_aborts() -> None:
 
 def test_the_batch_invariant_gauge_reads_the_running_configuration() -> None:
     def gauge(*stats: EngineStats, cores: bool = False) -> dict[str, float]:
-        read_cores = (lambda: [SimpleNamespace(index=i, stats=s, alive=True, routed={})
-                               for i, s in enumerate(stats)]) if cores else None  # fmt: skip
+        read_cores = (
+            (lambda: [SimpleNamespace(index=i, stats=s, alive=True, routed={}) for i, s in enumerate(stats)])
+            if cores
+            else None
+        )
         m = ServerMetrics(lambda: stats[0], read_cores)
-        return {str(sorted(s.labels.items())): s.value for f in text_string_to_metric_families(m.render().decode())
-                for s in f.samples if s.name == "paged_batch_invariant"}  # fmt: skip
+        return {
+            str(sorted(s.labels.items())): s.value
+            for f in text_string_to_metric_families(m.render().decode())
+            for s in f.samples
+            if s.name == "paged_batch_invariant"
+        }
 
     assert gauge(EngineStats(batch_invariant=True)) == {"[]": 1.0}
     per_core = gauge(EngineStats(batch_invariant=True), EngineStats(), cores=True)

@@ -29,9 +29,20 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> str:
     from transformers import AutoModelForCausalLM, LlamaConfig
 
     torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=40960, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
-                      num_attention_heads=2, num_key_value_heads=1, head_dim=64, max_position_embeddings=8192,
-                      tie_word_embeddings=True, bos_token_id=1, eos_token_id=2, pad_token_id=0)  # fmt: skip
+    cfg = LlamaConfig(
+        vocab_size=40960,
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=64,
+        max_position_embeddings=8192,
+        tie_word_embeddings=True,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=0,
+    )
     out = tmp_path_factory.mktemp("bench") / "tiny-llama"
     AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).save_pretrained(out)
     return str(out)
@@ -56,8 +67,17 @@ def bench(tmp_path: Path, model: str | None, *args: str) -> dict[str, Any]:
 
 
 def test_throughput_with_every_baseline(tiny_model: str, tmp_path: Path) -> None:
-    r = bench(tmp_path, tiny_model, "throughput", "--num-requests", "2", "--output-len", "4",
-              "--baseline", "hf-static,hf-cb,reference")  # fmt: skip
+    r = bench(
+        tmp_path,
+        tiny_model,
+        "throughput",
+        "--num-requests",
+        "2",
+        "--output-len",
+        "4",
+        "--baseline",
+        "hf-static,hf-cb,reference",
+    )
     assert [run["name"] for run in r["runs"]] == ["paged", "hf-static", "hf-cb", "reference"]
     assert set(r["ratios"]) == {"paged_vs_hf-static", "paged_vs_hf-cb", "paged_vs_reference"}
     assert all(run["output_tokens"] == 8 for run in r["runs"])

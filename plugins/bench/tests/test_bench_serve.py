@@ -22,9 +22,27 @@ from paged_core.cli.main import main
 @pytest.mark.slow
 def test_bench_serve_tiny_run_writes_a_complete_report(tmp_path: Path) -> None:
     out = tmp_path / "serve.json"
-    rc = main(["bench", "serve", "--servers", "mp", "--num-requests", "4", "--max-tokens", "4",
-               "--concurrency", "2", "--warmup-requests", "1", "--kv-cache-memory", "64MiB", "--json", str(out),
-               "--no-progress"])  # fmt: skip
+    rc = main(
+        [
+            "bench",
+            "serve",
+            "--servers",
+            "mp",
+            "--num-requests",
+            "4",
+            "--max-tokens",
+            "4",
+            "--concurrency",
+            "2",
+            "--warmup-requests",
+            "1",
+            "--kv-cache-memory",
+            "64MiB",
+            "--json",
+            str(out),
+            "--no-progress",
+        ]
+    )
     assert rc == 0
     report: dict[str, Any] = json.loads(out.read_text())
     assert validate_serve_report(report) == []

@@ -36,9 +36,20 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> str:
     from transformers import AutoModelForCausalLM, LlamaConfig
 
     torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=40960, hidden_size=64, intermediate_size=128, num_hidden_layers=1,
-                      num_attention_heads=2, num_key_value_heads=1, head_dim=32, max_position_embeddings=2048,
-                      tie_word_embeddings=True, bos_token_id=1, eos_token_id=2, pad_token_id=0)  # fmt: skip
+    cfg = LlamaConfig(
+        vocab_size=40960,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=32,
+        max_position_embeddings=2048,
+        tie_word_embeddings=True,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=0,
+    )
     out = tmp_path_factory.mktemp("bench-vllm") / "tiny-llama"
     AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).save_pretrained(out)
     return str(out)
@@ -70,9 +81,27 @@ def test_missing_vllm_environment_fails_before_our_run(
 
 def test_vllm_baselines_in_the_report(tiny_model: str, fake_venv: Path, tmp_path: Path) -> None:
     out = tmp_path / "out.json"
-    rc = main(["bench", "throughput", "--num-requests", "2", "--output-len", "3", "--model", tiny_model,
-               "--backend", "reference", "--kv-cache-memory", "16MiB", "--baseline", "vllm,vllm-compiled",
-               "--json", str(out), "--no-progress"])  # fmt: skip
+    rc = main(
+        [
+            "bench",
+            "throughput",
+            "--num-requests",
+            "2",
+            "--output-len",
+            "3",
+            "--model",
+            tiny_model,
+            "--backend",
+            "reference",
+            "--kv-cache-memory",
+            "16MiB",
+            "--baseline",
+            "vllm,vllm-compiled",
+            "--json",
+            str(out),
+            "--no-progress",
+        ]
+    )
     assert rc == 0
     report = json.loads(out.read_text())
     assert validate_report(report) == []

@@ -97,8 +97,11 @@ def write_gguf(path: Path, *, tied: bool) -> Path:
     w = gguf.GGUFWriter(str(path), "llama")
     w.add_block_count(1)
     emb = np.linspace(-1, 1, 8 * 64, dtype=np.float32).reshape(8, 64)
-    w.add_tensor("token_embd.weight", gguf.quants.quantize(emb, gguf.GGMLQuantizationType.Q8_0),
-                 raw_dtype=gguf.GGMLQuantizationType.Q8_0)  # fmt: skip
+    w.add_tensor(
+        "token_embd.weight",
+        gguf.quants.quantize(emb, gguf.GGMLQuantizationType.Q8_0),
+        raw_dtype=gguf.GGMLQuantizationType.Q8_0,
+    )
     w.add_tensor("blk.0.attn_q.weight", np.ones((64, 64), dtype=np.float16))
     w.add_tensor("blk.0.attn_norm.weight", np.ones(64, dtype=np.float32))
     if not tied:
@@ -251,18 +254,51 @@ def test_parse_bench_json_picks_the_generation_test() -> None:
 
 
 REAL_TEST = {  # llama-bench 0.3.36 (build 0c1e570), `-p 0 -n 256 -t 2 -r 3 -o json` on the embedded SmolLM2
-    "build_commit": "0c1e570", "build_number": 1, "cpu_info": "AMD EPYC", "gpu_info": "", "backends": "CPU",
-    "model_filename": "/models/SmolLM2-135M-Instruct.Q4_1.gguf", "model_type": "llama 256M Q4_1",
-    "model_size": 96576768, "model_n_params": 134515008, "n_batch": 2048, "n_ubatch": 512, "n_threads": 2,
-    "cpu_mask": "0x0", "cpu_strict": False, "poll": 50, "type_k": "f16", "type_v": "f16", "n_gpu_layers": -1,
-    "n_cpu_moe": 0, "split_mode": "layer", "main_gpu": 0, "no_kv_offload": False, "flash_attn": -1,
-    "devices": "auto", "tensor_split": "0.00", "tensor_buft_overrides": "none", "load_mode": "auto",
-    "lazy_mode": "auto", "embeddings": False, "no_op_offload": 0, "no_host": False, "repack": True,
-    "fit_target": 0, "fit_min_ctx": 0, "n_prompt": 0, "n_gen": 256, "n_depth": 0,
-    "test_time": "2026-12-02T14:38:16Z", "avg_ns": 26044504081, "stddev_ns": 1685494469, "avg_ts": 13.769769,
-    "stddev_ts": 10.495975, "samples_ns": [27881731596, 40321075048, 9930705600],
+    "build_commit": "0c1e570",
+    "build_number": 1,
+    "cpu_info": "AMD EPYC",
+    "gpu_info": "",
+    "backends": "CPU",
+    "model_filename": "/models/SmolLM2-135M-Instruct.Q4_1.gguf",
+    "model_type": "llama 256M Q4_1",
+    "model_size": 96576768,
+    "model_n_params": 134515008,
+    "n_batch": 2048,
+    "n_ubatch": 512,
+    "n_threads": 2,
+    "cpu_mask": "0x0",
+    "cpu_strict": False,
+    "poll": 50,
+    "type_k": "f16",
+    "type_v": "f16",
+    "n_gpu_layers": -1,
+    "n_cpu_moe": 0,
+    "split_mode": "layer",
+    "main_gpu": 0,
+    "no_kv_offload": False,
+    "flash_attn": -1,
+    "devices": "auto",
+    "tensor_split": "0.00",
+    "tensor_buft_overrides": "none",
+    "load_mode": "auto",
+    "lazy_mode": "auto",
+    "embeddings": False,
+    "no_op_offload": 0,
+    "no_host": False,
+    "repack": True,
+    "fit_target": 0,
+    "fit_min_ctx": 0,
+    "n_prompt": 0,
+    "n_gen": 256,
+    "n_depth": 0,
+    "test_time": "2026-12-02T14:38:16Z",
+    "avg_ns": 26044504081,
+    "stddev_ns": 1685494469,
+    "avg_ts": 13.769769,
+    "stddev_ts": 10.495975,
+    "samples_ns": [27881731596, 40321075048, 9930705600],
     "samples_ts": [9.18164, 6.34904, 25.7786],
-}  # fmt: skip
+}
 REAL_OUTPUT = json.dumps([REAL_TEST], indent=2)
 
 
@@ -290,9 +326,14 @@ def test_llama_cpp_run_in_a_valid_report(fake_bench: Path, tied_gguf: Path) -> N
     llama.set_copy_bandwidth({"bytes": 2**20, "seconds": 1e-3, "bytes_per_s": 2e9})
     ours = RunResult("paged", 10.0, 1, 32, 256, ttft=[0.5], decode_tok_s=27.0)
     roof = {"kind": "bandwidth", "fraction": 0.3, "peak_bytes_per_s": 2e9, "achieved_bytes_per_s": 6e8}
-    report = build_report(config=BenchOptions("decode-1", baselines=("llama.cpp",)).to_dict(),
-                          machine=machine_info(torch.device("cpu")), requests=reqs, runs=[ours, llama],
-                          roofline=roof, argv=["paged"])  # fmt: skip
+    report = build_report(
+        config=BenchOptions("decode-1", baselines=("llama.cpp",)).to_dict(),
+        machine=machine_info(torch.device("cpu")),
+        requests=reqs,
+        runs=[ours, llama],
+        roofline=roof,
+        argv=["paged"],
+    )
     assert validate_report(report) == []
     assert report["runs"][1]["roofline"]["peak_bytes_per_s"] == report["roofline"]["peak_bytes_per_s"]
     assert report["ratios"]["paged_vs_llama.cpp"] == pytest.approx(25.6 / 42.0)  # 3 samples: 40, 42, 44
@@ -324,9 +365,20 @@ def test_decode_1_with_llama_cpp_end_to_end(
     from paged_bench.run import run_bench
 
     torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=40960, hidden_size=64, intermediate_size=128, num_hidden_layers=1,
-                      num_attention_heads=2, num_key_value_heads=1, head_dim=32, max_position_embeddings=2048,
-                      tie_word_embeddings=True, bos_token_id=1, eos_token_id=2, pad_token_id=0)  # fmt: skip
+    cfg = LlamaConfig(
+        vocab_size=40960,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=32,
+        max_position_embeddings=2048,
+        tie_word_embeddings=True,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=0,
+    )
     model_dir = tmp_path / "tiny-llama"
     AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).save_pretrained(model_dir)  # type: ignore[no-untyped-call]
     # The engine's model is a safetensors directory; llama.cpp is pointed at the tiny GGUF instead.

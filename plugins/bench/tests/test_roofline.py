@@ -11,8 +11,16 @@ from paged_bench.roofline import ModelShape, bandwidth_roofline, flops_roofline
 def tiny_llama(tied: bool) -> torch.nn.Module:
     from transformers import AutoModelForCausalLM, LlamaConfig
 
-    cfg = LlamaConfig(vocab_size=1000, hidden_size=32, intermediate_size=64, num_hidden_layers=3,
-                      num_attention_heads=4, num_key_value_heads=2, head_dim=8, tie_word_embeddings=tied)  # fmt: skip
+    cfg = LlamaConfig(
+        vocab_size=1000,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        tie_word_embeddings=tied,
+    )
     return AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)  # type: ignore[no-any-return]
 
 

@@ -22,16 +22,27 @@ def kv_report() -> dict[str, Any]:
     reqs = kv_util(20, max_len=256)
     cfg = KVUtilConfig(kv_tokens=1024, max_len=256)
     opts = BenchOptions("kv-util", kv_util=cfg, progress=False)
-    return build_report(config=opts.to_dict(), machine=machine_info(torch.device("cpu")), requests=reqs,
-                        kv_util=kv_util_figures(*run_kv_util(reqs, cfg)), argv=["paged"])  # fmt: skip
+    return build_report(
+        config=opts.to_dict(),
+        machine=machine_info(torch.device("cpu")),
+        requests=reqs,
+        kv_util=kv_util_figures(*run_kv_util(reqs, cfg)),
+        argv=["paged"],
+    )
 
 
 def model_report() -> dict[str, Any]:
     reqs = throughput(2)
     runs = [RunResult("paged", 1.0, 2, 10, 4, ttft=[0.1, 0.2], steps=3), RunResult("hf-static", 2.0, 2, 10, 4)]
     roof = {"kind": "flops", "fraction": 0.1, "peak_flops_per_s": 10.0, "achieved_flops_per_s": 1.0}
-    return build_report(config=BenchOptions("throughput").to_dict(), machine=machine_info(torch.device("cpu")),
-                        requests=reqs, runs=runs, roofline=roof, argv=["paged"])  # fmt: skip
+    return build_report(
+        config=BenchOptions("throughput").to_dict(),
+        machine=machine_info(torch.device("cpu")),
+        requests=reqs,
+        runs=runs,
+        roofline=roof,
+        argv=["paged"],
+    )
 
 
 def test_built_reports_are_valid(kv_report: dict[str, Any]) -> None:

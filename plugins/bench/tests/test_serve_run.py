@@ -21,16 +21,41 @@ def parsed(*argv: str) -> argparse.Namespace:
 
 def test_engine_argv_passes_only_what_differs_from_the_defaults() -> None:
     assert engine_argv(parsed()) == []
-    flags = engine_argv(parsed("--kv-cache-memory", "1GiB", "--max-num-seqs", "64", "--no-prefix-caching",
-                               "--enforce-eager", "--backend", "cpu"))  # fmt: skip
+    flags = engine_argv(
+        parsed(
+            "--kv-cache-memory",
+            "1GiB",
+            "--max-num-seqs",
+            "64",
+            "--no-prefix-caching",
+            "--enforce-eager",
+            "--backend",
+            "cpu",
+        )
+    )
     pairs = " ".join(flags)  # order follows the config's sections; each value follows its flag
-    for part in ("--backend cpu", "--kv-cache-memory 1GiB", "--max-num-seqs 64", "--no-prefix-caching",
-                 "--enforce-eager"):  # fmt: skip
+    for part in (
+        "--backend cpu",
+        "--kv-cache-memory 1GiB",
+        "--max-num-seqs 64",
+        "--no-prefix-caching",
+        "--enforce-eager",
+    ):
         assert part in pairs
     assert len(flags) == 8
     # Round trip: the flags parse back to the same engine options.
-    assert vars(parsed(*flags)) == vars(parsed("--kv-cache-memory", "1GiB", "--max-num-seqs", "64",
-                                               "--no-prefix-caching", "--enforce-eager", "--backend", "cpu"))
+    assert vars(parsed(*flags)) == vars(
+        parsed(
+            "--kv-cache-memory",
+            "1GiB",
+            "--max-num-seqs",
+            "64",
+            "--no-prefix-caching",
+            "--enforce-eager",
+            "--backend",
+            "cpu",
+        )
+    )
 
 
 def test_parse_variants_and_urls() -> None:
@@ -59,10 +84,12 @@ def test_variant_commands() -> None:
 
 def test_stop_ends_the_whole_group_even_a_child_that_ignores_sigterm() -> None:
     # The leader starts a child that ignores SIGTERM (like a busy engine-core process), prints its pid, waits.
-    script = ("import subprocess, sys, time; "
-              "c = subprocess.Popen([sys.executable, '-c', 'import signal, time; "
-              "signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(60)']); "
-              "print(c.pid, flush=True); time.sleep(60)")  # fmt: skip
+    script = (
+        "import subprocess, sys, time; "
+        "c = subprocess.Popen([sys.executable, '-c', 'import signal, time; "
+        "signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(60)']); "
+        "print(c.pid, flush=True); time.sleep(60)"
+    )
     proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True, start_new_session=True)
     assert proc.stdout is not None
     child = int(proc.stdout.readline())

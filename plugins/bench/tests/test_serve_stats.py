@@ -84,6 +84,7 @@ def test_ratios_are_each_variant_over_the_first() -> None:
         return {"name": name, "output_tok_s": tok_s, "ttft_s": {"p50": ttft, "p99": 2 * ttft}, "itl_s": summary}
 
     out = ratios([run("mp", 100.0, 0.2, 0.01), run("inproc", 80.0, 0.1, None)])
-    assert out == pytest.approx({"inproc_vs_mp_output_tok_s": 0.8, "inproc_vs_mp_ttft_p50": 0.5,
-                                 "inproc_vs_mp_ttft_p99": 0.5})  # fmt: skip
+    assert out == pytest.approx(
+        {"inproc_vs_mp_output_tok_s": 0.8, "inproc_vs_mp_ttft_p50": 0.5, "inproc_vs_mp_ttft_p99": 0.5}
+    )
     assert ratios([run("mp", 1.0, 1.0, 1.0)]) == {}

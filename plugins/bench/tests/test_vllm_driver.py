@@ -82,8 +82,14 @@ class FakeEngine:
         outs = []
         for rid in active:
             self.left[rid] -= 1
-            outs.append(SimpleNamespace(request_id=rid, outputs=[SimpleNamespace(token_ids=[7])],
-                                        finished=self.left[rid] == 0, num_cached_tokens=self.cached))  # fmt: skip
+            outs.append(
+                SimpleNamespace(
+                    request_id=rid,
+                    outputs=[SimpleNamespace(token_ids=[7])],
+                    finished=self.left[rid] == 0,
+                    num_cached_tokens=self.cached,
+                )
+            )
         return outs
 
 

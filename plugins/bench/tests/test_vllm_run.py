@@ -155,11 +155,25 @@ def test_driver_env_follows_the_cpu_guide(tmp_path: Path, venv: Path, monkeypatc
 
 
 def test_engine_settings_mirror_our_config() -> None:
-    cfg = EngineConfig.of(dtype="bfloat16", kv_cache_memory="2GiB", max_num_seqs=64, max_num_batched_tokens=1024,
-                       seed=5, enable_prefix_caching=False)  # fmt: skip
+    cfg = EngineConfig.of(
+        dtype="bfloat16",
+        kv_cache_memory="2GiB",
+        max_num_seqs=64,
+        max_num_batched_tokens=1024,
+        seed=5,
+        enable_prefix_caching=False,
+    )
     s = vllm_run.engine_settings(cfg, enforce_eager=True)
-    assert s == {"dtype": "bfloat16", "kv_cache_bytes": 2 * 2**30, "max_num_seqs": 64, "max_num_batched_tokens": 1024,
-                 "enforce_eager": True, "enable_prefix_caching": False, "max_model_len": None, "seed": 5}  # fmt: skip
+    assert s == {
+        "dtype": "bfloat16",
+        "kv_cache_bytes": 2 * 2**30,
+        "max_num_seqs": 64,
+        "max_num_batched_tokens": 1024,
+        "enforce_eager": True,
+        "enable_prefix_caching": False,
+        "max_model_len": None,
+        "seed": 5,
+    }
     assert vllm_run.engine_settings(EngineConfig.of(), enforce_eager=False)["kv_cache_bytes"] == 4 * 2**30
     assert vllm_run.engine_settings(EngineConfig.of(), enforce_eager=False)["dtype"] == "bfloat16"
 
@@ -198,11 +212,14 @@ def test_driver_protocol_makes_a_run_result(tmp_path: Path, venv: Path, fake_dri
 def test_vllm_run_in_a_valid_report(venv: Path, fake_driver: Path) -> None:
     reqs = throughput(3)
     ours = RunResult("paged", 1.0, 3, sum(len(r.prompt_token_ids) for r in reqs), sum(r.max_tokens for r in reqs))
-    theirs = VLLMRunResult("vllm", 2.0, 3, ours.prompt_tokens, ours.output_tokens, ttft=[0.1, 0.2, 0.3],
-                           startup_s=15.0)  # fmt: skip
-    report = build_report(config=BenchOptions("decode-1", baselines=("vllm",)).to_dict(),
-                          machine=machine_info(torch.device("cpu")), requests=reqs, runs=[ours, theirs],
-                          argv=["paged"])  # fmt: skip
+    theirs = VLLMRunResult("vllm", 2.0, 3, ours.prompt_tokens, ours.output_tokens, ttft=[0.1, 0.2, 0.3], startup_s=15.0)
+    report = build_report(
+        config=BenchOptions("decode-1", baselines=("vllm",)).to_dict(),
+        machine=machine_info(torch.device("cpu")),
+        requests=reqs,
+        runs=[ours, theirs],
+        argv=["paged"],
+    )
     assert validate_report(report) == []
     assert report["runs"][1]["startup_s"] == 15.0
     assert report["ratios"]["paged_vs_vllm"] == pytest.approx(2.0)

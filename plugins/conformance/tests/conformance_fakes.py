@@ -25,8 +25,12 @@ class GoodFake(AttentionBackend):
 
     @classmethod
     def capabilities(cls) -> BackendCapabilities:
-        return BackendCapabilities(dtypes=frozenset({torch.float32}), block_sizes=(4,), head_sizes=frozenset({64}),
-                                   gqa_ratios=frozenset({1, 4}))
+        return BackendCapabilities(
+            dtypes=frozenset({torch.float32}),
+            block_sizes=(4,),
+            head_sizes=frozenset({64}),
+            gqa_ratios=frozenset({1, 4}),
+        )
 
     def slot_ok(self, slot: int) -> bool:
         """Whether a token with this slot is stored (padding is not)."""
@@ -60,8 +64,9 @@ class GoodFake(AttentionBackend):
                 kv_cache[0, slot // bs, slot % bs] = key[t]
                 kv_cache[1, slot // bs, slot % bs] = value[t]
 
-    def attention(self, query: torch.Tensor, kv_cache: torch.Tensor, metadata: AttentionMetadata,
-                  spec: AttentionSpec) -> torch.Tensor:
+    def attention(
+        self, query: torch.Tensor, kv_cache: torch.Tensor, metadata: AttentionMetadata, spec: AttentionSpec
+    ) -> torch.Tensor:
         out = torch.zeros_like(query)
         bs = metadata.block_size
         qsl, lens = metadata.query_start_loc.tolist(), metadata.seq_lens.tolist()
@@ -129,8 +134,13 @@ class ClaimsSlidingWindow(GoodFake):
 
     @classmethod
     def capabilities(cls) -> BackendCapabilities:
-        return BackendCapabilities(dtypes=frozenset({torch.float32}), block_sizes=(4,), head_sizes=frozenset({64}),
-                                   gqa_ratios=frozenset({1, 4}), sliding_window=True)
+        return BackendCapabilities(
+            dtypes=frozenset({torch.float32}),
+            block_sizes=(4,),
+            head_sizes=frozenset({64}),
+            gqa_ratios=frozenset({1, 4}),
+            sliding_window=True,
+        )
 
     def visible(self, key_pos: int, query_pos: int, spec: AttentionSpec) -> bool:
         return key_pos <= query_pos
@@ -142,8 +152,9 @@ class FirstLayerMemo(GoodFake):
     def prepare(self, metadata: AttentionMetadata) -> None:
         self.memo: torch.Tensor | None = None
 
-    def attention(self, query: torch.Tensor, kv_cache: torch.Tensor, metadata: AttentionMetadata,
-                  spec: AttentionSpec) -> torch.Tensor:
+    def attention(
+        self, query: torch.Tensor, kv_cache: torch.Tensor, metadata: AttentionMetadata, spec: AttentionSpec
+    ) -> torch.Tensor:
         memo = getattr(self, "memo", None)
         if memo is None:
             memo = self.memo = kv_cache.clone()
@@ -153,8 +164,9 @@ class FirstLayerMemo(GoodFake):
 class MutatesSeqLens(GoodFake):
     """Bug: after attending, turns ``metadata.seq_lens`` into context lengths in place."""
 
-    def attention(self, query: torch.Tensor, kv_cache: torch.Tensor, metadata: AttentionMetadata,
-                  spec: AttentionSpec) -> torch.Tensor:
+    def attention(
+        self, query: torch.Tensor, kv_cache: torch.Tensor, metadata: AttentionMetadata, spec: AttentionSpec
+    ) -> torch.Tensor:
         out = super().attention(query, kv_cache, metadata, spec)
         metadata.seq_lens -= metadata.query_lens().to(metadata.seq_lens.dtype)
         return out

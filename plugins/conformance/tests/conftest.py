@@ -26,8 +26,7 @@ def run_suite(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Callable[..., 
         path = tmp_path / f"report{next(counter)}.json"
         backend = fake if ":" in fake or fake in ("reference", "example") else f"conformance_fakes:{fake}"
         options.setdefault("grid", "quick")
-        code = paged_conformance.run(backend, json_path=str(path), extra=["-q", "-p", "no:randomly", *extra],
-                                     **options)
+        code = paged_conformance.run(backend, json_path=str(path), extra=["-q", "-p", "no:randomly", *extra], **options)
         return code, json.loads(path.read_text())
 
     return run

@@ -24,8 +24,9 @@ class FusedFake(GoodFake):
 
     @classmethod
     def capabilities(cls) -> BackendCapabilities:
-        return BackendCapabilities(dtypes=cls.DTYPES, block_sizes=(4,), head_sizes=frozenset({64, 80}),
-                                   gqa_ratios=frozenset({1, 4}))
+        return BackendCapabilities(
+            dtypes=cls.DTYPES, block_sizes=(4,), head_sizes=frozenset({64, 80}), gqa_ratios=frozenset({1, 4})
+        )
 
     def fused_ops(self) -> FusedOps:
         return self.OPS()

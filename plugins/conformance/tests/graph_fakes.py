@@ -28,8 +28,13 @@ class GoodGraphFake(GoodFake):
 
     @classmethod
     def capabilities(cls) -> BackendCapabilities:
-        return BackendCapabilities(dtypes=frozenset({torch.float32}), block_sizes=(4,), head_sizes=frozenset({64}),
-                                   gqa_ratios=frozenset({1, 4}), graph_support=GraphSupport.UNIFORM_DECODE)
+        return BackendCapabilities(
+            dtypes=frozenset({torch.float32}),
+            block_sizes=(4,),
+            head_sizes=frozenset({64}),
+            gqa_ratios=frozenset({1, 4}),
+            graph_support=GraphSupport.UNIFORM_DECODE,
+        )
 
     def graph_strategy(self) -> GraphCaptureStrategy:
         return EagerStrategy()
@@ -44,8 +49,9 @@ class GoodGraphFake(GoodFake):
         for plane, new in ((0, key), (1, value)):
             flat[plane].index_copy_(0, index, torch.where(keep, new.to(flat.dtype), flat[plane].index_select(0, index)))
 
-    def attention(self, query: torch.Tensor, kv_cache: torch.Tensor, metadata: AttentionMetadata,
-                  spec: AttentionSpec) -> torch.Tensor:
+    def attention(
+        self, query: torch.Tensor, kv_cache: torch.Tensor, metadata: AttentionMetadata, spec: AttentionSpec
+    ) -> torch.Tensor:
         # Token-major: each token gathers its row's whole block list, then masks by position.
         tokens = query.shape[0]
         qsl, lens = metadata.query_start_loc.long(), metadata.seq_lens.long()
@@ -81,8 +87,9 @@ class StaleGraph(GoodGraphFake):
 class HostBranchInGraph(GoodGraphFake):
     """Bug: a Python branch on a device value; a device graph freezes the capture-time outcome."""
 
-    def attention(self, query: torch.Tensor, kv_cache: torch.Tensor, metadata: AttentionMetadata,
-                  spec: AttentionSpec) -> torch.Tensor:
+    def attention(
+        self, query: torch.Tensor, kv_cache: torch.Tensor, metadata: AttentionMetadata, spec: AttentionSpec
+    ) -> torch.Tensor:
         if int(metadata.seq_lens.max()) > 1_000_000:
             raise RuntimeError("sequence too long")
         return super().attention(query, kv_cache, metadata, spec)
@@ -91,7 +98,8 @@ class HostBranchInGraph(GoodGraphFake):
 class HostReadInGraph(GoodGraphFake):
     """Bug: copies ``seq_lens`` to the host in the captured step (a sync; dead code to a compiler)."""
 
-    def attention(self, query: torch.Tensor, kv_cache: torch.Tensor, metadata: AttentionMetadata,
-                  spec: AttentionSpec) -> torch.Tensor:
+    def attention(
+        self, query: torch.Tensor, kv_cache: torch.Tensor, metadata: AttentionMetadata, spec: AttentionSpec
+    ) -> torch.Tensor:
         self.last_lens = metadata.seq_lens.tolist()
         return super().attention(query, kv_cache, metadata, spec)

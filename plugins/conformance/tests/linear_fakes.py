@@ -111,8 +111,9 @@ class LinearFake(GoodFake):
 
     @classmethod
     def capabilities(cls) -> BackendCapabilities:
-        return BackendCapabilities(dtypes=cls.DTYPES, block_sizes=(4,), head_sizes=frozenset({64}),
-                                   gqa_ratios=frozenset({1, 4}))
+        return BackendCapabilities(
+            dtypes=cls.DTYPES, block_sizes=(4,), head_sizes=frozenset({64}), gqa_ratios=frozenset({1, 4})
+        )
 
     def fused_ops(self) -> FusedOps:
         return self.OPS()
@@ -218,8 +219,11 @@ class Q8KernelOps(KernelOps):
     q8_activation_formats: ClassVar[frozenset[str]] = frozenset({"q4_0", "q4_1", "q8_0"})
 
     def linear(self, x: torch.Tensor, packed: PackedLinear) -> torch.Tensor:
-        if packed.packed is not None and isinstance(packed.weight, QuantizedWeight) and \
-                packed.weight.format.name in self.q8_activation_formats:  # fmt: skip
+        if (
+            packed.packed is not None
+            and isinstance(packed.weight, QuantizedWeight)
+            and packed.weight.format.name in self.q8_activation_formats
+        ):
             return self.own(_rounded_per_block(x), packed).to(x.dtype)
         return super().linear(x, packed)
 
@@ -234,8 +238,11 @@ class UndeclaredQ8Ops(Q8KernelOps):
     q8_activation_formats = frozenset()
 
     def linear(self, x: torch.Tensor, packed: PackedLinear) -> torch.Tensor:
-        if packed.packed is not None and isinstance(packed.weight, QuantizedWeight) and \
-                packed.weight.format.name in {"q4_0", "q4_1", "q8_0"}:  # fmt: skip
+        if (
+            packed.packed is not None
+            and isinstance(packed.weight, QuantizedWeight)
+            and packed.weight.format.name in {"q4_0", "q4_1", "q8_0"}
+        ):
             return self.own(_rounded_per_block(x), packed).to(x.dtype)
         return super().linear(x, packed)
 
@@ -248,8 +255,11 @@ class Q8PerRowOps(Q8KernelOps):
     """Bug: declares the per-block rounding but rounds each row with one scale (the whole row's max)."""
 
     def linear(self, x: torch.Tensor, packed: PackedLinear) -> torch.Tensor:
-        if packed.packed is not None and isinstance(packed.weight, QuantizedWeight) and \
-                packed.weight.format.name in self.q8_activation_formats:  # fmt: skip
+        if (
+            packed.packed is not None
+            and isinstance(packed.weight, QuantizedWeight)
+            and packed.weight.format.name in self.q8_activation_formats
+        ):
             return self.own(_rounded_per_block(x, block=x.shape[-1]), packed).to(x.dtype)
         return KernelOps.linear(self, x, packed)
 

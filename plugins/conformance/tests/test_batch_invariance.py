@@ -67,7 +67,8 @@ def test_a_rounding_rule_that_changes_with_the_row_count_fails_each_linear_kind(
     code, report = run_suite("invariance_fakes:VariantLinear", "-k", "batch_invariant_linear and float32")
     assert code != 0
     assert _failed(report) == {f"test_batch_invariant_linear[{f}-float32]" for f in LINEAR_FORMATS} | {
-        "test_batch_invariant_linear[dense-float32]"}  # fmt: skip
+        "test_batch_invariant_linear[dense-float32]"
+    }
     message = _messages(report)[0]
     assert "differs from the same row alone" in message and "of the prefill call of all 512 rows" in message
 
@@ -93,7 +94,8 @@ def test_rows_are_declared_from_the_capabilities_and_the_ops() -> None:
     declared = {n for n, r in rows.items() if n.startswith(SECTION) and r.declared}
     assert declared == {"batch_invariance:layer_ops", "batch_invariance:linear:q8_0"}
     assert {n for n, r in declared_rows(caps).items() if n.startswith(SECTION) and r.declared} == {
-        "batch_invariance:attention"}  # fmt: skip
+        "batch_invariance:attention"
+    }
     cases = invariance_linear_cases(caps, "full")
     assert [c.id for c in cases][-3:] == [f"dense-{k}" for k in DENSE_LINEAR_KINDS]
     assert len(cases) == 3 * len(LINEAR_FORMATS) + 3 and cases[0].shape == (192, 576)

@@ -69,8 +69,11 @@ def test_stale_graph_metadata_fails_graph_replay(run_suite) -> None:
 def test_good_graph_fake_replays(run_suite) -> None:
     code, report = run_suite("graph_fakes:GoodGraphFake", "-k", "graph")
     assert code == 0, failed_nodes(report)
-    assert report["capabilities"]["graph"] == {"declared": True, "status": "pass",
-                                              "counts": report["capabilities"]["graph"]["counts"]}
+    assert report["capabilities"]["graph"] == {
+        "declared": True,
+        "status": "pass",
+        "counts": report["capabilities"]["graph"]["counts"],
+    }
     assert report["capabilities"]["graph"]["counts"]["passed"] == 6  # strategy hook, trace, 4 batch sizes
 
 

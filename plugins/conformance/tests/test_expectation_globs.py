@@ -34,8 +34,10 @@ def test_glob_escapes_only_brackets() -> None:
 
 def test_closed_bracket_node_xfails_exactly_that_test(run_suite, tmp_path: Path) -> None:
     expect = tmp_path / "expect.toml"
-    expect.write_text('[[expect]]\nnode = "check_attention.py::test_attention[float32-h64-b4-gqa4-prefill-long]"\n'
-                      'status = "xfail"\nreason = "mask bug tracked in VENDOR-2"\n')
+    expect.write_text(
+        '[[expect]]\nnode = "check_attention.py::test_attention[float32-h64-b4-gqa4-prefill-long]"\n'
+        'status = "xfail"\nreason = "mask bug tracked in VENDOR-2"\n'
+    )
     code, report = run_suite("OffByOneMask", "-k", "test_attention and gqa4-prefill-long", expect=str(expect))
     outcomes = {t["nodeid"].split("::")[-1]: t["outcome"] for t in report["tests"]}
     assert outcomes == {"test_attention[float32-h64-b4-gqa4-prefill-long]": "xfailed"}, outcomes

@@ -39,10 +39,15 @@ def test_reference_passes_and_is_named(run_suite) -> None:
     code, report = run_suite("fused_fakes:FusedFakeBf16", "-k", "fused_ops")
     assert code == 0, _messages(report)
     assert set(_statuses(report).values()) == {"pass"} and len(_statuses(report)) == len(FUSED_OPS) + 1
-    assert report["backend"]["fused_ops"] == {"name": "reference", "class": "paged_core.contract.fused_ops:FusedOps",
-                                              "overrides": [], "linear_formats": list(LINEAR_FORMATS),
-                                              "q8_activation_formats": [], "batch_invariant_linear": [],
-                                              "batch_invariant_layer_ops": False}
+    assert report["backend"]["fused_ops"] == {
+        "name": "reference",
+        "class": "paged_core.contract.fused_ops:FusedOps",
+        "overrides": [],
+        "linear_formats": list(LINEAR_FORMATS),
+        "q8_activation_formats": [],
+        "batch_invariant_linear": [],
+        "batch_invariant_layer_ops": False,
+    }
     counts = report["capabilities"]["fused:trace"]["counts"]
     assert counts["passed"] == len(FUSED_OPS)  # one dtype traced under quick
     assert report["grid"]["fused"]["ops"] == list(FUSED_OPS)
@@ -74,8 +79,9 @@ VALUE_BUGS = [
 
 
 @pytest.mark.parametrize(("fake", "tests", "params", "fragment"), VALUE_BUGS, ids=[b[0] for b in VALUE_BUGS])
-def test_planted_bug_fails_its_op_only(run_suite, fake: str, tests: set[str], params: set[str] | None,
-                                       fragment: str) -> None:
+def test_planted_bug_fails_its_op_only(
+    run_suite, fake: str, tests: set[str], params: set[str] | None, fragment: str
+) -> None:
     code, report = run_suite(f"fused_fakes:{fake}", "-k", VALUES)
     failed = _failed(report)
     assert code != 0
@@ -87,8 +93,13 @@ def test_planted_bug_fails_its_op_only(run_suite, fake: str, tests: set[str], pa
         assert statuses[f"fused:{op}"] == ("fail" if f"test_{op}" in tests else "pass"), (op, statuses)
 
 
-@pytest.mark.parametrize(("fake", "op", "fragment"), [("HostSync", "silu_and_mul", "reads tensors on the host"),
-                                                      ("NoFakeKernel", "rotary", "does not trace as one graph")])
+@pytest.mark.parametrize(
+    ("fake", "op", "fragment"),
+    [
+        ("HostSync", "silu_and_mul", "reads tensors on the host"),
+        ("NoFakeKernel", "rotary", "does not trace as one graph"),
+    ],
+)
 def test_untraceable_op_fails_the_trace_only(run_suite, fake: str, op: str, fragment: str) -> None:
     code, report = run_suite(f"fused_fakes:{fake}", "-k", TRACES)
     assert code != 0
@@ -114,8 +125,7 @@ def test_rope_cache_layout_and_reference_pairing() -> None:
     d, p = 8, 1234
     cache = rope_cache(d)
     freqs = 10000.0 ** -(torch.arange(0, d, 2, dtype=torch.float64) / d)
-    torch.testing.assert_close(cache[p].double(), torch.cat(((p * freqs).cos(), (p * freqs).sin())), atol=1e-6,
-                               rtol=0)
+    torch.testing.assert_close(cache[p].double(), torch.cat(((p * freqs).cos(), (p * freqs).sin())), atol=1e-6, rtol=0)
     q = torch.randn(1, 1, d, dtype=torch.float64)
     got, _ = REFERENCE.rotary(torch.tensor([p]), q.float(), q.float(), cache)
     angle = p * freqs

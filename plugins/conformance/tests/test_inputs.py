@@ -11,8 +11,11 @@ from paged_conformance.integrity import assert_unchanged, snapshot
 from paged_conformance.layouts import strided
 from paged_core.api import BackendCapabilities, build_attention_metadata
 
-CAPS = BackendCapabilities(dtypes=frozenset({torch.float32, torch.bfloat16}), block_sizes=(16, 32),
-                           kv_cache_dtypes=frozenset({torch.float32, torch.bfloat16, torch.float16}))
+CAPS = BackendCapabilities(
+    dtypes=frozenset({torch.float32, torch.bfloat16}),
+    block_sizes=(16, 32),
+    kv_cache_dtypes=frozenset({torch.float32, torch.bfloat16, torch.float16}),
+)
 
 
 @pytest.mark.parametrize("grid", ["quick", "full"])

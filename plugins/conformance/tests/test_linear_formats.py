@@ -94,8 +94,11 @@ BUGS = [
     ("IgnoresQ41Min", {"test_linear_format[q4_1-float32]"}, "q4_1 weight [192, 576] + bias) mismatch"),
     ("PackedIgnoresBias", {f"test_linear_format[{f}-float32]" for f in OWN}, "+ bias) mismatch"),
     ("ContiguousX", {f"test_linear_format[{f}-float32]" for f in OWN}, "column slice"),
-    ("RepacksInPlace", {"test_linear_format[q4_0-float32]"}, "pack_linear(q4_0 weight [192, 576] + bias) modified the "
-                                                             "packed weight it was given"),
+    (
+        "RepacksInPlace",
+        {"test_linear_format[q4_0-float32]"},
+        "pack_linear(q4_0 weight [192, 576] + bias) modified the packed weight it was given",
+    ),
     ("RefusesReferencePacked", {"test_linear_format_fallback[q6_k-float32]"}, "reference-packed q6_k weight"),
     # Declares nothing (the contract gives a dense-only port no formats), so every format reaches it reference-
     # packed, and its linear, which never hands those to super(), fails each fallback.
@@ -132,12 +135,19 @@ def test_int8_activations_pass_when_declared(run_suite) -> None:
     assert report["backend"]["fused_ops"]["q8_activation_formats"] == ["q4_0", "q4_1", "q8_0"]
 
 
-@pytest.mark.parametrize(("fake", "tests", "fragment"), [
-    ("UndeclaredQ8", {f"test_linear_format[{f}-float32]" for f in ("q4_0", "q4_1", "q8_0")}, "mismatch"),
-    ("Q8PerRow", {f"test_linear_format[{f}-float32]" for f in ("q4_0", "q4_1", "q8_0")},
-     "against exact activations and, failing too, int8-rounded ones"),
-    ("StrayQ8", {"test_linear_formats_declaration"}, "names ['q6_k'], which are not in its linear_formats"),
-], ids=["undeclared", "one-scale-per-row", "stray-declaration"])  # fmt: skip
+@pytest.mark.parametrize(
+    ("fake", "tests", "fragment"),
+    [
+        ("UndeclaredQ8", {f"test_linear_format[{f}-float32]" for f in ("q4_0", "q4_1", "q8_0")}, "mismatch"),
+        (
+            "Q8PerRow",
+            {f"test_linear_format[{f}-float32]" for f in ("q4_0", "q4_1", "q8_0")},
+            "against exact activations and, failing too, int8-rounded ones",
+        ),
+        ("StrayQ8", {"test_linear_formats_declaration"}, "names ['q6_k'], which are not in its linear_formats"),
+    ],
+    ids=["undeclared", "one-scale-per-row", "stray-declaration"],
+)
 def test_int8_activations_outside_the_declared_rule_fail(run_suite, fake: str, tests: set[str], fragment: str) -> None:
     code, report = run_suite(f"linear_fakes:{fake}", "-k", SECTION)
     assert code != 0
@@ -168,8 +178,13 @@ def test_one_output_ulp_is_allowed_and_two_are_not() -> None:
         assert_within(two_ulps, ref, tol, torch.bfloat16, "one ulp")
     ref32 = torch.tensor([[1.0]])
     with pytest.raises(AssertionError, match="float32"):  # float32: no ulp, 1e-6 only
-        assert_within(ref32 + 2e-6, ref32, tolerance(torch.zeros(1, 4), w_abs[:1], None, ref32, torch.float32),
-                      torch.float32, "float32")
+        assert_within(
+            ref32 + 2e-6,
+            ref32,
+            tolerance(torch.zeros(1, 4), w_abs[:1], None, ref32, torch.float32),
+            torch.float32,
+            "float32",
+        )
 
 
 def test_strided_views_hold_x_and_nan_around_it() -> None:

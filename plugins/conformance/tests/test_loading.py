@@ -16,8 +16,9 @@ import paged_conformance
         ("raise RuntimeError('vendor runtime missing')\n", "RuntimeError: vendor runtime missing"),
     ],
 )
-def test_module_that_fails_to_import(source: str, problem: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                     capsys: pytest.CaptureFixture[str]) -> None:
+def test_module_that_fails_to_import(
+    source: str, problem: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     name = f"broken_backend_{abs(hash(source))}"
     (tmp_path / f"{name}.py").write_text(source)
     monkeypatch.syspath_prepend(str(tmp_path))
@@ -36,8 +37,9 @@ def test_module_that_fails_to_import(source: str, problem: str, tmp_path: Path, 
         ("CapabilitiesAsDict", "capabilities() returned dict, not BackendCapabilities"),
     ],
 )
-def test_broken_class_hooks(fake: str, problem: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                            capsys: pytest.CaptureFixture[str]) -> None:
+def test_broken_class_hooks(
+    fake: str, problem: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     monkeypatch.syspath_prepend(str(Path(__file__).resolve().parent))
     code = paged_conformance.run(f"conformance_fakes:{fake}", json_path=str(tmp_path / "r.json"))
     err = capsys.readouterr().err
@@ -52,8 +54,13 @@ def test_version_names_the_suite_the_core_and_the_plugin_api() -> None:
     import paged_core
     from paged_core.api import PLUGIN_API_VERSION
 
-    done = subprocess.run([sys.executable, "-m", "paged_conformance.cli", "--version"], capture_output=True,
-                          text=True, timeout=120, check=False)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-m", "paged_conformance.cli", "--version"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("paged-conformance 0.")
     assert f"(checks plugin API {PLUGIN_API_VERSION})" in done.stdout

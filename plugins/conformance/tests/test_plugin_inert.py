@@ -16,9 +16,23 @@ def test_plugin_is_inert_without_a_backend(tmp_path: Path) -> None:
     (tmp_path / "test_plain.py").write_text("def test_one():\n    assert 1 + 1 == 2\n")
     (tmp_path / "test_fixture.py").write_text("def test_needs_suite(conformance):\n    pass\n")
     proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "-p", "paged_conformance.plugin", "-p", "no:cacheprovider",
-         str(tmp_path), "-q", "--rootdir", str(tmp_path)],
-        capture_output=True, text=True, cwd=tmp_path, timeout=120,
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-p",
+            "paged_conformance.plugin",
+            "-p",
+            "no:cacheprovider",
+            str(tmp_path),
+            "-q",
+            "--rootdir",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=120,
     )
     out = proc.stdout + proc.stderr
     assert "1 passed" in out and "1 error" in out, out
@@ -32,8 +46,9 @@ def test_importing_the_plugin_does_not_import_torch() -> None:
 
 
 def test_grid_only_generates_declared_configs_with_readable_ids() -> None:
-    caps = BackendCapabilities(dtypes=frozenset({torch.bfloat16}), block_sizes=(32,), head_sizes=frozenset({80}),
-                               gqa_ratios=frozenset({1}))
+    caps = BackendCapabilities(
+        dtypes=frozenset({torch.bfloat16}), block_sizes=(32,), head_sizes=frozenset({80}), gqa_ratios=frozenset({1})
+    )
     cases = attention_cases(caps, "full")
     assert cases and {(c.dtype, c.head_size, c.block_size, c.gqa) for c in cases} == {(torch.bfloat16, 80, 32, 1)}
     ids = [c.id for c in cases]

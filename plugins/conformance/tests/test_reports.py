@@ -22,8 +22,11 @@ def test_json_report_schema(run_suite, tmp_path: Path, capsys: pytest.CaptureFix
     row = report["capabilities"]["copy_blocks"]
     assert row == {"declared": True, "status": "pass", "counts": row["counts"]} and row["counts"]["passed"] == 1
     test = next(t for t in report["tests"] if "test_copy_blocks" in t["nodeid"])
-    assert test["outcome"] == "passed" and test["duration"] >= 0 and test["capabilities"] == ["copy_blocks",
-                                                                                                "block_size:4"]
+    assert (
+        test["outcome"] == "passed"
+        and test["duration"] >= 0
+        and test["capabilities"] == ["copy_blocks", "block_size:4"]
+    )
     cases = ET.parse(junit).getroot().iter("testcase")
     assert sum(1 for _ in cases) == report["summary"]["total"]
     out = capsys.readouterr().out
@@ -44,7 +47,9 @@ def _write(tmp_path: Path, text: str) -> str:
 
 
 def test_xfail_and_skip_entries_turn_known_failures_green(run_suite, tmp_path: Path) -> None:
-    expect = _write(tmp_path, """
+    expect = _write(
+        tmp_path,
+        """
 [[expect]]
 capability = "batch:prefill"
 status = "xfail"
@@ -69,7 +74,8 @@ reason = "same bug"
 capability = "batch:long_context"
 status = "xfail"
 reason = "same bug"
-""")
+""",
+    )
     code, report = run_suite("OffByOneMask", "-k", "test_attention", expect=expect)
     assert code == 0, [t for t in report["tests"] if t["outcome"] == "failed"]
     assert report["capabilities"]["batch:prefill"]["status"] == "xfail"
@@ -78,7 +84,9 @@ reason = "same bug"
 
 
 def test_stale_entries_warn_and_fail_under_strict(run_suite, tmp_path: Path) -> None:
-    expect = _write(tmp_path, """
+    expect = _write(
+        tmp_path,
+        """
 [[expect]]
 node = "*test_does_not_exist*"
 status = "skip"
@@ -88,7 +96,8 @@ reason = "stale on purpose"
 capability = "copy_blocks"
 status = "xfail"
 reason = "was broken once, fixed since"
-""")
+""",
+    )
     code, report = run_suite("GoodFake", "-k", "copy_blocks", expect=expect)
     assert code == 0
     stale = report["stale_expectations"]

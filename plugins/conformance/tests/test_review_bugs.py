@@ -50,8 +50,11 @@ def test_ignoring_spec_scale_fails_the_scale_cases_only(run_suite) -> None:
     failed = failed_nodes(report)
     assert code != 0
     assert failed and all("-scale0.3" in n for n in failed), failed
-    assert report["capabilities"]["scale"] == {"declared": True, "status": "fail",
-                                              "counts": report["capabilities"]["scale"]["counts"]}
+    assert report["capabilities"]["scale"] == {
+        "declared": True,
+        "status": "fail",
+        "counts": report["capabilities"]["scale"]["counts"],
+    }
 
 
 def test_host_branch_in_the_captured_step_fails_the_trace(run_suite) -> None:

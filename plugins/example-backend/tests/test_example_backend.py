@@ -44,9 +44,24 @@ def test_decode_path_traces_without_host_sync() -> None:
 def test_conformance_suite_passes(tmp_path: Path) -> None:
     report_path, junit = tmp_path / "report.json", tmp_path / "junit.xml"
     proc = subprocess.run(
-        [str(BIN / "paged-conformance"), "run", "--backend", "example", "--quick",
-         "--json", str(report_path), "--junitxml", str(junit), "--", "-k", SELECTION],
-        capture_output=True, text=True, cwd=tmp_path, timeout=600,
+        [
+            str(BIN / "paged-conformance"),
+            "run",
+            "--backend",
+            "example",
+            "--quick",
+            "--json",
+            str(report_path),
+            "--junitxml",
+            str(junit),
+            "--",
+            "-k",
+            SELECTION,
+        ],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=600,
     )
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
     report = json.loads(report_path.read_text())

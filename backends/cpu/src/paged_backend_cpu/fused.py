@@ -229,16 +229,20 @@ class CpuFusedOps(FusedOps):
         """``x @ weight.T + bias``: the native kernel for few rows of a packed weight, else torch's linear."""
         p = packed.packed
         if isinstance(p, CpuQuantWeight) and x.dim() == 2 and x.dtype in _QUANT_X_DTYPES:
-            return ops.quant_linear(x, p.data, p.scale, packed.bias, p.fmt, p.out_features, p.stream_rows,
-                                    p.interleaved)  # fmt: skip
+            return ops.quant_linear(
+                x, p.data, p.scale, packed.bias, p.fmt, p.out_features, p.stream_rows, p.interleaved
+            )
         if isinstance(p, CpuPackedWeight) and isinstance(packed.weight, torch.Tensor) and x.dim() == 2:
             if p.panels is not None and x.shape[0] <= p.max_rows:
                 return ops.linear(x, p.panels, packed.bias, packed.out_features)
             # Inductor cannot lower oneDNN's call on an opaque reordered weight; under compile torch's
             # linear on the original weight lets it pick its own GEMM.
-            if (p.onednn is not None and x.shape[0] >= ONEDNN_MIN_ROWS and x.dtype == packed.weight.dtype
-                    and not torch.compiler.is_compiling()):  # fmt: skip
-                out: torch.Tensor = torch.ops.mkldnn._linear_pointwise(x.contiguous(), p.onednn, p.bias,
-                                                                      "none", [], "")  # fmt: skip
+            if (
+                p.onednn is not None
+                and x.shape[0] >= ONEDNN_MIN_ROWS
+                and x.dtype == packed.weight.dtype
+                and not torch.compiler.is_compiling()
+            ):
+                out: torch.Tensor = torch.ops.mkldnn._linear_pointwise(x.contiguous(), p.onednn, p.bias, "none", [], "")
                 return out
         return super().linear(x, packed)

@@ -191,8 +191,9 @@ def quant_linear(
     rows and dequantized in registers; above, dequantized once into fp32 chunks that every row is multiplied
     against, each output summed in the same order either way.
     """
-    out: torch.Tensor = torch.ops.paged_cpu.quant_linear(x, data, scale, bias, fmt, out_features, stream_rows,
-                                                         interleaved)  # fmt: skip
+    out: torch.Tensor = torch.ops.paged_cpu.quant_linear(
+        x, data, scale, bias, fmt, out_features, stream_rows, interleaved
+    )
     return out
 
 
@@ -208,8 +209,9 @@ def interleave_q4(data: torch.Tensor, fmt: int) -> torch.Tensor:
     n, row_bytes = data.shape
     block = head + 16
     if n % 8 or row_bytes % block:
-        raise ValueError(f"interleave_q4: {n} rows of {row_bytes} bytes are not groups of 8 rows of {block}-byte "
-                         "blocks")
+        raise ValueError(
+            f"interleave_q4: {n} rows of {row_bytes} bytes are not groups of 8 rows of {block}-byte blocks"
+        )
     blocks = row_bytes // block
     t = data.reshape(n // 8, 8, blocks, block).permute(0, 2, 1, 3)  # [groups, blocks, row, block bytes]
     parts = [t[..., 0:2].reshape(n // 8, blocks, 16)]  # the 8 rows' d

@@ -50,12 +50,15 @@ class CudaBackend(CudaBackendBase):
         """A CUDA torch with an sm_80+ GPU, and the kernels built or an nvcc to build them; or, with
         ``PAGED_CUDA_EMULATE=1``, the CPU emulation of the same kernels."""
         if environment.emulate_requested():
-            return Availability(True, "CUDA kernels in the CPU emulation (PAGED_CUDA_EMULATE=1; slow, for testing)",
-                                "cpu")  # fmt: skip
+            return Availability(
+                True, "CUDA kernels in the CPU emulation (PAGED_CUDA_EMULATE=1; slow, for testing)", "cpu"
+            )
         extra = None
         if build.find_library() is None and build.find_nvcc() is None:
-            extra = (f"the kernels are not built and no nvcc was found: install the CUDA toolkit (or set CUDA_HOME), "
-                     f"`pip install 'paged-backend-cuda[nvcc]'`, or set {build.LIBRARY_ENV}")  # fmt: skip
+            extra = (
+                f"the kernels are not built and no nvcc was found: install the CUDA toolkit (or set CUDA_HOME), "
+                f"`pip install 'paged-backend-cuda[nvcc]'`, or set {build.LIBRARY_ENV}"
+            )
         return environment.detect(extra)
 
     @classmethod

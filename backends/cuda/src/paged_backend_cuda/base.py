@@ -41,8 +41,9 @@ class CudaBackendBase(AttentionBackend):
         if self.device.type == "cpu" and self.emulatable and environment.emulate_requested():
             return
         if self.device.type != "cuda":
-            raise PagedError(f"{type(self).__name__} runs on cuda devices, not {self.device} "
-                             f"(on a CPU use the cpu backend)")  # fmt: skip
+            raise PagedError(
+                f"{type(self).__name__} runs on cuda devices, not {self.device} (on a CPU use the cpu backend)"
+            )
         why = environment.refusal()
         if why is None:
             why = environment.device_refusal(self.device)
@@ -79,8 +80,9 @@ class CudaBackendBase(AttentionBackend):
     ) -> None:
         """Shapes, dtypes and the declared envelope; raises naming every mismatch it finds first."""
         check_default_cache(kv_cache, metadata.block_size)
-        check_attention_inputs(self.capabilities(), query, kv_cache.dtype, (kv_cache.shape[3], kv_cache.shape[4]),
-                               metadata, spec)  # fmt: skip
+        check_attention_inputs(
+            self.capabilities(), query, kv_cache.dtype, (kv_cache.shape[3], kv_cache.shape[4]), metadata, spec
+        )
 
 
 def _kernel_module(device: torch.device) -> ModuleType:

@@ -29,11 +29,21 @@ def _metadata(batch: int, context: int, block: int, device: torch.device) -> tup
     qsl = torch.arange(batch + 1, dtype=torch.int32)
     seq = torch.full((batch,), context, dtype=torch.int32)
     md = AttentionMetadata(
-        query_start_loc=qsl.to(device), seq_lens=seq.to(device), block_table=table,
-        slot_mapping=torch.full((batch,), -1, dtype=torch.int64, device=device), block_size=block,
-        num_decodes=batch, num_decode_tokens=batch, num_prefills=0, num_actual_tokens=batch, max_query_len=1,
-        max_seq_len=context, query_start_loc_cpu=qsl, seq_lens_cpu=seq, uniform_query_len=1,
-    )  # fmt: skip
+        query_start_loc=qsl.to(device),
+        seq_lens=seq.to(device),
+        block_table=table,
+        slot_mapping=torch.full((batch,), -1, dtype=torch.int64, device=device),
+        block_size=block,
+        num_decodes=batch,
+        num_decode_tokens=batch,
+        num_prefills=0,
+        num_actual_tokens=batch,
+        max_query_len=1,
+        max_seq_len=context,
+        query_start_loc_cpu=qsl,
+        seq_lens_cpu=seq,
+        uniform_query_len=1,
+    )
     return md, batch * per_row + 1
 
 
@@ -67,22 +77,28 @@ def copy_bandwidth(gib: int = 4) -> float:
     return 2 * (gib << 30) / ms / 1e6
 
 
-def time_decode(name: str, batch: int, context: int, heads: int = 32, kv_heads: int = 8, head: int = 128,
-                block: int = 16) -> dict[str, Any]:  # fmt: skip
+def time_decode(
+    name: str, batch: int, context: int, heads: int = 32, kv_heads: int = 8, head: int = 128, block: int = 16
+) -> dict[str, Any]:
     """One backend, one case: milliseconds per decode attention call and the bandwidth it reaches."""
     device = torch.device("cuda")
     backend = load_registry().select(name)(device)
     spec = AttentionSpec(heads, kv_heads, head)
     md, num_blocks = _metadata(batch, context, block, device)
-    cache = torch.randn(backend.kv_cache_shape(num_blocks, block, kv_heads, head), dtype=torch.bfloat16,
-                        device=device)  # fmt: skip
+    cache = torch.randn(backend.kv_cache_shape(num_blocks, block, kv_heads, head), dtype=torch.bfloat16, device=device)
     query = torch.randn(batch, heads, head, dtype=torch.bfloat16, device=device)
     backend.prepare(md)
     backend.attention(query, cache, md, spec)  # eager first: plans, loads, learns the configuration
     ms = _graph_ms(lambda: backend.attention(query, cache, md, spec))
     read = batch * context * kv_heads * head * 2 * 2
-    return {"backend": name, "batch": batch, "context": context, "ms": ms, "gb_per_s": read / ms / 1e6,
-            "kv_bytes": read}  # fmt: skip
+    return {
+        "backend": name,
+        "batch": batch,
+        "context": context,
+        "ms": ms,
+        "gb_per_s": read / ms / 1e6,
+        "kv_bytes": read,
+    }
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -113,8 +129,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                 row["share_of_copy"] = row["gb_per_s"] / copy
                 rows.append(row)
                 torch.cuda.empty_cache()  # the previous case's cache (up to 8.6 GB) before the next
-                print(f"{name:16s} batch {batch:4d} context {context:5d}: {row['ms']:.3f} ms, "
-                      f"{row['gb_per_s']:.0f} GB/s, {100 * row['share_of_copy']:.0f}% of copy")  # fmt: skip
+                print(
+                    f"{name:16s} batch {batch:4d} context {context:5d}: {row['ms']:.3f} ms, "
+                    f"{row['gb_per_s']:.0f} GB/s, {100 * row['share_of_copy']:.0f}% of copy"
+                )
             if name in skipped:
                 break
     ours = {(r["batch"], r["context"]): r["ms"] for r in rows if r["backend"] == "cuda"}
@@ -124,8 +142,17 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"batch {r['batch']} context {r['context']}: cuda is {ratio:.2f}x FlashInfer's speed")
     if ns.out:
         with open(ns.out, "w") as fh:
-            json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__, "copy_gb_per_s": copy,
-                       "results": rows, "not_timed": skipped}, fh, indent=2)  # fmt: skip
+            json.dump(
+                {
+                    "device": torch.cuda.get_device_name(),
+                    "torch": torch.__version__,
+                    "copy_gb_per_s": copy,
+                    "results": rows,
+                    "not_timed": skipped,
+                },
+                fh,
+                indent=2,
+            )
     return 0
 
 

@@ -146,12 +146,34 @@ def build(
         objects = []
         for source in KERNEL_SOURCES:
             obj = work / (source + ".o")
-            _run([str(nvcc), *NVCC_FLAGS, "--threads", str(threads), *gencode(architectures, ptx),
-                  "-c", str(csrc() / source), "-o", str(obj)])  # fmt: skip
+            _run(
+                [
+                    str(nvcc),
+                    *NVCC_FLAGS,
+                    "--threads",
+                    str(threads),
+                    *gencode(architectures, ptx),
+                    "-c",
+                    str(csrc() / source),
+                    "-o",
+                    str(obj),
+                ]
+            )
             objects.append(str(obj))
         binding = work / (BINDING_SOURCE + ".o")
-        _run([str(nvcc), *NVCC_FLAGS, "-DUSE_CUDA", f"-DTORCH_TARGET_VERSION={TORCH_TARGET_VERSION}",
-              f"-I{torch_include()}", "-c", str(csrc() / BINDING_SOURCE), "-o", str(binding)])  # fmt: skip
+        _run(
+            [
+                str(nvcc),
+                *NVCC_FLAGS,
+                "-DUSE_CUDA",
+                f"-DTORCH_TARGET_VERSION={TORCH_TARGET_VERSION}",
+                f"-I{torch_include()}",
+                "-c",
+                str(csrc() / BINDING_SOURCE),
+                "-o",
+                str(binding),
+            ]
+        )
         staged = work / LIBRARY_NAME
         # The CUDA runtime linked statically: the library needs no libcudart of a particular version, and the
         # aoti_torch_* symbols stay undefined until torch loads it.

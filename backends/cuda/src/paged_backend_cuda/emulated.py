@@ -83,8 +83,10 @@ def _read_args_type() -> type[ctypes.Structure]:
     if found is None:
         raise PagedError("launch.h declares no AttentionArgs")
     scalars = {"int64_t": ctypes.c_int64, "int": ctypes.c_int, "float": ctypes.c_float}
-    fields = [(name, ctypes.c_void_p if star else scalars[kind])
-              for kind, star, name in re.findall(r"^\s*([\w ]+?)\s*(\*?)\s*(\w+);", found.group(1), re.M)]  # fmt: skip
+    fields = [
+        (name, ctypes.c_void_p if star else scalars[kind])
+        for kind, star, name in re.findall(r"^\s*([\w ]+?)\s*(\*?)\s*(\w+);", found.group(1), re.M)
+    ]
     return type("AttentionArgs", (ctypes.Structure,), {"_fields_": fields})
 
 
@@ -145,11 +147,24 @@ def _write_kv_op(key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor,
     _require(key.dim() == 3 and key.shape == value.shape and key.shape[0] == tokens, "key/value != [T, heads, dim]")
     _require(tuple(key.shape[1:]) == tuple(kv_cache.shape[3:]), "key shape != cache heads")
     _require(key.device.type == "cpu" and value.device.type == "cpu", "the emulated kernels take CPU tensors")
-    _raise_if(lib.paged_emu_write_kv(
-        key.data_ptr(), value.data_ptr(), key.stride(0), key.stride(1), value.stride(0), value.stride(1),
-        kv_cache.data_ptr(), slot_mapping.data_ptr(), tokens, kv_cache.shape[3], kv_cache.shape[4],
-        kv_cache.shape[1] * kv_cache.shape[2], DTYPES[key.dtype], DTYPES[kv_cache.dtype],
-    ))  # fmt: skip
+    _raise_if(
+        lib.paged_emu_write_kv(
+            key.data_ptr(),
+            value.data_ptr(),
+            key.stride(0),
+            key.stride(1),
+            value.stride(0),
+            value.stride(1),
+            kv_cache.data_ptr(),
+            slot_mapping.data_ptr(),
+            tokens,
+            kv_cache.shape[3],
+            kv_cache.shape[4],
+            kv_cache.shape[1] * kv_cache.shape[2],
+            DTYPES[key.dtype],
+            DTYPES[kv_cache.dtype],
+        )
+    )
 
 
 @torch.library.custom_op("paged_cuda_emulated::copy_blocks", mutates_args=("kv_cache",))
@@ -160,9 +175,11 @@ def copy_blocks(kv_cache: torch.Tensor, src_to_dst: torch.Tensor) -> None:
     _check_ints(src_to_dst, "src_to_dst", torch.int64)
     _require(src_to_dst.dim() == 2 and src_to_dst.shape[1] == 2, "src_to_dst must be [N, 2]")
     block_bytes = kv_cache[0, 0].numel() * kv_cache.element_size()
-    _raise_if(lib.paged_emu_copy_blocks(
-        kv_cache.data_ptr(), src_to_dst.data_ptr(), src_to_dst.shape[0], block_bytes, kv_cache.shape[1]
-    ))  # fmt: skip
+    _raise_if(
+        lib.paged_emu_copy_blocks(
+            kv_cache.data_ptr(), src_to_dst.data_ptr(), src_to_dst.shape[0], block_bytes, kv_cache.shape[1]
+        )
+    )
 
 
 def attention_op(
@@ -200,19 +217,40 @@ def attention_op(
     _require(0 <= first_row and first_row + num_rows <= seq_lens.shape[0], "rows out of range")
     if num_splits > 1:
         need = reduce_tokens * query.shape[1] * num_splits
-        _require(partial_out.numel() >= need * query.shape[2] and partial_max.numel() >= need
-                 and partial_sum.numel() >= need, "partial buffers too small")  # fmt: skip
+        _require(
+            partial_out.numel() >= need * query.shape[2]
+            and partial_max.numel() >= need
+            and partial_sum.numel() >= need,
+            "partial buffers too small",
+        )
     fields = dict(
-        query=query.data_ptr(), q_stride_token=query.stride(0), q_stride_head=query.stride(1), out=out.data_ptr(),
-        key_cache=kv_cache.data_ptr(), value_cache=kv_cache[1].data_ptr(),
-        query_start_loc=query_start_loc.data_ptr(), seq_lens=seq_lens.data_ptr(), block_table=block_table.data_ptr(),
-        table_width=block_table.stride(0), first_row=first_row, num_rows=num_rows, max_query_len=max_query_len,
-        num_heads=query.shape[1], num_kv_heads=kv_cache.shape[3], head_size=query.shape[2],
-        block_size=kv_cache.shape[2], scale=scale, soft_cap=soft_cap, window=window, num_splits=num_splits,
-        split_keys=split_keys, partial_out=partial_out.data_ptr() if num_splits > 1 else None,
+        query=query.data_ptr(),
+        q_stride_token=query.stride(0),
+        q_stride_head=query.stride(1),
+        out=out.data_ptr(),
+        key_cache=kv_cache.data_ptr(),
+        value_cache=kv_cache[1].data_ptr(),
+        query_start_loc=query_start_loc.data_ptr(),
+        seq_lens=seq_lens.data_ptr(),
+        block_table=block_table.data_ptr(),
+        table_width=block_table.stride(0),
+        first_row=first_row,
+        num_rows=num_rows,
+        max_query_len=max_query_len,
+        num_heads=query.shape[1],
+        num_kv_heads=kv_cache.shape[3],
+        head_size=query.shape[2],
+        block_size=kv_cache.shape[2],
+        scale=scale,
+        soft_cap=soft_cap,
+        window=window,
+        num_splits=num_splits,
+        split_keys=split_keys,
+        partial_out=partial_out.data_ptr() if num_splits > 1 else None,
         partial_max=partial_max.data_ptr() if num_splits > 1 else None,
-        partial_sum=partial_sum.data_ptr() if num_splits > 1 else None, rows_per_tile=rows_per_tile,
-    )  # fmt: skip
+        partial_sum=partial_sum.data_ptr() if num_splits > 1 else None,
+        rows_per_tile=rows_per_tile,
+    )
     _require(set(fields) == {f[0] for f in _args_type._fields_}, "AttentionArgs fields changed in launch.h")
     args = _args_type(**fields)
     _raise_if(lib.paged_emu_attention(ctypes.byref(args), DTYPES[query.dtype], reduce_tokens))
@@ -253,9 +291,27 @@ def _attention_op(
     window: int,
     reduce_tokens: int,
 ) -> None:
-    attention_op(out, query, kv_cache, query_start_loc, seq_lens, block_table, partial_out, partial_max, partial_sum,
-                 first_row, num_rows, max_query_len, num_splits, split_keys, rows_per_tile, scale, soft_cap, window,
-                 reduce_tokens)  # fmt: skip
+    attention_op(
+        out,
+        query,
+        kv_cache,
+        query_start_loc,
+        seq_lens,
+        block_table,
+        partial_out,
+        partial_max,
+        partial_sum,
+        first_row,
+        num_rows,
+        max_query_len,
+        num_splits,
+        split_keys,
+        rows_per_tile,
+        scale,
+        soft_cap,
+        window,
+        reduce_tokens,
+    )
 
 
 # Shape-only stand-ins for tracing (each op writes into tensors it was given and returns nothing).

@@ -21,13 +21,16 @@ def emulate_requested() -> bool:
     """Whether the environment asks for the CPU emulation of the kernels."""
     return os.environ.get(EMULATE_ENV, "").strip().lower() in {"1", "true", "yes", "on"}
 
+
 MIN_CAPABILITY = (8, 0)
 """Ampere and newer: the kernels use bf16 arithmetic and are compiled for sm_80, sm_86, sm_89, sm_90a."""
 
 
 def _install_hint() -> str:
-    return ("install a CUDA build of torch (e.g. pip install torch from PyPI on Linux x86_64) on a machine with an "
-            "NVIDIA GPU")
+    return (
+        "install a CUDA build of torch (e.g. pip install torch from PyPI on Linux x86_64) on a machine with an "
+        "NVIDIA GPU"
+    )
 
 
 def refusal() -> str | None:
@@ -47,8 +50,9 @@ def device_refusal(device: torch.device) -> str | None:
     major, minor = torch.cuda.get_device_capability(device)
     if (major, minor) < MIN_CAPABILITY:
         name = torch.cuda.get_device_name(device)
-        return (f"{name} is sm_{major}{minor}; the kernels need sm_80 or newer (A100, RTX 30xx/40xx, L4, H100, "
-                f"H200, ...)")  # fmt: skip
+        return (
+            f"{name} is sm_{major}{minor}; the kernels need sm_80 or newer (A100, RTX 30xx/40xx, L4, H100, H200, ...)"
+        )
     return None
 
 

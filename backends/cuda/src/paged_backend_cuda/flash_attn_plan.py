@@ -48,21 +48,29 @@ class FlashAttnPlan:
     def kvcache_kwargs(self) -> dict[str, object]:
         """Keyword arguments of ``flash_attn_with_kvcache(q, k_cache, v_cache, **kwargs)``."""
         return {
-            "cache_seqlens": self.cache_seqlens, "block_table": self.block_table,
-            "softmax_scale": self.softmax_scale, "causal": True, "window_size": self.window_size,
+            "cache_seqlens": self.cache_seqlens,
+            "block_table": self.block_table,
+            "softmax_scale": self.softmax_scale,
+            "causal": True,
+            "window_size": self.window_size,
             "softcap": self.softcap,
-        }  # fmt: skip
+        }
 
     def varlen_kwargs(self) -> dict[str, object]:
         """Keyword arguments of ``flash_attn_varlen_func(q, k_cache, v_cache, **kwargs)``."""
         if self.cu_seqlens_k is None:
             raise PagedError("this plan is for flash_attn_with_kvcache (a decode-only step) and has no cu_seqlens_k")
         return {
-            "cu_seqlens_q": self.cu_seqlens_q, "cu_seqlens_k": self.cu_seqlens_k,
-            "max_seqlen_q": self.max_seqlen_q, "max_seqlen_k": self.max_seqlen_k,
-            "softmax_scale": self.softmax_scale, "causal": True, "window_size": self.window_size,
-            "softcap": self.softcap, "block_table": self.block_table,
-        }  # fmt: skip
+            "cu_seqlens_q": self.cu_seqlens_q,
+            "cu_seqlens_k": self.cu_seqlens_k,
+            "max_seqlen_q": self.max_seqlen_q,
+            "max_seqlen_k": self.max_seqlen_k,
+            "softmax_scale": self.softmax_scale,
+            "causal": True,
+            "window_size": self.window_size,
+            "softcap": self.softcap,
+            "block_table": self.block_table,
+        }
 
 
 def window_size(spec: AttentionSpec) -> tuple[int, int]:
@@ -81,9 +89,15 @@ def plan_flash_attn(metadata: AttentionMetadata, spec: AttentionSpec, *, force_v
         cu_seqlens_k = torch.zeros(rows + 1, dtype=torch.int32, device=metadata.seq_lens.device)
         cu_seqlens_k[1:] = torch.cumsum(metadata.seq_lens, 0, dtype=torch.int32)
     return FlashAttnPlan(
-        decode_only=decode_only, num_rows=rows, cu_seqlens_q=metadata.query_start_loc, cu_seqlens_k=cu_seqlens_k,
-        cache_seqlens=metadata.seq_lens, block_table=metadata.block_table,
-        max_seqlen_q=max(metadata.max_query_len, 1), max_seqlen_k=max(metadata.max_seq_len, 1),
-        softmax_scale=spec.softmax_scale, window_size=window_size(spec),
+        decode_only=decode_only,
+        num_rows=rows,
+        cu_seqlens_q=metadata.query_start_loc,
+        cu_seqlens_k=cu_seqlens_k,
+        cache_seqlens=metadata.seq_lens,
+        block_table=metadata.block_table,
+        max_seqlen_q=max(metadata.max_query_len, 1),
+        max_seqlen_k=max(metadata.max_seq_len, 1),
+        softmax_scale=spec.softmax_scale,
+        window_size=window_size(spec),
         softcap=spec.logits_soft_cap if spec.logits_soft_cap is not None else 0.0,
-    )  # fmt: skip
+    )

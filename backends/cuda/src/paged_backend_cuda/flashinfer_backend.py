@@ -177,9 +177,12 @@ class FlashInferBackend(CudaBackendBase):
         wrappers = self._wrappers.setdefault(config, _Wrappers())
         shape = (config.num_heads, config.num_kv_heads, config.head_size, step.block_size)
         options = {
-            "window_left": config.params.window_left, "logits_soft_cap": config.params.logits_soft_cap,
-            "sm_scale": config.params.sm_scale, "q_data_type": config.dtype, "kv_data_type": config.dtype,
-        }  # fmt: skip
+            "window_left": config.params.window_left,
+            "logits_soft_cap": config.params.logits_soft_cap,
+            "sm_scale": config.params.sm_scale,
+            "q_data_type": config.dtype,
+            "kv_data_type": config.dtype,
+        }
         decode = prefill = None
         if step.num_decodes:
             decode = self._decode_wrapper(config, wrappers, step.num_decodes, step.table_width)
@@ -189,9 +192,14 @@ class FlashInferBackend(CudaBackendBase):
                 wrappers.prefill = self._flashinfer.BatchPrefillWithPagedKVCacheWrapper(self._workspace, "NHD")
             prefill = wrappers.prefill
             prefill.plan(
-                step.prefill_qo_indptr, step.prefill_kv_indptr, step.prefill_kv_indices,
-                step.prefill_kv_last_page_len, *shape, causal=True, **options,
-            )  # fmt: skip
+                step.prefill_qo_indptr,
+                step.prefill_kv_indptr,
+                step.prefill_kv_indices,
+                step.prefill_kv_last_page_len,
+                *shape,
+                causal=True,
+                **options,
+            )
         planned = _Planned(decode, prefill)
         self._planned[config] = planned
         return planned
@@ -210,11 +218,14 @@ class FlashInferBackend(CudaBackendBase):
                 return torch.zeros(size, dtype=torch.int32, device=self.device)
 
             wrapper = self._flashinfer.BatchDecodeWithPagedKVCacheWrapper(
-                self._workspace, "NHD", use_cuda_graph=True,
+                self._workspace,
+                "NHD",
+                use_cuda_graph=True,
                 use_tensor_cores=config.num_heads // config.num_kv_heads > _TENSOR_CORE_GROUP,
-                paged_kv_indptr_buffer=buffer(rows + 1), paged_kv_indices_buffer=buffer(rows * width),
+                paged_kv_indptr_buffer=buffer(rows + 1),
+                paged_kv_indices_buffer=buffer(rows * width),
                 paged_kv_last_page_len_buffer=buffer(rows),
-            )  # fmt: skip
+            )
             wrappers.decode[key] = wrapper
         return wrapper
 
@@ -231,6 +242,11 @@ def _step_key(metadata: AttentionMetadata) -> tuple[int, ...]:
     same tensors, so identity of the object is not enough; the tensors' addresses and the host ints are.
     """
     return (
-        metadata.seq_lens.data_ptr(), int(metadata.seq_lens.shape[0]), metadata.block_table.data_ptr(),
-        int(metadata.block_table.shape[1]), metadata.num_decodes, metadata.num_prefills, metadata.block_size,
-    )  # fmt: skip
+        metadata.seq_lens.data_ptr(),
+        int(metadata.seq_lens.shape[0]),
+        metadata.block_table.data_ptr(),
+        int(metadata.block_table.shape[1]),
+        metadata.num_decodes,
+        metadata.num_prefills,
+        metadata.block_size,
+    )

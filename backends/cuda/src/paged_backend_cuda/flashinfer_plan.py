@@ -171,12 +171,21 @@ class FlashInferPlanner:
             qo.zero_()
             prefill_kv.zero_()
         return FlashInferStep(
-            block_size=bs, table_width=width, num_rows=rows, num_live_rows=live, num_decodes=d, num_prefills=p,
-            num_decode_pages=int(indptr[d]), prefill_token_start=start,
+            block_size=bs,
+            table_width=width,
+            num_rows=rows,
+            num_live_rows=live,
+            num_decodes=d,
+            num_prefills=p,
+            num_decode_pages=int(indptr[d]),
+            prefill_token_start=start,
             num_prefill_tokens=int(qsl[live]) - start if p else 0,
-            kv_indptr=indptr, kv_last_page_len=last, kv_indices=indices,
-            prefill_qo_indptr=qo, prefill_kv_indptr=prefill_kv,
-        )  # fmt: skip
+            kv_indptr=indptr,
+            kv_last_page_len=last,
+            kv_indices=indices,
+            prefill_qo_indptr=qo,
+            prefill_kv_indptr=prefill_kv,
+        )
 
     def _reserve(self, rows: int, pages: int) -> None:
         """Make room for ``rows`` rows and ``pages`` pages, doubling a buffer that is too small."""

@@ -92,9 +92,14 @@ def run_attention(
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     group = spec.num_heads // spec.num_kv_heads
     steps = plan.launches(
-        metadata.num_decodes, metadata.num_prefills, metadata.max_query_len, metadata.max_seq_len,
-        spec.num_kv_heads, group, sms,
-    )  # fmt: skip
+        metadata.num_decodes,
+        metadata.num_prefills,
+        metadata.max_query_len,
+        metadata.max_seq_len,
+        spec.num_kv_heads,
+        group,
+        sms,
+    )
     none = q.new_empty(0, dtype=torch.float32)
     for step in steps:
         if step.num_splits > 1:
@@ -105,9 +110,24 @@ def run_attention(
         else:
             tokens, partial, maxes, sums = 0, none, none, none
         op(
-            out, q, kv_cache, metadata.query_start_loc, metadata.seq_lens, metadata.block_table, partial, maxes,
-            sums, step.first_row, step.num_rows, step.max_query_len, step.num_splits, step.split_keys,
-            step.rows_per_tile, float(spec.softmax_scale), float(spec.logits_soft_cap or 0.0),
-            int(spec.sliding_window or 0), tokens,
-        )  # fmt: skip
+            out,
+            q,
+            kv_cache,
+            metadata.query_start_loc,
+            metadata.seq_lens,
+            metadata.block_table,
+            partial,
+            maxes,
+            sums,
+            step.first_row,
+            step.num_rows,
+            step.max_query_len,
+            step.num_splits,
+            step.split_keys,
+            step.rows_per_tile,
+            float(spec.softmax_scale),
+            float(spec.logits_soft_cap or 0.0),
+            int(spec.sliding_window or 0),
+            tokens,
+        )
     return out if out.dtype == query.dtype else out.to(query.dtype)

@@ -83,8 +83,13 @@ def parse(log: str) -> list[Usage]:
             found = re.search(pattern, text)
             return int(found.group(1)) if found else 0
 
-        counts = (num(r"Used (\d+) registers"), num(r"(\d+) bytes spill stores"), num(r"(\d+) bytes spill loads"),
-                  num(r"(\d+) bytes stack frame"), num(r"(\d+) bytes smem"))  # fmt: skip
+        counts = (
+            num(r"Used (\d+) registers"),
+            num(r"(\d+) bytes spill stores"),
+            num(r"(\d+) bytes spill loads"),
+            num(r"(\d+) bytes stack frame"),
+            num(r"(\d+) bytes smem"),
+        )
         raw.append((name, target, *counts))
     names = _demangle(sorted({r[0] for r in raw}))
     return [Usage(_short(names[r[0]]), r[1].removeprefix("sm_"), *r[2:]) for r in raw]
@@ -93,8 +98,16 @@ def parse(log: str) -> list[Usage]:
 def compile_report(source: str, arch: str, nvcc: Path) -> list[Usage]:
     """Compile one source for one SASS target and return its kernels' usage."""
     with tempfile.TemporaryDirectory() as tmp:
-        cmd = [str(nvcc), *build.NVCC_FLAGS, f"-arch=sm_{arch}", "--resource-usage", "-cubin",
-               str(build.csrc() / source), "-o", str(Path(tmp) / "k.cubin")]  # fmt: skip
+        cmd = [
+            str(nvcc),
+            *build.NVCC_FLAGS,
+            f"-arch=sm_{arch}",
+            "--resource-usage",
+            "-cubin",
+            str(build.csrc() / source),
+            "-o",
+            str(Path(tmp) / "k.cubin"),
+        ]
         done = subprocess.run(cmd, capture_output=True, text=True)
     if done.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} failed:\n{done.stdout}{done.stderr}")
@@ -106,12 +119,16 @@ def compile_report(source: str, arch: str, nvcc: Path) -> list[Usage]:
 
 def render(rows: Sequence[Usage]) -> list[str]:
     """The full table (markdown), one row per kernel and target."""
-    lines = ["| kernel | target | registers | spill bytes (stores/loads) | stack B | static shared B | status |",
-             "| --- | --- | --- | --- | --- | --- | --- |"]  # fmt: skip
+    lines = [
+        "| kernel | target | registers | spill bytes (stores/loads) | stack B | static shared B | status |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
     for u in rows:
         status = "ok" if not u.problems else "FAIL " + "; ".join(u.problems)
-        lines.append(f"| {u.kernel} | sm_{u.target} | {u.registers} | {u.spill_stores}/{u.spill_loads} | {u.stack} | "
-                     f"{u.shared} | {status} |")  # fmt: skip
+        lines.append(
+            f"| {u.kernel} | sm_{u.target} | {u.registers} | {u.spill_stores}/{u.spill_loads} | {u.stack} | "
+            f"{u.shared} | {status} |"
+        )
     return lines
 
 
@@ -120,13 +137,17 @@ def summarize(rows: Sequence[Usage]) -> list[str]:
     groups: dict[tuple[str, str], list[Usage]] = {}
     for u in rows:
         groups.setdefault((u.kernel.split("<")[0], u.target), []).append(u)
-    lines = ["| kernel family | target | kernels | registers (min-max) | spill bytes | stack B | max static shared B |",
-             "| --- | --- | --- | --- | --- | --- | --- |"]  # fmt: skip
+    lines = [
+        "| kernel family | target | kernels | registers (min-max) | spill bytes | stack B | max static shared B |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
     for (family, target), us in sorted(groups.items()):
         regs = [u.registers for u in us]
         spills = sum(u.spill_stores + u.spill_loads for u in us)
-        lines.append(f"| {family} | sm_{target} | {len(us)} | {min(regs)}-{max(regs)} | {spills} | "
-                     f"{sum(u.stack for u in us)} | {max(u.shared for u in us)} |")  # fmt: skip
+        lines.append(
+            f"| {family} | sm_{target} | {len(us)} | {min(regs)}-{max(regs)} | {spills} | "
+            f"{sum(u.stack for u in us)} | {max(u.shared for u in us)} |"
+        )
     return lines
 
 
@@ -148,15 +169,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         results = list(pool.map(lambda job: compile_report(job[0], job[1], nvcc), jobs))
     rows = sorted((u for r in results for u in r), key=lambda u: (u.kernel, u.target))
     bad = [u for u in rows if u.problems]
-    summary = (f"{len(rows)} kernels ({len(rows) // max(len(archs), 1)} per target x {len(archs)} targets: "
-               f"{', '.join('sm_' + a for a in archs)}) compiled in {time.monotonic() - start:.0f} s; "
-               f"{len(bad)} with spills, local memory or shared memory over the limit")  # fmt: skip
+    summary = (
+        f"{len(rows)} kernels ({len(rows) // max(len(archs), 1)} per target x {len(archs)} targets: "
+        f"{', '.join('sm_' + a for a in archs)}) compiled in {time.monotonic() - start:.0f} s; "
+        f"{len(bad)} with spills, local memory or shared memory over the limit"
+    )
     print("\n".join(summarize(rows)))
     print("\n".join(line for line in render(bad)[2:]))
     print(summary)
     if ns.output:
-        Path(ns.output).write_text("\n".join(["# Resource report", "", *summarize(rows), "", *render(rows), "",
-                                              summary, ""]))  # fmt: skip
+        Path(ns.output).write_text(
+            "\n".join(["# Resource report", "", *summarize(rows), "", *render(rows), "", summary, ""])
+        )
     return 1 if bad else 0
 
 

@@ -116,8 +116,10 @@ def run_checks(jobs: Sequence[tuple[Specialization, str]], workers: int) -> list
 
 def render(rows: Sequence[Resources]) -> list[str]:
     """The report table (markdown), one line per kernel and target."""
-    lines = ["| kernel | target | registers | spills | shared/LDS bytes (limit) | status |",
-             "| --- | --- | --- | --- | --- | --- |"]
+    lines = [
+        "| kernel | target | registers | spills | shared/LDS bytes (limit) | status |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
     for r in rows:
         status = "ok" if r.ok else f"FAIL {r.note}".strip()
         lines.append(f"| {r.label} | {r.target} | {r.registers} | {r.spills} | {r.shared} ({r.limit}) | {status} |")
@@ -148,8 +150,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     lines = render(rows)
     bad = [r for r in rows if not r.ok]
     kinds = len({job[0].label for job in jobs})
-    summary = (f"{len(rows)} kernels ({kinds} specializations, {len(targets)} targets) compiled in "
-               f"{time.monotonic() - start:.0f} s; {len(bad)} failing (spill, LDS over limit or compile error)")
+    summary = (
+        f"{len(rows)} kernels ({kinds} specializations, {len(targets)} targets) compiled in "
+        f"{time.monotonic() - start:.0f} s; {len(bad)} failing (spill, LDS over limit or compile error)"
+    )
     print("\n".join(lines))
     print(summary)
     if ns.output:

@@ -25,14 +25,22 @@ def _metadata(batch: int, context: int, block: int, device: torch.device) -> tup
     md = AttentionMetadata(
         query_start_loc=torch.arange(batch + 1, dtype=torch.int32, device=device),
         seq_lens=torch.full((batch,), context, dtype=torch.int32, device=device),
-        block_table=table, slot_mapping=last, block_size=block, num_decodes=batch, num_decode_tokens=batch,
-        num_prefills=0, num_actual_tokens=batch, max_query_len=1, max_seq_len=context,
-    )  # fmt: skip
+        block_table=table,
+        slot_mapping=last,
+        block_size=block,
+        num_decodes=batch,
+        num_decode_tokens=batch,
+        num_prefills=0,
+        num_actual_tokens=batch,
+        max_query_len=1,
+        max_seq_len=context,
+    )
     return md, batch * blocks_per_row + 1
 
 
-def time_decode(batch: int, context: int, heads: int = 64, kv_heads: int = 8, head: int = 128,
-                block: int = 16, iters: int = 20) -> dict[str, float]:
+def time_decode(
+    batch: int, context: int, heads: int = 64, kv_heads: int = 8, head: int = 128, block: int = 16, iters: int = 20
+) -> dict[str, float]:
     """Milliseconds per decode attention call and the bandwidth it achieves."""
     from paged_backend_rocm import RocmBackend
 
@@ -40,8 +48,7 @@ def time_decode(batch: int, context: int, heads: int = 64, kv_heads: int = 8, he
     backend = RocmBackend(device)
     spec = AttentionSpec(heads, kv_heads, head)
     md, num_blocks = _metadata(batch, context, block, device)
-    cache = torch.randn(backend.kv_cache_shape(num_blocks, block, kv_heads, head), dtype=torch.bfloat16,
-                        device=device)  # fmt: skip
+    cache = torch.randn(backend.kv_cache_shape(num_blocks, block, kv_heads, head), dtype=torch.bfloat16, device=device)
     query = torch.randn(batch, heads, head, dtype=torch.bfloat16, device=device)
     for _ in range(3):
         backend.attention(query, cache, md, spec)
@@ -76,8 +83,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"decode batch {batch:4d} context {context:5d}: {row['ms']:.3f} ms, {row['gb_per_s']:.0f} GB/s")
     if ns.out:
         with open(ns.out, "w") as fh:
-            json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__, "results": rows}, fh,
-                      indent=2)  # fmt: skip
+            json.dump(
+                {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "results": rows}, fh, indent=2
+            )
     return 0
 
 

@@ -121,8 +121,7 @@ def paged_attention_kernel(
                 # The loop-dependent term keeps the compiler from hoisting the query chunks (which would
                 # make the whole query live in registers again).
                 c_ok = (offs_c < head_size) & (offs_c * 0 + start >= kv_lo)
-                qc = tl.load(q_ptr + q_rows[:, None] + offs_c[None, :], mask=row_ok[:, None] & c_ok[None, :],
-                             other=0.0)
+                qc = tl.load(q_ptr + q_rows[:, None] + offs_c[None, :], mask=row_ok[:, None] & c_ok[None, :], other=0.0)
                 kc_offs = (offs_n % block_size)[:, None] * stride_cs + offs_c[None, :]
                 kc = tl.load(k_cache_ptr + base + kc_offs, mask=n_ok[:, None] & c_ok[None, :], other=0.0)
                 kc = kc.to(q_ptr.dtype.element_ty)
@@ -154,8 +153,11 @@ def paged_attention_kernel(
     else:
         out = acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]
         o_rows = (q_start + tok) * stride_ot + head * stride_oh
-        tl.store(out_ptr + o_rows[:, None] + offs_d[None, :], out.to(out_ptr.dtype.element_ty),
-                 mask=row_ok[:, None] & d_ok[None, :])
+        tl.store(
+            out_ptr + o_rows[:, None] + offs_d[None, :],
+            out.to(out_ptr.dtype.element_ty),
+            mask=row_ok[:, None] & d_ok[None, :],
+        )
 
 
 def paged_attention_reduce_kernel(
@@ -189,5 +191,8 @@ def paged_attention_reduce_kernel(
         l_run = l_run * alpha + lsum * w
         m_run = m_new
     out = acc / tl.where(l_run > 0.0, l_run, 1.0)
-    tl.store(out_ptr + token * stride_ot + head * stride_oh + offs_d, out.to(out_ptr.dtype.element_ty),
-             mask=offs_d < head_size)
+    tl.store(
+        out_ptr + token * stride_ot + head * stride_oh + offs_d,
+        out.to(out_ptr.dtype.element_ty),
+        mask=offs_d < head_size,
+    )

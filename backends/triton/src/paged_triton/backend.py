@@ -70,13 +70,21 @@ class TritonBackend(AttentionBackend):
     ) -> torch.Tensor:
         """Causal attention over the paged cache: decode rows first (split-K), then prefill rows."""
         check_default_cache(kv_cache, metadata.block_size)
-        check_attention_inputs(self.capabilities(), query, kv_cache.dtype, (kv_cache.shape[3], kv_cache.shape[4]),
-                               metadata, spec)  # fmt: skip
+        check_attention_inputs(
+            self.capabilities(), query, kv_cache.dtype, (kv_cache.shape[3], kv_cache.shape[4]), metadata, spec
+        )
         out: torch.Tensor = self._ops.attention(
-            query, kv_cache, metadata.query_start_loc, metadata.seq_lens, metadata.block_table,
-            metadata.num_decodes, metadata.num_prefills, metadata.max_query_len, metadata.max_seq_len,
+            query,
+            kv_cache,
+            metadata.query_start_loc,
+            metadata.seq_lens,
+            metadata.block_table,
+            metadata.num_decodes,
+            metadata.num_prefills,
+            metadata.max_query_len,
+            metadata.max_seq_len,
             float(spec.softmax_scale),
-        )  # fmt: skip
+        )
         return out
 
     def copy_blocks(self, kv_caches: list[torch.Tensor], src_to_dst: torch.Tensor) -> None:

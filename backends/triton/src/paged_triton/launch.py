@@ -139,10 +139,19 @@ def write_kv(key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor, slo
     _, block_size, _, _ = k_cache.shape
     ks = _kernels_for(kv_cache)
     ks.write_kv[(tokens, kv_heads)](
-        key, value, k_cache, v_cache, slot_mapping, block_size, head_size,
-        *key.stride()[:2], *value.stride()[:2], *k_cache.stride()[:3],
-        HEAD_PAD=head_pad(head_size), **_launch("write_kv", family_of(key.device), WRITE_KV_LANES),
-    )  # fmt: skip
+        key,
+        value,
+        k_cache,
+        v_cache,
+        slot_mapping,
+        block_size,
+        head_size,
+        *key.stride()[:2],
+        *value.stride()[:2],
+        *k_cache.stride()[:3],
+        HEAD_PAD=head_pad(head_size),
+        **_launch("write_kv", family_of(key.device), WRITE_KV_LANES),
+    )
 
 
 def attention(
@@ -174,16 +183,40 @@ def attention(
             f"use bf16/fp16 or head size <= 64"
         )
 
-    def launch(rows: int, row_offset: int, tiles_y: int, splits: int, partition: int, decode: bool,
-               parts: tuple[torch.Tensor, torch.Tensor]) -> None:
-        tiles = attention_tiles(query.dtype, head_size, block_size, decode, splits > 1, family, big_tiles,
-                                kv_cache.dtype)  # fmt: skip
+    def launch(
+        rows: int,
+        row_offset: int,
+        tiles_y: int,
+        splits: int,
+        partition: int,
+        decode: bool,
+        parts: tuple[torch.Tensor, torch.Tensor],
+    ) -> None:
+        tiles = attention_tiles(
+            query.dtype, head_size, block_size, decode, splits > 1, family, big_tiles, kv_cache.dtype
+        )
         ks.attention[(rows, tiles_y * splits, kv_heads)](
-            out, parts[0], parts[1], query, k_cache, v_cache, query_start_loc, seq_lens, block_table,
-            row_offset, scale, group, head_size, block_size, partition, splits,
-            *query.stride()[:2], block_table.stride(0),
-            **tiles.constexprs(widen), **_launch("attention", family, tiles.lanes),
-        )  # fmt: skip
+            out,
+            parts[0],
+            parts[1],
+            query,
+            k_cache,
+            v_cache,
+            query_start_loc,
+            seq_lens,
+            block_table,
+            row_offset,
+            scale,
+            group,
+            head_size,
+            block_size,
+            partition,
+            splits,
+            *query.stride()[:2],
+            block_table.stride(0),
+            **tiles.constexprs(widen),
+            **_launch("attention", family, tiles.lanes),
+        )
 
     if num_decodes > 0:
         block_n = attention_tiles(query.dtype, head_size, block_size, True, False, family, big_tiles).block_n
@@ -198,9 +231,17 @@ def attention(
         launch(num_decodes, 0, 1, splits, partition, True, parts)
         if splits > 1:
             ks.reduce[(num_decodes, num_heads)](
-                out, parts[0], parts[1], splits, head_size, out.stride(0), out.stride(1),
-                HEAD_PAD=parts[0].shape[-1], MAX_SPLITS=MAX_SPLITS, **_launch("reduce", family, REDUCE_LANES),
-            )  # fmt: skip
+                out,
+                parts[0],
+                parts[1],
+                splits,
+                head_size,
+                out.stride(0),
+                out.stride(1),
+                HEAD_PAD=parts[0].shape[-1],
+                MAX_SPLITS=MAX_SPLITS,
+                **_launch("reduce", family, REDUCE_LANES),
+            )
     if num_prefills > 0 and max_query_len > 0:
         tiles = attention_tiles(query.dtype, head_size, block_size, False, False, family, big_tiles, kv_cache.dtype)
         per_tile = tiles.block_m // group
@@ -218,5 +259,11 @@ def copy_blocks(kv_caches: list[torch.Tensor], src_to_dst: torch.Tensor) -> None
         block_numel = cache[0, 0].numel()
         grid = (n, 2, triton.cdiv(block_numel, COPY_BLOCK))
         on_device = pairs.to(cache.device)
-        _kernels_for(cache).copy_blocks[grid](cache, on_device, block_numel, cache.stride(0), BLOCK=COPY_BLOCK,
-                                              **_launch("copy_blocks", family_of(cache.device), COPY_LANES))
+        _kernels_for(cache).copy_blocks[grid](
+            cache,
+            on_device,
+            block_numel,
+            cache.stride(0),
+            BLOCK=COPY_BLOCK,
+            **_launch("copy_blocks", family_of(cache.device), COPY_LANES),
+        )

@@ -37,8 +37,18 @@ def attention(
     scale: float,
 ) -> torch.Tensor:
     """Paged attention over the cache (see :func:`paged_triton.launch.attention`)."""
-    return kernels.attention(query, kv_cache, query_start_loc, seq_lens, block_table, num_decodes, num_prefills,
-                             max_query_len, max_seq_len, scale)  # fmt: skip
+    return kernels.attention(
+        query,
+        kv_cache,
+        query_start_loc,
+        seq_lens,
+        block_table,
+        num_decodes,
+        num_prefills,
+        max_query_len,
+        max_seq_len,
+        scale,
+    )
 
 
 @attention.register_fake

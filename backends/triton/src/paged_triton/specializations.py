@@ -97,19 +97,31 @@ def attention_specializations(caps: BackendCapabilities, family: str) -> Iterato
                             f"M{tiles.block_m} N{tiles.block_n}"
                             + (f" C{tiles.d_chunk}" if tiles.d_chunk != tiles.head_pad else ""),
                             tuple(tiles.constexprs(dot_fp32(q, interpreted=False)).items()),
-                            (("out_ptr", qt), ("part_acc_ptr", "*fp32"), ("part_ml_ptr", "*fp32"), ("q_ptr", qt),
-                             ("k_cache_ptr", kt), ("v_cache_ptr", kt), ("query_start_loc_ptr", "*i32"),
-                             ("seq_lens_ptr", "*i32"), ("block_table_ptr", "*i32")),
-                            tiles.lanes, ("scale",), _options("attention", family),
-                        )  # fmt: skip
+                            (
+                                ("out_ptr", qt),
+                                ("part_acc_ptr", "*fp32"),
+                                ("part_ml_ptr", "*fp32"),
+                                ("q_ptr", qt),
+                                ("k_cache_ptr", kt),
+                                ("v_cache_ptr", kt),
+                                ("query_start_loc_ptr", "*i32"),
+                                ("seq_lens_ptr", "*i32"),
+                                ("block_table_ptr", "*i32"),
+                            ),
+                            tiles.lanes,
+                            ("scale",),
+                            _options("attention", family),
+                        )
     for q in sorted(caps.dtypes, key=_name):
         for pad in sorted({head_pad(h) for h in heads}):
             yield Specialization(
-                "reduce", f"reduce out={_name(q)} D{pad} S{MAX_SPLITS}",
+                "reduce",
+                f"reduce out={_name(q)} D{pad} S{MAX_SPLITS}",
                 (("HEAD_PAD", pad), ("MAX_SPLITS", MAX_SPLITS)),
-                (("out_ptr", POINTER_TYPES[q]), ("part_acc_ptr", "*fp32"), ("part_ml_ptr", "*fp32")), REDUCE_LANES,
+                (("out_ptr", POINTER_TYPES[q]), ("part_acc_ptr", "*fp32"), ("part_ml_ptr", "*fp32")),
+                REDUCE_LANES,
                 options=_options("reduce", family),
-            )  # fmt: skip
+            )
 
 
 def cache_specializations(caps: BackendCapabilities, family: str) -> Iterator[Specialization]:
@@ -121,16 +133,28 @@ def cache_specializations(caps: BackendCapabilities, family: str) -> Iterator[Sp
             for pad in pads:
                 qt, kt = POINTER_TYPES[q], POINTER_TYPES[kv]
                 yield Specialization(
-                    "write_kv", f"write_kv in={_name(q)} cache={_name(kv)} D{pad}", (("HEAD_PAD", pad),),
-                    (("key_ptr", qt), ("value_ptr", qt), ("k_cache_ptr", kt), ("v_cache_ptr", kt),
-                     ("slot_mapping_ptr", "*i64")), WRITE_KV_LANES, options=_options("write_kv", family),
-                )  # fmt: skip
+                    "write_kv",
+                    f"write_kv in={_name(q)} cache={_name(kv)} D{pad}",
+                    (("HEAD_PAD", pad),),
+                    (
+                        ("key_ptr", qt),
+                        ("value_ptr", qt),
+                        ("k_cache_ptr", kt),
+                        ("v_cache_ptr", kt),
+                        ("slot_mapping_ptr", "*i64"),
+                    ),
+                    WRITE_KV_LANES,
+                    options=_options("write_kv", family),
+                )
     for kv in sorted(caps.effective_kv_cache_dtypes, key=_name):
         yield Specialization(
-            "copy_blocks", f"copy_blocks cache={_name(kv)}", (("BLOCK", COPY_BLOCK),),
-            (("cache_ptr", POINTER_TYPES[kv]), ("pairs_ptr", "*i64")), COPY_LANES,
+            "copy_blocks",
+            f"copy_blocks cache={_name(kv)}",
+            (("BLOCK", COPY_BLOCK),),
+            (("cache_ptr", POINTER_TYPES[kv]), ("pairs_ptr", "*i64")),
+            COPY_LANES,
             options=_options("copy_blocks", family),
-        )  # fmt: skip
+        )
 
 
 def all_specializations(caps: BackendCapabilities, family: str) -> list[Specialization]:

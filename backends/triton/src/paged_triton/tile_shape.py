@@ -32,5 +32,12 @@ class AttentionTiles:
 
     def constexprs(self, dot_fp32: bool) -> dict[str, int | bool]:
         """The kernel's ``tl.constexpr`` arguments for these tiles."""
-        return {"HEAD_PAD": self.head_pad, "BLOCK_M": self.block_m, "BLOCK_N": self.block_n,
-                "SPLIT": self.split, "MAX_SPLITS": MAX_SPLITS, "DOT_FP32": dot_fp32, "D_CHUNK": self.d_chunk}
+        return {
+            "HEAD_PAD": self.head_pad,
+            "BLOCK_M": self.block_m,
+            "BLOCK_N": self.block_n,
+            "SPLIT": self.split,
+            "MAX_SPLITS": MAX_SPLITS,
+            "DOT_FP32": dot_fp32,
+            "D_CHUNK": self.d_chunk,
+        }

@@ -43,6 +43,8 @@ XPU_D_CHUNK = 32
 """Head-dim width of one q.k dot."""
 XPU_PREFILL_WIDE_HEAD = 64
 """Largest head tile whose prefill tiles get 32 query rows (wider ones spill at 32 rows on dg2, bf16 on pvc)."""
+
+
 def xpu_attention_tiles(
     dtype: torch.dtype,
     head_size: int,

@@ -29,8 +29,18 @@ def _write(key: torch.Tensor, value: torch.Tensor, cache: torch.Tensor, md: Atte
 
 
 def _attend(q: torch.Tensor, cache: torch.Tensor, md: AttentionMetadata, spec: AttentionSpec) -> torch.Tensor:
-    return launch.attention(q, cache, md.query_start_loc, md.seq_lens, md.block_table, md.num_decodes,
-                            md.num_prefills, md.max_query_len, md.max_seq_len, float(spec.softmax_scale))  # fmt: skip
+    return launch.attention(
+        q,
+        cache,
+        md.query_start_loc,
+        md.seq_lens,
+        md.block_table,
+        md.num_decodes,
+        md.num_prefills,
+        md.max_query_len,
+        md.max_seq_len,
+        float(spec.softmax_scale),
+    )
 
 
 def _tables(seq_lens: list[int], block: int, num_blocks: int, gen: torch.Generator) -> list[list[int]]:
@@ -43,8 +53,17 @@ def _tables(seq_lens: list[int], block: int, num_blocks: int, gen: torch.Generat
     return out
 
 
-def _run(dtype: torch.dtype, kv_dtype: torch.dtype, heads: int, kv_heads: int, head: int, block: int,
-         query_lens: list[int], seq_lens: list[int], scale: float | None = None) -> None:
+def _run(
+    dtype: torch.dtype,
+    kv_dtype: torch.dtype,
+    heads: int,
+    kv_heads: int,
+    head: int,
+    block: int,
+    query_lens: list[int],
+    seq_lens: list[int],
+    scale: float | None = None,
+) -> None:
     gen = torch.Generator().manual_seed(hash((str(dtype), head, block, heads, kv_heads)) % 2**31)
     spec = AttentionSpec(heads, kv_heads, head, scale=scale)
     num_blocks = sum(-(-s // block) for s in seq_lens) + 3
@@ -110,10 +129,18 @@ def test_padding_slots_are_not_written(family: str) -> None:
     spec = AttentionSpec(2, 2, 64)
     cache = ReferenceBackend("cpu").allocate_kv_cache(4, 16, spec, torch.float32)
     md = AttentionMetadata(
-        query_start_loc=torch.tensor([0, 2], dtype=torch.int32), seq_lens=torch.tensor([2], dtype=torch.int32),
-        block_table=torch.tensor([[1]], dtype=torch.int32), slot_mapping=torch.tensor([16, -1]), block_size=16,
-        num_decodes=0, num_decode_tokens=0, num_prefills=1, num_actual_tokens=2, max_query_len=2, max_seq_len=2,
-    )  # fmt: skip
+        query_start_loc=torch.tensor([0, 2], dtype=torch.int32),
+        seq_lens=torch.tensor([2], dtype=torch.int32),
+        block_table=torch.tensor([[1]], dtype=torch.int32),
+        slot_mapping=torch.tensor([16, -1]),
+        block_size=16,
+        num_decodes=0,
+        num_decode_tokens=0,
+        num_prefills=1,
+        num_actual_tokens=2,
+        max_query_len=2,
+        max_seq_len=2,
+    )
     kv = torch.ones(2, 2, 64)
     _write(kv, 2 * kv, cache, md)
     assert int((cache != 0).sum()) == 2 * 2 * 64, "exactly one token's keys and values must be stored"

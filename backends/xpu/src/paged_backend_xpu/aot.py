@@ -47,20 +47,36 @@ class Target:
 
 TARGETS: dict[str, Target] = {
     # Data Center GPU Max 1550: sub-groups 16/32, DPAS (incl. tf32), 2D block loads.
-    "pvc": Target("pvc", 64, (
-        ("max_work_group_size", 1024), ("max_num_sub_groups", 64), ("sub_group_sizes", (16, 32)),
-        ("has_fp64", True), ("has_subgroup_matrix_multiply_accumulate", True),
-        ("has_subgroup_matrix_multiply_accumulate_tensor_float32", True), ("has_subgroup_2d_block_io", True),
-        ("has_bfloat16_conversions", True),
-    )),
+    "pvc": Target(
+        "pvc",
+        64,
+        (
+            ("max_work_group_size", 1024),
+            ("max_num_sub_groups", 64),
+            ("sub_group_sizes", (16, 32)),
+            ("has_fp64", True),
+            ("has_subgroup_matrix_multiply_accumulate", True),
+            ("has_subgroup_matrix_multiply_accumulate_tensor_float32", True),
+            ("has_subgroup_2d_block_io", True),
+            ("has_bfloat16_conversions", True),
+        ),
+    ),
     # Arc A770 (ACM-G10): sub-groups 8/16/32 (so Triton keeps its dots off DPAS), no 2D block loads, no fp64.
-    "dg2": Target("acm-g10", 32, (
-        ("max_work_group_size", 1024), ("max_num_sub_groups", 128), ("sub_group_sizes", (8, 16, 32)),
-        ("has_fp64", False), ("has_subgroup_matrix_multiply_accumulate", True),
-        ("has_subgroup_matrix_multiply_accumulate_tensor_float32", False), ("has_subgroup_2d_block_io", False),
-        ("has_bfloat16_conversions", True),
-    )),
-}  # fmt: skip
+    "dg2": Target(
+        "acm-g10",
+        32,
+        (
+            ("max_work_group_size", 1024),
+            ("max_num_sub_groups", 128),
+            ("sub_group_sizes", (8, 16, 32)),
+            ("has_fp64", False),
+            ("has_subgroup_matrix_multiply_accumulate", True),
+            ("has_subgroup_matrix_multiply_accumulate_tensor_float32", False),
+            ("has_subgroup_2d_block_io", False),
+            ("has_bfloat16_conversions", True),
+        ),
+    ),
+}
 
 
 @dataclass(frozen=True)
@@ -227,8 +243,19 @@ def run_ocloc(spirv: bytes, target: str, flags: str) -> tuple[str, str | None]:
         dump = Path(tmp, "dump")
         dump.mkdir()
         env = dict(os.environ, IGC_ShaderDumpEnable="1", IGC_DumpToCustomDir=str(dump))
-        cmd = [str(ocloc_path()), "compile", "-file", str(src), "-spirv_input", "-device", TARGETS[target].device,
-               "-output", str(Path(tmp, "kernel")), "-options", flags]  # fmt: skip
+        cmd = [
+            str(ocloc_path()),
+            "compile",
+            "-file",
+            str(src),
+            "-spirv_input",
+            "-device",
+            TARGETS[target].device,
+            "-output",
+            str(Path(tmp, "kernel")),
+            "-options",
+            flags,
+        ]
         proc = subprocess.run(cmd, cwd=tmp, env=env, capture_output=True, text=True, timeout=600, check=False)
         log = proc.stdout + proc.stderr
         if proc.returncode != 0:
@@ -264,8 +291,10 @@ def run_checks(jobs: Sequence[tuple[Any, str]], workers: int) -> list[Resources]
 
 def render(rows: Sequence[Resources]) -> list[str]:
     """The report table (markdown), one line per kernel and target."""
-    lines = ["| kernel | target | GRF mode | registers (used/available) | spills | status |",
-             "| --- | --- | --- | --- | --- | --- |"]  # fmt: skip
+    lines = [
+        "| kernel | target | GRF mode | registers (used/available) | spills | status |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
     for r in rows:
         status = "ok" if r.ok else f"FAIL {r.note}".strip()
         lines.append(f"| {r.label} | {r.target} | {r.grf_mode} | {r.registers} | {r.spills} | {status} |")
@@ -279,8 +308,10 @@ def summarize(rows: Sequence[Resources], kinds: int, targets: int, seconds: floa
     bad = [r for r in rows if not r.ok]
     spilled = sum(1 for r in rows if r.spills)
     errors = sum(1 for r in rows if r.note.startswith("error"))
-    return (f"{len(rows)} kernels ({kinds} specializations, {targets} targets) compiled in {seconds:.0f} s; {span}; "
-            f"{spilled} spilling, {errors} compile errors; {len(bad)} failing")  # fmt: skip
+    return (
+        f"{len(rows)} kernels ({kinds} specializations, {targets} targets) compiled in {seconds:.0f} s; {span}; "
+        f"{spilled} spilling, {errors} compile errors; {len(bad)} failing"
+    )
 
 
 def _capabilities() -> Any:
@@ -291,8 +322,11 @@ def _capabilities() -> Any:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Command line: compile, print the table, return 1 on any spill or compile error."""
-    parser = argparse.ArgumentParser(prog="python -m paged_backend_xpu.aot", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    parser = argparse.ArgumentParser(
+        prog="python -m paged_backend_xpu.aot",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--targets", default=",".join(TARGETS), help="comma-separated subset of " + ",".join(TARGETS))
     parser.add_argument("--workers", type=int, default=min(2, os.cpu_count() or 1), help="compile processes")
     parser.add_argument("--match", default="", help="only specializations whose label contains this text")

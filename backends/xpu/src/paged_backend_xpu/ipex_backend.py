@@ -55,8 +55,10 @@ class IpexBackend(AttentionBackend):
     def __init__(self, device: str | torch.device | None = None) -> None:
         super().__init__(device)
         if self.device.type != "cpu":
-            raise PagedError(f"IpexBackend runs IPEX's CPU kernels on cpu tensors, not on {self.device} "
-                             f"(on an Intel GPU use the xpu backend)")  # fmt: skip
+            raise PagedError(
+                f"IpexBackend runs IPEX's CPU kernels on cpu tensors, not on {self.device} "
+                f"(on an Intel GPU use the xpu backend)"
+            )
         self._ops: Any = ipex_library.ops()  # raises IpexUnavailableError naming the fix
 
     @classmethod
@@ -111,17 +113,24 @@ class IpexBackend(AttentionBackend):
             raise PagedError(f"slot_mapping holds slot {high} but the cache has only {num_slots} slots")
         dtype = kv_cache.dtype
         self._ops.reshape_and_cache(
-            key.to(dtype).contiguous(), value.to(dtype).contiguous(), kv_cache[0], kv_cache[1],
-            slots.to(torch.int32), "auto", 1.0, 1.0,
-        )  # fmt: skip
+            key.to(dtype).contiguous(),
+            value.to(dtype).contiguous(),
+            kv_cache[0],
+            kv_cache[1],
+            slots.to(torch.int32),
+            "auto",
+            1.0,
+            1.0,
+        )
 
     def attention(
         self, query: torch.Tensor, kv_cache: torch.Tensor, metadata: AttentionMetadata, spec: AttentionSpec
     ) -> torch.Tensor:
         """One ``flash_attn_varlen_func`` call over decode and prefill rows, in the cache dtype."""
         check_cache(kv_cache, metadata.block_size)
-        check_attention_inputs(self.capabilities(), query, kv_cache.dtype, (kv_cache.shape[2], kv_cache.shape[4]),
-                               metadata, spec)  # fmt: skip
+        check_attention_inputs(
+            self.capabilities(), query, kv_cache.dtype, (kv_cache.shape[2], kv_cache.shape[4]), metadata, spec
+        )
         count = metadata.num_actual_tokens
         # IPEX refuses a query whose dtype differs from the cache's; padding rows stay out of the call.
         out = torch.zeros(query.shape, dtype=kv_cache.dtype, device=query.device)
@@ -133,12 +142,25 @@ class IpexBackend(AttentionBackend):
         torch.cumsum(seq_lens, 0, out=cu_seqlens_kv[1:])
         left, right = window_sides(spec.sliding_window)
         self._ops.flash_attn_varlen_func(
-            out[:count], q, kv_cache[0], kv_cache[1],
-            metadata.query_start_loc[: metadata.num_reqs + 1], cu_seqlens_kv,
-            metadata.max_query_len, metadata.max_seq_len, float(spec.softmax_scale), True,
-            metadata.block_table[: metadata.num_reqs], None, left, right, "auto", 1.0, 1.0,
+            out[:count],
+            q,
+            kv_cache[0],
+            kv_cache[1],
+            metadata.query_start_loc[: metadata.num_reqs + 1],
+            cu_seqlens_kv,
+            metadata.max_query_len,
+            metadata.max_seq_len,
+            float(spec.softmax_scale),
+            True,
+            metadata.block_table[: metadata.num_reqs],
+            None,
+            left,
+            right,
+            "auto",
+            1.0,
+            1.0,
             softcap_value(spec.logits_soft_cap),
-        )  # fmt: skip
+        )
         return out.to(query.dtype)
 
     def copy_blocks(self, kv_caches: list[torch.Tensor], src_to_dst: torch.Tensor) -> None:
@@ -174,10 +196,13 @@ def softcap_value(logits_soft_cap: float | None) -> float:
 def check_cache(kv_cache: torch.Tensor, block_size: int) -> None:
     """Refuse a cache that is not this backend's contiguous HND layout at this block size."""
     if kv_cache.dim() != 5 or kv_cache.shape[0] != 2:
-        raise PagedError(f"kv_cache must be [2, num_blocks, kv_heads, block_size, head_size] (IPEX's head-major "
-                         f"layout), got {tuple(kv_cache.shape)}")  # fmt: skip
+        raise PagedError(
+            f"kv_cache must be [2, num_blocks, kv_heads, block_size, head_size] (IPEX's head-major "
+            f"layout), got {tuple(kv_cache.shape)}"
+        )
     if kv_cache.shape[3] != block_size:
-        raise PagedError(f"kv_cache block size {kv_cache.shape[3]} (dim 3 of the HND layout) != "
-                         f"metadata.block_size {block_size}")  # fmt: skip
+        raise PagedError(
+            f"kv_cache block size {kv_cache.shape[3]} (dim 3 of the HND layout) != metadata.block_size {block_size}"
+        )
     if not kv_cache.is_contiguous():
         raise PagedError("kv_cache must be contiguous")

@@ -87,8 +87,10 @@ def _load() -> str | None:
         return f"{DISTRIBUTION} is not installed: {INSTALL_HINT}"
     version = ipex_version() or "unknown"
     if version != "unknown" and _minor(version) != _minor(torch.__version__):
-        return (f"{DISTRIBUTION} {version} is built for torch {'.'.join(map(str, _minor(version)))}.x, "
-                f"this is torch {torch.__version__}: {INSTALL_HINT}")  # fmt: skip
+        return (
+            f"{DISTRIBUTION} {version} is built for torch {'.'.join(map(str, _minor(version)))}.x, "
+            f"this is torch {torch.__version__}: {INSTALL_HINT}"
+        )
     path = library_path(CPU_LIBRARY)
     if path is None:
         extra = " (an XPU build? it ships " + XPU_LIBRARY + ")" if library_path(XPU_LIBRARY) else ""

@@ -172,9 +172,15 @@ class VllmXpuKernelsBackend(AttentionBackend):
         check_default_cache(kv_cache, metadata.block_size)
         check_write_inputs(key, value, metadata, kv_cache.shape[3], kv_cache.shape[4])
         self._lib.reshape_and_cache_flash(
-            _token_rows(key, kv_cache.dtype), _token_rows(value, kv_cache.dtype), kv_cache[0], kv_cache[1],
-            metadata.slot_mapping, "auto", self._unit_scale, self._unit_scale,
-        )  # fmt: skip
+            _token_rows(key, kv_cache.dtype),
+            _token_rows(value, kv_cache.dtype),
+            kv_cache[0],
+            kv_cache[1],
+            metadata.slot_mapping,
+            "auto",
+            self._unit_scale,
+            self._unit_scale,
+        )
 
     def attention(
         self, query: torch.Tensor, kv_cache: torch.Tensor, metadata: AttentionMetadata, spec: AttentionSpec
@@ -183,8 +189,9 @@ class VllmXpuKernelsBackend(AttentionBackend):
         check_default_cache(kv_cache, metadata.block_size)
         if spec.logits_soft_cap is not None:
             raise UnsupportedConfigError("logits soft cap not supported (vllm-xpu-kernels drops softcap)")
-        check_attention_inputs(self.capabilities(), query, kv_cache.dtype, (kv_cache.shape[3], kv_cache.shape[4]),
-                               metadata, spec)  # fmt: skip
+        check_attention_inputs(
+            self.capabilities(), query, kv_cache.dtype, (kv_cache.shape[3], kv_cache.shape[4]), metadata, spec
+        )
         if metadata.seq_lens.shape[0] == 0:
             return torch.empty_like(query)
         plan = plan_vllm_kernels(metadata, spec)

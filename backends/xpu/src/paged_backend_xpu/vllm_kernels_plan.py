@@ -48,12 +48,15 @@ class VllmKernelsPlan:
     def varlen_kwargs(self) -> dict[str, object]:
         """Keyword arguments of ``flash_attn_varlen_func(q, k_cache, v_cache, **kwargs)`` (``out=`` apart)."""
         return {
-            "max_seqlen_q": self.max_seqlen_q, "cu_seqlens_q": self.cu_seqlens_q,
-            "max_seqlen_k": self.max_seqlen_k, "seqused_k": self.seqused_k,
-            "softmax_scale": self.softmax_scale, "causal": True,
+            "max_seqlen_q": self.max_seqlen_q,
+            "cu_seqlens_q": self.cu_seqlens_q,
+            "max_seqlen_k": self.max_seqlen_k,
+            "seqused_k": self.seqused_k,
+            "softmax_scale": self.softmax_scale,
+            "causal": True,
             "window_size": list(self.window_size) if self.window_size is not None else None,
             "block_table": self.block_table,
-        }  # fmt: skip
+        }
 
 
 def window_size(spec: AttentionSpec) -> tuple[int, int] | None:
@@ -70,7 +73,11 @@ def plan_vllm_kernels(metadata: AttentionMetadata, spec: AttentionSpec) -> VllmK
         raise UnsupportedConfigError("vllm-xpu-kernels ignores softcap (flash_api.cpp never passes it to a kernel)")
     return VllmKernelsPlan(
         num_tokens=min(metadata.num_actual_tokens, metadata.num_tokens),
-        cu_seqlens_q=metadata.query_start_loc, seqused_k=metadata.seq_lens, block_table=metadata.block_table,
-        max_seqlen_q=max(metadata.max_query_len, 1), max_seqlen_k=max(metadata.max_seq_len, 1),
-        softmax_scale=spec.softmax_scale, window_size=window_size(spec),
-    )  # fmt: skip
+        cu_seqlens_q=metadata.query_start_loc,
+        seqused_k=metadata.seq_lens,
+        block_table=metadata.block_table,
+        max_seqlen_q=max(metadata.max_query_len, 1),
+        max_seqlen_k=max(metadata.max_seq_len, 1),
+        softmax_scale=spec.softmax_scale,
+        window_size=window_size(spec),
+    )

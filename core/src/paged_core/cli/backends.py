@@ -35,9 +35,10 @@ def register(subparsers: Any) -> None:
         description="List every discovered backend with its status, priority, device, plugin API and capabilities.",
     )
     parser.add_argument(
-        "--json", action="store_true",
+        "--json",
+        action="store_true",
         help="print JSON: the core's version and plugin API, and a list of backends",
-    )  # fmt: skip
+    )
     parser.set_defaults(func=run)
 
 
@@ -69,9 +70,15 @@ def row(rec: BackendRecord) -> tuple[str, ...]:
         dist += f" [{rec.entry_point}]"
     api = getattr(rec.backend_cls, "api_version", None) if rec.backend_cls is not None else None
     return (
-        rec.name, rec.status.value, str(rec.priority), rec.device or "-", "-" if api is None else f"v{api}",
-        dist, capabilities_summary(rec.capabilities), rec.reason,
-    )  # fmt: skip
+        rec.name,
+        rec.status.value,
+        str(rec.priority),
+        rec.device or "-",
+        "-" if api is None else f"v{api}",
+        dist,
+        capabilities_summary(rec.capabilities),
+        rec.reason,
+    )
 
 
 def render_table(records: list[BackendRecord]) -> Any:
@@ -86,8 +93,9 @@ def render_table(records: list[BackendRecord]) -> Any:
         table.add_column(column, overflow="fold")
     for rec in records:
         cells = row(rec)
-        table.add_row(*(Text(c, style=_STYLE.get(rec.status, "bold red")) if i == 1 else Text(c)
-                        for i, c in enumerate(cells)))  # fmt: skip
+        table.add_row(
+            *(Text(c, style=_STYLE.get(rec.status, "bold red")) if i == 1 else Text(c) for i, c in enumerate(cells))
+        )
     return table
 
 

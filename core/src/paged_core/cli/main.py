@@ -56,7 +56,8 @@ def build_parser() -> argparse.ArgumentParser:
     """The top-level parser with every discovered subcommand registered."""
     # Raw description formatting keeps --version on one line (argparse otherwise wraps it to the terminal).
     parser = argparse.ArgumentParser(
-        prog="paged", description="Paged-attention LLM serving with pluggable backends.",
+        prog="paged",
+        description="Paged-attention LLM serving with pluggable backends.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--version", action="version", version=version_line())

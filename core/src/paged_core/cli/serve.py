@@ -23,34 +23,59 @@ def register(subparsers: Any) -> None:
         description="Serve MODEL (default: embedded SmolLM2) at /v1/completions, /v1/chat/completions, /v1/models, "
         "/tokenize, /detokenize, /health and /metrics.",
     )
-    parser.add_argument("model_path", nargs="?", default=None, metavar="MODEL",
-                        help="local model directory or .gguf file (same as --model)")  # fmt: skip
+    parser.add_argument(
+        "model_path",
+        nargs="?",
+        default=None,
+        metavar="MODEL",
+        help="local model directory or .gguf file (same as --model)",
+    )
     g = parser.add_argument_group("server")
     g.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     g.add_argument("--port", type=int, default=8000, help="port to bind (default 8000)")
-    g.add_argument("--api-key", default=os.environ.get("PAGED_API_KEY"),
-                   help="require 'Authorization: Bearer KEY' on API routes (default: $PAGED_API_KEY, else no auth)")
+    g.add_argument(
+        "--api-key",
+        default=os.environ.get("PAGED_API_KEY"),
+        help="require 'Authorization: Bearer KEY' on API routes (default: $PAGED_API_KEY, else no auth)",
+    )
     g.add_argument("--served-model-name", default=None, help="model id clients must send (default: the model's name)")
     g.add_argument("--max-body-bytes", type=int, default=4 << 20, help="largest request body (default 4 MiB)")
     g.add_argument("--max-tokens-limit", type=int, default=None, help="cap on max_tokens (default: context length)")
     g.add_argument("--max-n", type=int, default=16, help="cap on n (default 16)")
-    g.add_argument("--max-queued-requests", type=int, default=256,
-                   help="sequences admitted beyond --max-num-seqs before answering 429 (default 256)")  # fmt: skip
-    g.add_argument("--idle-timeout", type=float, default=5.0,
-                   help="seconds a connection may sit idle between requests (default 5)")  # fmt: skip
-    g.add_argument("--header-timeout", type=float, default=10.0,
-                   help="seconds a request's headers may take to arrive (default 10)")  # fmt: skip
-    g.add_argument("--body-timeout", type=float, default=30.0,
-                   help="seconds a request's body may take to arrive (default 30)")  # fmt: skip
-    g.add_argument("--drain-timeout", type=float, default=ServeConfig.drain_timeout,
-                   help="seconds requests in flight get to finish after SIGTERM or Ctrl-C; then each ends with an "
-                   f"error event (default {ServeConfig.drain_timeout:g})")  # fmt: skip
-    g.add_argument("--allow-special-tokens-in-content", action="store_true",
-                   help="let chat message content contain control-token text such as <|im_start|> (default: refused, "
-                   "so a user cannot forge a system turn)")  # fmt: skip
-    g.add_argument("--engine-in-process", action="store_true",
-                   help="run the engine core on a thread of the API server's process (default: its own process, so "
-                   "HTTP, JSON and detokenizing never share a GIL with the model)")  # fmt: skip
+    g.add_argument(
+        "--max-queued-requests",
+        type=int,
+        default=256,
+        help="sequences admitted beyond --max-num-seqs before answering 429 (default 256)",
+    )
+    g.add_argument(
+        "--idle-timeout", type=float, default=5.0, help="seconds a connection may sit idle between requests (default 5)"
+    )
+    g.add_argument(
+        "--header-timeout", type=float, default=10.0, help="seconds a request's headers may take to arrive (default 10)"
+    )
+    g.add_argument(
+        "--body-timeout", type=float, default=30.0, help="seconds a request's body may take to arrive (default 30)"
+    )
+    g.add_argument(
+        "--drain-timeout",
+        type=float,
+        default=ServeConfig.drain_timeout,
+        help="seconds requests in flight get to finish after SIGTERM or Ctrl-C; then each ends with an "
+        f"error event (default {ServeConfig.drain_timeout:g})",
+    )
+    g.add_argument(
+        "--allow-special-tokens-in-content",
+        action="store_true",
+        help="let chat message content contain control-token text such as <|im_start|> (default: refused, "
+        "so a user cannot forge a system turn)",
+    )
+    g.add_argument(
+        "--engine-in-process",
+        action="store_true",
+        help="run the engine core on a thread of the API server's process (default: its own process, so "
+        "HTTP, JSON and detokenizing never share a GIL with the model)",
+    )
     g.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"))
     add_engine_args(parser)
     parser.set_defaults(func=run)
@@ -68,10 +93,19 @@ def run(args: argparse.Namespace) -> int:
     if args.model_path is not None:
         args.model = args.model_path
     config = ServeConfig(
-        host=args.host, port=args.port, api_key=args.api_key, served_model_name=args.served_model_name,
-        max_body_bytes=args.max_body_bytes, max_tokens_limit=args.max_tokens_limit, max_n=args.max_n,
+        host=args.host,
+        port=args.port,
+        api_key=args.api_key,
+        served_model_name=args.served_model_name,
+        max_body_bytes=args.max_body_bytes,
+        max_tokens_limit=args.max_tokens_limit,
+        max_n=args.max_n,
         allow_special_tokens_in_content=args.allow_special_tokens_in_content,
-        log_level=args.log_level, max_queued_requests=args.max_queued_requests, idle_timeout=args.idle_timeout,
-        header_timeout=args.header_timeout, body_timeout=args.body_timeout, drain_timeout=args.drain_timeout,
-    )  # fmt: skip
+        log_level=args.log_level,
+        max_queued_requests=args.max_queued_requests,
+        idle_timeout=args.idle_timeout,
+        header_timeout=args.header_timeout,
+        body_timeout=args.body_timeout,
+        drain_timeout=args.drain_timeout,
+    )
     return run_server(engine_config_from(args), config, in_process=args.engine_in_process)

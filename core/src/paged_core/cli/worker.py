@@ -25,8 +25,9 @@ def register(subparsers: Any) -> None:
         "with rank 0's engine configuration.",
     )
     parser.add_argument("--model", default=None, help="the model's path on this machine (default: rank 0's path)")
-    parser.add_argument("--timeout", type=float, default=300.0,
-                        help="seconds to wait for rank 0 to come up (default 300)")  # fmt: skip
+    parser.add_argument(
+        "--timeout", type=float, default=300.0, help="seconds to wait for rank 0 to come up (default 300)"
+    )
     parser.add_argument("-v", "--verbose", action="store_true", help="log set-up")
     parser.set_defaults(func=run)
 
@@ -43,12 +44,16 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(f"--timeout must be > 0 seconds, got {args.timeout}")
     rdv = env_rendezvous(None)
     if rdv.rank == 0:
-        raise ConfigError("RANK=0 is the engine core's rank: launch it with `paged serve` or `paged generate`; "
-                          "paged worker runs ranks 1..N-1")  # fmt: skip
+        raise ConfigError(
+            "RANK=0 is the engine core's rank: launch it with `paged serve` or `paged generate`; "
+            "paged worker runs ranks 1..N-1"
+        )
     config = fetch_config(rdv, args.timeout)
     if config.parallel.distributed_init != "env":
-        raise ConfigError("rank 0 runs distributed_init='local' (it starts its own workers); launch it with "
-                          "--distributed-init env to take ranks from paged worker")  # fmt: skip
+        raise ConfigError(
+            "rank 0 runs distributed_init='local' (it starts its own workers); launch it with "
+            "--distributed-init env to take ranks from paged worker"
+        )
     if args.model is not None:
         config = config.replace(model=args.model)
     return run_worker(config, rdv)

@@ -41,8 +41,14 @@ class EngineStartError(PagedError, RuntimeError):
 class CoreProcess:
     """One engine-core child process and the sockets to it (use from one thread per socket)."""
 
-    def __init__(self, config: EngineConfig, *, verbose: bool | None = None, startup_timeout: float | None = None,
-                 environ: dict[str, str] | None = None):  # fmt: skip
+    def __init__(
+        self,
+        config: EngineConfig,
+        *,
+        verbose: bool | None = None,
+        startup_timeout: float | None = None,
+        environ: dict[str, str] | None = None,
+    ):
         self.dir = Path(tempfile.mkdtemp(prefix="paged-core-"))
         self.ctx = zmq.Context()
         self.to_core = self.ctx.socket(zmq.PUSH)
@@ -55,13 +61,15 @@ class CoreProcess:
         self._closed = False
         verbose = log.isEnabledFor(logging.INFO) if verbose is None else verbose
         (self.dir / "config.json").write_bytes(msgspec.json.encode(config))
-        (self.dir / "options.json").write_text(msgspec.json.encode({"parent_pid": os.getpid(),
-                                                                    "verbose": verbose}).decode())  # fmt: skip
+        (self.dir / "options.json").write_text(
+            msgspec.json.encode({"parent_pid": os.getpid(), "verbose": verbose}).decode()
+        )
         try:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "paged_core.engine_core.loop", str(self.dir)], stdin=subprocess.DEVNULL,
+                [sys.executable, "-m", "paged_core.engine_core.loop", str(self.dir)],
+                stdin=subprocess.DEVNULL,
                 env={**child_environ(), **(environ or {})},
-            )  # fmt: skip
+            )
         except BaseException:
             self.close(timeout=2.0)
             raise

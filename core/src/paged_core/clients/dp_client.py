@@ -91,17 +91,24 @@ def sum_stats(live: list[SchedulerStats], every: list[SchedulerStats]) -> Schedu
     for s in every:
         fallbacks.update(s.graph_fallbacks)
     return SchedulerStats(
-        kv_usage=used / usable if usable else 0.0, num_free_blocks=sum(s.num_free_blocks for s in live),
-        num_usable_blocks=usable, num_running=sum(s.num_running for s in live),
-        num_waiting=sum(s.num_waiting for s in live), num_preemptions=sum(s.num_preemptions for s in every),
-        prefix_queries=sum(s.prefix_queries for s in every), prefix_hits=sum(s.prefix_hits for s in every),
-        steps=sum(s.steps for s in every), graph_mode=every[0].graph_mode if every else "eager",
-        graph_replays=sum(s.graph_replays for s in every), eager_steps=sum(s.eager_steps for s in every),
-        graph_fallbacks=dict(fallbacks), spec_verify_rows=sum(s.spec_verify_rows for s in every),
+        kv_usage=used / usable if usable else 0.0,
+        num_free_blocks=sum(s.num_free_blocks for s in live),
+        num_usable_blocks=usable,
+        num_running=sum(s.num_running for s in live),
+        num_waiting=sum(s.num_waiting for s in live),
+        num_preemptions=sum(s.num_preemptions for s in every),
+        prefix_queries=sum(s.prefix_queries for s in every),
+        prefix_hits=sum(s.prefix_hits for s in every),
+        steps=sum(s.steps for s in every),
+        graph_mode=every[0].graph_mode if every else "eager",
+        graph_replays=sum(s.graph_replays for s in every),
+        eager_steps=sum(s.eager_steps for s in every),
+        graph_fallbacks=dict(fallbacks),
+        spec_verify_rows=sum(s.spec_verify_rows for s in every),
         spec_draft_tokens=sum(s.spec_draft_tokens for s in every),
         spec_accepted_tokens=sum(s.spec_accepted_tokens for s in every),
         batch_invariant=bool(every) and all(s.batch_invariant for s in every),
-    )  # fmt: skip
+    )
 
 
 class DataParallelClient(AsyncCoreClient):
@@ -120,12 +127,15 @@ class DataParallelClient(AsyncCoreClient):
         for i, c in enumerate(self.clients[1:], 1):
             for name in _MUST_AGREE:
                 if getattr(c.facts, name) != getattr(first, name):
-                    raise EngineStartError(f"engine cores 0 and {i} disagree on {name}: "
-                                           f"{getattr(first, name)!r} != {getattr(c.facts, name)!r}")  # fmt: skip
+                    raise EngineStartError(
+                        f"engine cores 0 and {i} disagree on {name}: "
+                        f"{getattr(first, name)!r} != {getattr(c.facts, name)!r}"
+                    )
         self.facts: CoreFacts = msgspec.structs.replace(
-            first, max_num_seqs=sum(c.facts.max_num_seqs for c in self.clients),
+            first,
+            max_num_seqs=sum(c.facts.max_num_seqs for c in self.clients),
             num_usable_blocks=sum(c.facts.num_usable_blocks for c in self.clients),
-        )  # fmt: skip
+        )
         self.router = Router(len(self.clients), first.block_size)
         self._core_stats = [c.stats for c in self.clients]
         for i, s in enumerate(self._core_stats):
@@ -149,8 +159,9 @@ class DataParallelClient(AsyncCoreClient):
             raise
 
     # ---- AsyncCoreClient ------------------------------------------------
-    def start(self, loop: asyncio.AbstractEventLoop, on_outputs: OnOutputs, on_dead: OnDead,
-              on_failed: OnFailed | None = None) -> None:  # fmt: skip
+    def start(
+        self, loop: asyncio.AbstractEventLoop, on_outputs: OnOutputs, on_dead: OnDead, on_failed: OnFailed | None = None
+    ) -> None:
         """Start every core's reader. Without ``on_failed`` the first core death is reported as ``on_dead``."""
         self._on_outputs, self._on_dead, self._on_failed = on_outputs, on_dead, on_failed
         for i, c in enumerate(self.clients):
@@ -178,8 +189,9 @@ class DataParallelClient(AsyncCoreClient):
     def _place(self, request: CoreRequest, exclude: Iterable[int] = ()) -> None:
         tried = set(exclude)
         while True:
-            route = self.router.route(request.request_id, request.prompt_token_ids, request.cache_salt,
-                                      request.params.n, tried)  # fmt: skip
+            route = self.router.route(
+                request.request_id, request.prompt_token_ids, request.cache_salt, request.params.n, tried
+            )
             try:
                 self.clients[route.core].add([request])
             except EngineDeadError:  # the core died and its death is not yet reported: the next core
@@ -215,8 +227,12 @@ class DataParallelClient(AsyncCoreClient):
     @property
     def per_core(self) -> list[CoreStatus]:
         """Every core's status and latest stats, by index."""
-        return [CoreStatus(i, pid, self._serves(i), self._core_stats[i], self._dead.get(i),
-                           dict(self.router.cores[i].routed)) for i, pid in enumerate(self.pids)]  # fmt: skip
+        return [
+            CoreStatus(
+                i, pid, self._serves(i), self._core_stats[i], self._dead.get(i), dict(self.router.cores[i].routed)
+            )
+            for i, pid in enumerate(self.pids)
+        ]
 
     def core_health(self) -> list[dict[str, Any]]:
         """What ``/health`` lists: each core's index, pid, ``ok`` or ``dead`` and why."""
@@ -273,8 +289,9 @@ class DataParallelClient(AsyncCoreClient):
             self._place(request, exclude=self._dead)
         except EngineDeadError:
             return False
-        log.warning("request %s: engine core %d died before answering; placed on another core", request.request_id,
-                    dead)  # fmt: skip
+        log.warning(
+            "request %s: engine core %d died before answering; placed on another core", request.request_id, dead
+        )
         return True
 
     def _update_stats(self) -> None:

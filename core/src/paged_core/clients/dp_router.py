@@ -60,13 +60,14 @@ AFFINITY_ENTRIES = 1 << 16
 """Prefix keys remembered (least recently used dropped first)."""
 
 
-def prefix_keys(prompt: Sequence[int], block_size: int, cache_salt: str | None,
-                limit: int = MAX_AFFINITY_BLOCKS) -> list[int]:  # fmt: skip
+def prefix_keys(
+    prompt: Sequence[int], block_size: int, cache_salt: str | None, limit: int = MAX_AFFINITY_BLOCKS
+) -> list[int]:
     """Chain keys of the prompt's first ``limit`` full blocks (key k depends on the salt and blocks 1..k)."""
     keys: list[int] = []
     key = hash(("paged-dp", cache_salt))
     for start in range(0, min(len(prompt) // block_size, limit) * block_size, block_size):
-        key = hash((key, tuple(prompt[start:start + block_size])))
+        key = hash((key, tuple(prompt[start : start + block_size])))
         keys.append(key)
     return keys
 
@@ -109,8 +110,14 @@ class Router:
         """request_id -> (core, indices of its samples still running)."""
 
     # ---- placement ------------------------------------------------------
-    def route(self, request_id: str, prompt: Sequence[int], cache_salt: str | None = None, n: int = 1,
-              exclude: Iterable[int] = ()) -> Route:  # fmt: skip
+    def route(
+        self,
+        request_id: str,
+        prompt: Sequence[int],
+        cache_salt: str | None = None,
+        n: int = 1,
+        exclude: Iterable[int] = (),
+    ) -> Route:
         """Pick a core for a new request and remember it; :class:`EngineDeadError` if no live core is left."""
         if request_id in self._placed:
             raise ValueError(f"request id {request_id!r} is already placed on core {self._placed[request_id][0]}")
@@ -210,5 +217,7 @@ class Router:
             if core is not None:
                 seqs.setdefault(core, []).append((rid, index))
                 self.sequence_done(rid, index)
-        return {core: CoreAbort(request_ids=ids.get(core, []), sequences=seqs.get(core, []), stopped=abort.stopped)
-                for core in sorted(ids.keys() | seqs.keys())}  # fmt: skip
+        return {
+            core: CoreAbort(request_ids=ids.get(core, []), sequences=seqs.get(core, []), stopped=abort.stopped)
+            for core in sorted(ids.keys() | seqs.keys())
+        }

@@ -72,8 +72,9 @@ class EventLoopClient(AsyncCoreClient):
     def alive(self) -> bool:
         return self._dead is None and self.transport.alive
 
-    def start(self, loop: asyncio.AbstractEventLoop, on_outputs: OnOutputs, on_dead: OnDead,
-              on_failed: OnFailed | None = None) -> None:  # fmt: skip
+    def start(
+        self, loop: asyncio.AbstractEventLoop, on_outputs: OnOutputs, on_dead: OnDead, on_failed: OnFailed | None = None
+    ) -> None:
         if self._reader is not None:
             raise RuntimeError("core client already started")
         self._deliver.loop = loop

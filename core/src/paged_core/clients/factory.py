@@ -63,13 +63,16 @@ def thread_client(core: Any) -> EventLoopClient:
 
 
 @overload
-def make_client(config: EngineConfig, *, event_loop: Literal[False], in_process: bool,
-                loaded: LoadedModel | None = None) -> tuple[SyncCoreClient, Any | None]: ...  # fmt: skip
+def make_client(
+    config: EngineConfig, *, event_loop: Literal[False], in_process: bool, loaded: LoadedModel | None = None
+) -> tuple[SyncCoreClient, Any | None]: ...
 @overload
-def make_client(config: EngineConfig, *, event_loop: Literal[True], in_process: bool,
-                loaded: LoadedModel | None = None) -> tuple[AsyncCoreClient, Any | None]: ...  # fmt: skip
-def make_client(config: EngineConfig, *, event_loop: bool, in_process: bool,
-                loaded: LoadedModel | None = None) -> tuple[CoreClient, Any | None]:  # fmt: skip
+def make_client(
+    config: EngineConfig, *, event_loop: Literal[True], in_process: bool, loaded: LoadedModel | None = None
+) -> tuple[AsyncCoreClient, Any | None]: ...
+def make_client(
+    config: EngineConfig, *, event_loop: bool, in_process: bool, loaded: LoadedModel | None = None
+) -> tuple[CoreClient, Any | None]:
     """The client for a caller and its tokenizer; the core is running on return (see the module's table).
 
     ``event_loop``: the caller is the asyncio server (outputs are delivered to its loop), else a synchronous front
@@ -82,8 +85,10 @@ def make_client(config: EngineConfig, *, event_loop: bool, in_process: bool,
     dp = config.parallel.data_parallel_size
     if dp > 1:
         if in_process:
-            raise ConfigError(f"--data-parallel-size {dp} runs one engine-core process per core; it cannot be "
-                              "combined with --engine-in-process (one core on a thread of the server)")  # fmt: skip
+            raise ConfigError(
+                f"--data-parallel-size {dp} runs one engine-core process per core; it cannot be "
+                "combined with --engine-in-process (one core on a thread of the server)"
+            )
         if not event_loop:
             from paged_core.data_parallel import require_one_engine_core
 

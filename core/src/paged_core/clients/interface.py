@@ -67,8 +67,9 @@ class AsyncCoreClient(CoreClient):
     """A client that delivers outputs to an asyncio event loop; its calls never block the loop."""
 
     @abstractmethod
-    def start(self, loop: asyncio.AbstractEventLoop, on_outputs: OnOutputs, on_dead: OnDead,
-              on_failed: OnFailed | None = None) -> None:  # fmt: skip
+    def start(
+        self, loop: asyncio.AbstractEventLoop, on_outputs: OnOutputs, on_dead: OnDead, on_failed: OnFailed | None = None
+    ) -> None:
         """Begin delivering every :class:`CoreOutputs` to ``on_outputs`` on ``loop`` (call on that loop).
 
         ``on_dead(why)`` reports the core's death on the loop. ``on_failed`` is for clients over several cores

@@ -163,9 +163,7 @@ class BackendCapabilities:
             problems.append(f"dtype {dtype} not supported (supported: {_names(self.dtypes)})")
         kv = kv_cache_dtype if kv_cache_dtype is not None else dtype
         if kv not in self.effective_kv_cache_dtypes:
-            problems.append(
-                f"kv_cache_dtype {kv} not supported (supported: {_names(self.effective_kv_cache_dtypes)})"
-            )
+            problems.append(f"kv_cache_dtype {kv} not supported (supported: {_names(self.effective_kv_cache_dtypes)})")
         if self.head_sizes is not None and spec.head_size not in self.head_sizes:
             problems.append(f"head_size {spec.head_size} not supported (supported: {sorted(self.head_sizes)})")
         if block_size not in self.block_sizes:

@@ -90,4 +90,3 @@ def default_device_hooks(device: torch.device) -> DeviceHooks:
     if isinstance(module, ModuleType) and all(callable(getattr(module, name, None)) for name in _MEMORY_API):
         return TorchDeviceHooks(device, module)
     return UnknownDeviceHooks(device)
-

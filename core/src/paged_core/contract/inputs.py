@@ -20,8 +20,10 @@ def check_write_inputs(
     """Keys and values are ``[len(slot_mapping), num_kv_heads, head_size]``; ``slot_mapping`` is int64."""
     expected = (metadata.slot_mapping.shape[0], num_kv_heads, head_size)
     if tuple(key.shape) != expected or tuple(value.shape) != expected:
-        raise PagedError(f"key {tuple(key.shape)} and value {tuple(value.shape)} must be {list(expected)} "
-                         f"(one row per slot_mapping entry)")  # fmt: skip
+        raise PagedError(
+            f"key {tuple(key.shape)} and value {tuple(value.shape)} must be {list(expected)} "
+            f"(one row per slot_mapping entry)"
+        )
     if metadata.slot_mapping.dtype != torch.int64:
         raise PagedError(f"slot_mapping must be int64, got {metadata.slot_mapping.dtype}")
 
@@ -37,8 +39,10 @@ def check_attention_inputs(
     """The cache's ``(kv heads, head size)`` match ``spec``, the query is ``[T, heads, head size]``, the config
     is inside ``capabilities``, and the metadata's index tensors are int32."""
     if tuple(cache_heads) != (spec.num_kv_heads, spec.head_size):
-        raise PagedError(f"kv_cache heads/head_size {tuple(cache_heads)} do not match the spec "
-                         f"({spec.num_kv_heads}, {spec.head_size})")  # fmt: skip
+        raise PagedError(
+            f"kv_cache heads/head_size {tuple(cache_heads)} do not match the spec "
+            f"({spec.num_kv_heads}, {spec.head_size})"
+        )
     if query.dim() != 3 or tuple(query.shape[1:]) != (spec.num_heads, spec.head_size):
         raise PagedError(f"query {tuple(query.shape)} must be [T, {spec.num_heads}, {spec.head_size}]")
     capabilities.check(spec, query.dtype, metadata.block_size, kv_dtype)

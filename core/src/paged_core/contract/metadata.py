@@ -128,7 +128,10 @@ def build_attention_metadata(
 
     width = max_blocks_per_seq if max_blocks_per_seq is not None else max((len(t) for t in block_tables), default=1)
     builder = MetadataBuilder(
-        max_num_reqs=max(len(query_lens), 1), max_num_tokens=max(sum(query_lens), 1),
-        max_blocks_per_seq=max(width, 1), block_size=block_size, device=device,
-    )  # fmt: skip
+        max_num_reqs=max(len(query_lens), 1),
+        max_num_tokens=max(sum(query_lens), 1),
+        max_blocks_per_seq=max(width, 1),
+        block_size=block_size,
+        device=device,
+    )
     return builder.build(query_lens, seq_lens, block_tables)

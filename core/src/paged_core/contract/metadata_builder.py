@@ -35,8 +35,12 @@ class MetadataBuilder:
         block_size: int,
         device: torch.device | str = "cpu",
     ) -> None:
-        for name, value in (("max_num_reqs", max_num_reqs), ("max_num_tokens", max_num_tokens),
-                            ("max_blocks_per_seq", max_blocks_per_seq), ("block_size", block_size)):  # fmt: skip
+        for name, value in (
+            ("max_num_reqs", max_num_reqs),
+            ("max_num_tokens", max_num_tokens),
+            ("max_blocks_per_seq", max_blocks_per_seq),
+            ("block_size", block_size),
+        ):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise PagedError(f"{name} must be an int >= 1, got {value!r}")
         self.max_num_reqs = max_num_reqs

@@ -205,8 +205,14 @@ class BeamSearch:
         """A scheduler request for a beam: stops are the search's business, so the scheduler never ends it."""
         req = group.request
         room = group.max_new - (len(token_ids) - len(req.prompt_token_ids))
-        return Request(seq_id, token_ids, max_tokens=max(1, room), ignore_eos=True, priority=req.priority,
-                       cache_salt=req.cache_salt)  # fmt: skip
+        return Request(
+            seq_id,
+            token_ids,
+            max_tokens=max(1, room),
+            ignore_eos=True,
+            priority=req.priority,
+            cache_salt=req.cache_salt,
+        )
 
     def abort(self, request_id: str, status: RequestStatus = RequestStatus.FINISHED_ABORTED) -> bool:
         """End a group and free its beams' blocks; False if no such group."""
@@ -312,9 +318,15 @@ class BeamSearch:
         deltas = []
         for i, hyp in enumerate(group.results()):
             result = BeamResult(hyp.logprob, hyp.score, group.peak_blocks, group.peak_blocks_unshared, group.forks)
-            deltas.append(SeqDelta(
-                rid, i, list(hyp.tokens), finish_reason="stop" if hyp.eos else "length",
-                stop_reason=hyp.tokens[-1] if hyp.eos else None,
-                num_cached_tokens=group.num_cached_tokens if i == 0 else -1, beam=result,
-            ))  # fmt: skip
+            deltas.append(
+                SeqDelta(
+                    rid,
+                    i,
+                    list(hyp.tokens),
+                    finish_reason="stop" if hyp.eos else "length",
+                    stop_reason=hyp.tokens[-1] if hyp.eos else None,
+                    num_cached_tokens=group.num_cached_tokens if i == 0 else -1,
+                    beam=result,
+                )
+            )
         return deltas

@@ -62,8 +62,9 @@ def check_beam(params: SamplingParams, beam: BeamParams, max_num_seqs: int) -> N
     if not isinstance(width, int) or isinstance(width, bool) or not 1 <= width <= max_num_seqs:
         raise BeamRequestError(
             f"beam_width must be an int in [1, {max_num_seqs}] (max_num_seqs: every beam is a batch row); "
-            f"got {width!r}", "beam_width"
-        )  # fmt: skip
+            f"got {width!r}",
+            "beam_width",
+        )
     lp = beam.length_penalty
     if isinstance(lp, bool) or not isinstance(lp, (int, float)) or not math.isfinite(lp):
         raise BeamRequestError(f"length_penalty must be a finite number; got {lp!r}", "length_penalty")
@@ -74,8 +75,9 @@ def check_beam(params: SamplingParams, beam: BeamParams, max_num_seqs: int) -> N
     if params.n > width:
         raise BeamRequestError(
             f"n must be at most the beam width ({width}): beam search returns its best n finished beams; "
-            f"got {params.n}", "n"
-        )  # fmt: skip
+            f"got {params.n}",
+            "n",
+        )
     refused = _unsupported(params)
     if refused is not None:
         param, why = refused

@@ -79,14 +79,21 @@ class EngineCore:
         """What a front end needs to know about this core (limits, vocabulary, what runs)."""
         loaded, sched = self.loaded, self.scheduler
         return CoreFacts(
-            model_name=loaded.source.name, model_source=str(self.config.model.model or ""), vocab_size=self.vocab_size,
-            eos_token_ids=list(loaded.eos_token_ids), max_model_len=int(sched.max_len),
-            block_size=int(sched.block_size), num_usable_blocks=int(sched.kv.pool.num_usable_blocks),
-            max_num_seqs=int(sched.config.max_num_seqs), backend=loaded.backend.name,
-            dtype=str(loaded.dtype).removeprefix("torch."), graph_mode=self.runner.graph_mode,
-            model_path=self.runner.forward_impl.name, batch_invariant=self._invariant(),
+            model_name=loaded.source.name,
+            model_source=str(self.config.model.model or ""),
+            vocab_size=self.vocab_size,
+            eos_token_ids=list(loaded.eos_token_ids),
+            max_model_len=int(sched.max_len),
+            block_size=int(sched.block_size),
+            num_usable_blocks=int(sched.kv.pool.num_usable_blocks),
+            max_num_seqs=int(sched.config.max_num_seqs),
+            backend=loaded.backend.name,
+            dtype=str(loaded.dtype).removeprefix("torch."),
+            graph_mode=self.runner.graph_mode,
+            model_path=self.runner.forward_impl.name,
+            batch_invariant=self._invariant(),
             batch_variant=self.batch_invariance.reasons() if self.batch_invariance is not None else [],
-        )  # fmt: skip
+        )
 
     @property
     def spec_stats(self) -> SpecStats:
@@ -101,15 +108,24 @@ class EngineCore:
         sched = self.scheduler
         pool, prefix, executor = sched.kv.pool, sched.kv.stats, self.runner.executor
         return SchedulerStats(
-            kv_usage=float(pool.usage), num_free_blocks=int(pool.num_free_blocks),
-            num_usable_blocks=int(pool.num_usable_blocks), num_running=int(sched.num_running),
-            num_waiting=int(sched.num_waiting), num_preemptions=int(sched.num_preemptions),
-            prefix_queries=int(prefix.queries), prefix_hits=int(prefix.hits), steps=self.steps,
-            graph_mode=executor.mode, graph_replays=int(executor.stats.replays),
-            eager_steps=int(executor.stats.eager_steps), graph_fallbacks=dict(executor.stats.fallback_reasons),
-            spec_verify_rows=self.spec_stats.verify_rows, spec_draft_tokens=self.spec_stats.draft_tokens,
-            spec_accepted_tokens=self.spec_stats.accepted_tokens, batch_invariant=self._invariant(),
-        )  # fmt: skip
+            kv_usage=float(pool.usage),
+            num_free_blocks=int(pool.num_free_blocks),
+            num_usable_blocks=int(pool.num_usable_blocks),
+            num_running=int(sched.num_running),
+            num_waiting=int(sched.num_waiting),
+            num_preemptions=int(sched.num_preemptions),
+            prefix_queries=int(prefix.queries),
+            prefix_hits=int(prefix.hits),
+            steps=self.steps,
+            graph_mode=executor.mode,
+            graph_replays=int(executor.stats.replays),
+            eager_steps=int(executor.stats.eager_steps),
+            graph_fallbacks=dict(executor.stats.fallback_reasons),
+            spec_verify_rows=self.spec_stats.verify_rows,
+            spec_draft_tokens=self.spec_stats.draft_tokens,
+            spec_accepted_tokens=self.spec_stats.accepted_tokens,
+            batch_invariant=self._invariant(),
+        )
 
     def call(self, method: str) -> Any:
         """A utility call by name (``reset_prefix_cache``, ``stats``, ``facts``); unknown names raise ValueError."""

@@ -56,10 +56,17 @@ class Drafts:
         spec_seqs = [seqs[rid] for rid in rows.req_ids]
         drafts = [list(out.scheduled_spec_decode_tokens[rid]) for rid in rows.req_ids]
         proposals = self._proposals
-        probs = [p.probs[: len(d)] if (p := proposals.pop(s.seq_id, None)) is not None and p.probs is not None
-                 else None for s, d in zip(spec_seqs, drafts, strict=True)]  # fmt: skip
-        kept, errors = verify_isolated(self.sampler, rows.logits, [s.state for s in spec_seqs], drafts,
-                                       probs if any(p is not None for p in probs) else None)  # fmt: skip
+        probs = [
+            p.probs[: len(d)] if (p := proposals.pop(s.seq_id, None)) is not None and p.probs is not None else None
+            for s, d in zip(spec_seqs, drafts, strict=True)
+        ]
+        kept, errors = verify_isolated(
+            self.sampler,
+            rows.logits,
+            [s.state for s in spec_seqs],
+            drafts,
+            probs if any(p is not None for p in probs) else None,
+        )
         for i, (seq, toks) in enumerate(zip(spec_seqs, kept, strict=True)):
             if (exc := errors.get(i)) is not None:
                 log.error("request %s: verifying its drafts failed; ending it alone", seq.request_id, exc_info=exc)

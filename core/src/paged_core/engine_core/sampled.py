@@ -120,10 +120,16 @@ class SampledGroups:
         if not params.ignore_eos:
             stop_ids.update(eos[1:])  # the first EOS is the request's own; any others stop too
         return Request(
-            seq.seq_id, req.prompt_token_ids, max_tokens=params.max_tokens, min_tokens=params.min_tokens,
-            stop_token_ids=stop_ids, eos_token_id=eos[0] if eos else None, ignore_eos=params.ignore_eos,
-            priority=req.priority, cache_salt=req.cache_salt,
-        )  # fmt: skip
+            seq.seq_id,
+            req.prompt_token_ids,
+            max_tokens=params.max_tokens,
+            min_tokens=params.min_tokens,
+            stop_token_ids=stop_ids,
+            eos_token_id=eos[0] if eos else None,
+            ignore_eos=params.ignore_eos,
+            priority=req.priority,
+            cache_salt=req.cache_salt,
+        )
 
     def abort(self, request_id: str, status: RequestStatus) -> bool:
         """End a whole request and free its sequences' blocks; False if no such request."""

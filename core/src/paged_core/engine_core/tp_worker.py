@@ -103,12 +103,16 @@ def fetch_config(rendezvous: Any, timeout: float) -> Any:
     try:
         raw = store.get(CONFIG_KEY)
     except Exception as exc:
-        raise ConfigError(f"rank {rendezvous.rank}: rank 0 published no engine configuration at "
-                          f"{rendezvous.addr}:{rendezvous.port} within {timeout:.0f} s ({exc})") from None  # fmt: skip
+        raise ConfigError(
+            f"rank {rendezvous.rank}: rank 0 published no engine configuration at "
+            f"{rendezvous.addr}:{rendezvous.port} within {timeout:.0f} s ({exc})"
+        ) from None
     config = msgspec.json.decode(raw, type=EngineConfig)
     if config.parallel.tensor_parallel_size != rendezvous.world_size:
-        raise ConfigError(f"WORLD_SIZE={rendezvous.world_size} but rank 0 runs tensor_parallel_size="
-                          f"{config.parallel.tensor_parallel_size}")  # fmt: skip
+        raise ConfigError(
+            f"WORLD_SIZE={rendezvous.world_size} but rank 0 runs tensor_parallel_size="
+            f"{config.parallel.tensor_parallel_size}"
+        )
     return config
 
 

@@ -104,9 +104,11 @@ class InputProcessor:
         return self.check_ids([int(t) for t in prompt], param)
 
     def render_chat(
-        self, conversation: Sequence[Message], add_generation_prompt: bool = True,
+        self,
+        conversation: Sequence[Message],
+        add_generation_prompt: bool = True,
         chat_template_kwargs: Mapping[str, Any] | None = None,
-    ) -> list[int]:  # fmt: skip
+    ) -> list[int]:
         """Token ids of a conversation (``{"role", "content"}`` dicts) through the model's chat template."""
         from jinja2 import TemplateError
 
@@ -117,8 +119,12 @@ class InputProcessor:
             if not isinstance(m, Mapping) or "role" not in m or "content" not in m:
                 raise InputError(f"messages[{i}] must be a dict with 'role' and 'content', got {m!r}", "messages")
         try:
-            ids = tok.apply_chat_template(list(conversation), add_generation_prompt=add_generation_prompt,
-                                          tokenize=True, **dict(chat_template_kwargs or {}))  # fmt: skip
+            ids = tok.apply_chat_template(
+                list(conversation),
+                add_generation_prompt=add_generation_prompt,
+                tokenize=True,
+                **dict(chat_template_kwargs or {}),
+            )
         except TemplateError as exc:  # the model's template refuses this conversation, saying why
             raise InputError(f"the chat template refused these messages: {exc}", "messages") from None
         if isinstance(ids, Mapping) or hasattr(ids, "input_ids"):

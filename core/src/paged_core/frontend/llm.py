@@ -112,9 +112,15 @@ class LLM:
         beam = BeamParams(beam_width, length_penalty, early_stopping)
         ok = isinstance(beam_width, int) and not isinstance(beam_width, bool) and beam_width >= 1
         # n is checked against beam_width by the engine, which names beam_width if that is what is wrong.
-        params = SamplingParams(n=beam_width if ok else 1, temperature=0.0, max_tokens=max_tokens,
-                                min_tokens=min_tokens, ignore_eos=ignore_eos, stop_token_ids=stop_token_ids,
-                                skip_special_tokens=skip_special_tokens)  # fmt: skip
+        params = SamplingParams(
+            n=beam_width if ok else 1,
+            temperature=0.0,
+            max_tokens=max_tokens,
+            min_tokens=min_tokens,
+            ignore_eos=ignore_eos,
+            stop_token_ids=stop_token_ids,
+            skip_special_tokens=skip_special_tokens,
+        )
         batch = _as_batch(prompts)
         outs = self._run(batch, [params] * len(batch), use_tqdm, cache_salt, beam)
         return [BeamSearchOutput.of(out) for out in outs]
@@ -210,8 +216,9 @@ class LLM:
             why, text = refusals[i]
             rid = f"refused-{i}"
             order.append(rid)
-            results[rid] = RequestOutput(rid, prompt if isinstance(prompt, str) else None,
-                                         [], [], True, RequestMetrics(0.0), error=text)  # fmt: skip
+            results[rid] = RequestOutput(
+                rid, prompt if isinstance(prompt, str) else None, [], [], True, RequestMetrics(0.0), error=text
+            )
             log.warning("prompt %d refused: %s", i, why)
         if refusals and len(refusals) == len(prompts):
             raise refusals[min(refusals)][0]

@@ -97,7 +97,11 @@ class LLMEngine:
         return rid
 
     def add_requests(
-        self, prompts: Seq[str | Seq[int]], params: Seq[SamplingParams | None], *, cache_salt: str | None = None,
+        self,
+        prompts: Seq[str | Seq[int]],
+        params: Seq[SamplingParams | None],
+        *,
+        cache_salt: str | None = None,
         beam: BeamParams | None = None,
     ) -> list[str | PagedError]:
         """Queue several requests at once (admitted together before the next step, in or out of process).

@@ -76,8 +76,9 @@ class _Request:
         self.request = request
         self.prompt = prompt
         self.seqs = [_Sequence(request, i, tokenizer) for i in range(request.params.n)]
-        self.metrics = RequestMetrics(arrival_time=request.arrival_time,
-                                      num_prompt_tokens=len(request.prompt_token_ids))  # fmt: skip
+        self.metrics = RequestMetrics(
+            arrival_time=request.arrival_time, num_prompt_tokens=len(request.prompt_token_ids)
+        )
 
     @property
     def finished(self) -> bool:
@@ -90,9 +91,15 @@ class _Request:
             o = seq.out
             outs.append(
                 CompletionOutput(
-                    index=o.index, text=o.text, token_ids=list(o.token_ids), finish_reason=o.finish_reason,
-                    stop_reason=o.stop_reason, logprobs=list(o.logprobs) if o.logprobs is not None else None,
-                    new_text=o.new_text, new_token_ids=o.new_token_ids, cumulative_logprob=o.cumulative_logprob,
+                    index=o.index,
+                    text=o.text,
+                    token_ids=list(o.token_ids),
+                    finish_reason=o.finish_reason,
+                    stop_reason=o.stop_reason,
+                    logprobs=list(o.logprobs) if o.logprobs is not None else None,
+                    new_text=o.new_text,
+                    new_token_ids=o.new_token_ids,
+                    cumulative_logprob=o.cumulative_logprob,
                     score=o.score,
                 )
             )
@@ -153,8 +160,9 @@ class OutputProcessor:
                 self.requests.pop(out.request_id, None)
         return results, stopped
 
-    def _accept(self, req: _Request, seq: _Sequence, delta: SeqDelta, now: float,
-                stopped: list[tuple[str, int]]) -> None:  # fmt: skip
+    def _accept(
+        self, req: _Request, seq: _Sequence, delta: SeqDelta, now: float, stopped: list[tuple[str, int]]
+    ) -> None:
         metrics = req.metrics
         if metrics.first_token_time is None and delta.new_token_ids:
             metrics.first_token_time = now

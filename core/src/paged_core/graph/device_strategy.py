@@ -67,9 +67,7 @@ class DeviceGraphStrategy(GraphCaptureStrategy):
             raise UnsupportedConfigError(f"captured arguments must share one device, got {sorted(map(str, devices))}")
         device = devices.pop()
         if self.device_type is not None and device.type != self.device_type:
-            raise UnsupportedConfigError(
-                f"DeviceGraphStrategy({self.device_type!r}) was given tensors on {device}"
-            )
+            raise UnsupportedConfigError(f"DeviceGraphStrategy({self.device_type!r}) was given tensors on {device}")
         return device
 
     def capture(self, key: Hashable, fn: StepFn, args: tuple[torch.Tensor, ...]) -> None:

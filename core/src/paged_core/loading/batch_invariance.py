@@ -125,13 +125,22 @@ def batch_invariance(
     who = f"{getattr(ops, 'name', cls.__name__)} FusedOps ({cls.__module__}.{cls.__qualname__})"
     variant: list[VariantPart] = []
     if model_path not in PROVEN_MODEL_PATHS:
-        variant.append(VariantPart(f"model_impl {model_path}", "runs transformers' own layers (torch's matmuls, "
-                                   "norms and activations choose kernels by the batch's size)"))  # fmt: skip
+        variant.append(
+            VariantPart(
+                f"model_impl {model_path}",
+                "runs transformers' own layers (torch's matmuls, "
+                "norms and activations choose kernels by the batch's size)",
+            )
+        )
     if capabilities.batch_invariant is not True:
         variant.append(VariantPart("attention", f"backend {backend!r} does not declare batch_invariant"))
     if model_path in PROVEN_MODEL_PATHS and getattr(cls, "batch_invariant_layer_ops", False) is not True:
-        variant.append(VariantPart("layer ops", f"{who} do not declare batch_invariant_layer_ops (rms_norm, "
-                                   "add_rms_norm, silu_and_mul, rotary)"))  # fmt: skip
+        variant.append(
+            VariantPart(
+                "layer ops",
+                f"{who} do not declare batch_invariant_layer_ops (rms_norm, add_rms_norm, silu_and_mul, rotary)",
+            )
+        )
     declared = _declared_kinds(ops)
     own: object = getattr(cls, "linear_formats", frozenset())
     formats = frozenset(own) if isinstance(own, (set, frozenset, list, tuple)) else frozenset()
@@ -139,19 +148,30 @@ def batch_invariance(
         if kind not in declared:
             layers = f"{kinds[kind]} layer{'s' if kinds[kind] != 1 else ''}"
             route = f", packed by the reference (not one of {who}'s)" if kind in FORMATS and kind not in formats else ""
-            variant.append(VariantPart(f"linear {kind} ({layers})", f"{who} do not declare it in "
-                                       f"batch_invariant_linear{route}"))  # fmt: skip
+            variant.append(
+                VariantPart(f"linear {kind} ({layers})", f"{who} do not declare it in batch_invariant_linear{route}")
+            )
     if graph_mode not in PROVEN_GRAPH_MODES:
-        why = {"compiled": "torch.compile (inductor) generates the kernels of the ops around the backend's; not "
-                           "proven batch-invariant",
-               "device": "replayed device graphs are checked against eager steps within a tolerance, not bit for "
-                         "bit"}.get(graph_mode, "not proven batch-invariant")  # fmt: skip
+        why = {
+            "compiled": "torch.compile (inductor) generates the kernels of the ops around the backend's; not "
+            "proven batch-invariant",
+            "device": "replayed device graphs are checked against eager steps within a tolerance, not bit for bit",
+        }.get(graph_mode, "not proven batch-invariant")
         variant.append(VariantPart(f"graph_mode {graph_mode}", why))
     if tensor_parallel_size != 1:
-        variant.append(VariantPart(f"tensor_parallel_size {tensor_parallel_size}", "the all-reduce of partial sums "
-                                   "across ranks sums in the collective library's order, not proven "
-                                   "batch-invariant"))  # fmt: skip
+        variant.append(
+            VariantPart(
+                f"tensor_parallel_size {tensor_parallel_size}",
+                "the all-reduce of partial sums "
+                "across ranks sums in the collective library's order, not proven "
+                "batch-invariant",
+            )
+        )
     linear = ", ".join(f"{k} x{kinds[k]}" for k in sorted(kinds)) or "none"
-    parts = (f"attention of backend {backend!r}", f"{model_path} model path on {who}", f"linear {linear}",
-             f"graph_mode {graph_mode}")  # fmt: skip
+    parts = (
+        f"attention of backend {backend!r}",
+        f"{model_path} model path on {who}",
+        f"linear {linear}",
+        f"graph_mode {graph_mode}",
+    )
     return BatchInvariance(tuple(variant), parts)

@@ -182,9 +182,11 @@ def load(config: EngineConfig, group: TPGroup | None = None) -> LoadedModel:
     check_tp_size(tp, specs, model_config)
     quant = config.model.quantization
     if tp > 1 and (quant == "int8" or (quant == "auto" and source.gguf_file is not None)):
-        raise UnsupportedConfigError(f"tensor parallelism over packed (quantized) weights is not supported yet "
-                                     f"(quantization={quant!r}{' on a GGUF' if quant == 'auto' else ''}); pass "
-                                     "--quantization none to split the dequantized model, or run one rank")  # fmt: skip
+        raise UnsupportedConfigError(
+            f"tensor parallelism over packed (quantized) weights is not supported yet "
+            f"(quantization={quant!r}{' on a GGUF' if quant == 'auto' else ''}); pass "
+            "--quantization none to split the dequantized model, or run one rank"
+        )
     specs = local_specs(specs, tp)
     cls, device, dtype, _ = choose_backend(config, specs, serves_packed(source, quant))
     leader: Leader | None = None
@@ -193,8 +195,9 @@ def load(config: EngineConfig, group: TPGroup | None = None) -> LoadedModel:
             leader = start_leader(config, device)
             group = leader.group
         elif group.device.type != device.type:
-            raise ConfigError(f"rank {group.rank} joined the group for {group.device.type}, but the backend chose "
-                              f"{device.type} here")  # fmt: skip
+            raise ConfigError(
+                f"rank {group.rank} joined the group for {group.device.type}, but the backend chose {device.type} here"
+            )
     device = place(device, group.rank if group is not None else 0, tp)
     try:
         tokenizer = load_tokenizer(source) if group is None or group.rank == 0 else None
@@ -214,14 +217,22 @@ def load(config: EngineConfig, group: TPGroup | None = None) -> LoadedModel:
             leader.close(timeout=1.0)
         raise
     limit = int(getattr(model_config.get_text_config(), "max_position_embeddings", 0) or 0) or 2**20
-    return LoadedModel(source, tokenizer, model, specs, backend, dtype, _eos_ids(model, tokenizer), limit,
-                       tp=group, leader=leader)  # fmt: skip
+    return LoadedModel(
+        source, tokenizer, model, specs, backend, dtype, _eos_ids(model, tokenizer), limit, tp=group, leader=leader
+    )
 
 
 def _forward(config: EngineConfig, loaded: LoadedModel, max_model_len: int) -> ModelForward:
     reduce = loaded.tp.all_reduce if loaded.tp is not None else None
-    return make_forward(config.model.model_impl, loaded.model, loaded.backend, loaded.specs, max_model_len + 1,
-                        loaded.decoders, reduce=reduce)  # fmt: skip
+    return make_forward(
+        config.model.model_impl,
+        loaded.model,
+        loaded.backend,
+        loaded.specs,
+        max_model_len + 1,
+        loaded.decoders,
+        reduce=reduce,
+    )
 
 
 def _compile_cache(config: EngineConfig, loaded: LoadedModel) -> CompileCache:
@@ -238,15 +249,20 @@ def _compile_cache(config: EngineConfig, loaded: LoadedModel) -> CompileCache:
     weights = source.directory / source.gguf_file if source.gguf_file else source.directory
     stat = weights.stat() if weights.exists() else None
     fields = {
-        "model": str(weights), "model_mtime": stat.st_mtime if stat else None,
+        "model": str(weights),
+        "model_mtime": stat.st_mtime if stat else None,
         "model_config": loaded.model.config.to_json_string(use_diff=False),
-        "dtype": str(loaded.dtype), "backend": backend_cls.name, "backend_version": version,
-        "device": loaded.backend.device.type, "model_impl": config.model.model_impl,
-        "quantization": config.model.quantization, "torch": torch.__version__,
+        "dtype": str(loaded.dtype),
+        "backend": backend_cls.name,
+        "backend_version": version,
+        "device": loaded.backend.device.type,
+        "model_impl": config.model.model_impl,
+        "quantization": config.model.quantization,
+        "torch": torch.__version__,
         "paged_core": __version__,
         # Ranks hold different shards (and sizes different shapes): each rank its own cache.
         "tensor_parallel": f"{loaded.tp.rank}/{loaded.tp.world_size}" if loaded.tp is not None else "1",
-    }  # fmt: skip
+    }
     return CompileCache(fields, config.graph.compile_cache_dir)
 
 
@@ -269,8 +285,15 @@ def resolve(config: EngineConfig, loaded: LoadedModel, draft: LoadedModel | None
     if num_blocks is None:
         budget = cache.kv_cache_bytes
         if budget is None:
-            peak = profile_peak_bytes(_forward(config, loaded, max_model_len), backend, specs, dtype, block_size,
-                                      sched.max_num_batched_tokens, max_model_len)  # fmt: skip
+            peak = profile_peak_bytes(
+                _forward(config, loaded, max_model_len),
+                backend,
+                specs,
+                dtype,
+                block_size,
+                sched.max_num_batched_tokens,
+                max_model_len,
+            )
             budget = default_budget(backend.device_hooks(), cache.memory_fraction, peak)
             if loaded.tp is not None and backend.device.type == "cpu" and config.parallel.distributed_init == "local":
                 budget //= loaded.tp.world_size  # the ranks share this host's RAM (an explicit budget is per rank)
@@ -283,8 +306,11 @@ def resolve(config: EngineConfig, loaded: LoadedModel, draft: LoadedModel | None
     lookahead = sched.num_lookahead_tokens
     if draft is not None:  # the draft writes KV for its drafts past the scheduled tokens
         lookahead = max(lookahead, config.speculative.num_speculative_tokens)
-    return replace(config, cache=replace(cache, block_size=block_size, num_blocks=num_blocks),
-                   scheduler=replace(sched, max_model_len=max_model_len, num_lookahead_tokens=lookahead))  # fmt: skip
+    return replace(
+        config,
+        cache=replace(cache, block_size=block_size, num_blocks=num_blocks),
+        scheduler=replace(sched, max_model_len=max_model_len, num_lookahead_tokens=lookahead),
+    )
 
 
 def build_parts(config: EngineConfig, loaded: LoadedModel | None = None) -> EngineParts:
@@ -298,10 +324,16 @@ def build_parts(config: EngineConfig, loaded: LoadedModel | None = None) -> Engi
                 loaded.leader.close(timeout=1.0)
             raise
     if loaded.tp is not None and loaded.in_use:
-        raise UnsupportedConfigError("a tensor-parallel model serves one engine (its workers mirror that engine's "
-                                     "runner); load it again for another")  # fmt: skip
-    _check(type(loaded.backend), loaded.specs, loaded.dtype,
-           config.cache.block_size or type(loaded.backend).capabilities().default_block_size)  # fmt: skip
+        raise UnsupportedConfigError(
+            "a tensor-parallel model serves one engine (its workers mirror that engine's "
+            "runner); load it again for another"
+        )
+    _check(
+        type(loaded.backend),
+        loaded.specs,
+        loaded.dtype,
+        config.cache.block_size or type(loaded.backend).capabilities().default_block_size,
+    )
     return _build(config, loaded)
 
 
@@ -313,15 +345,21 @@ def check_invariance(config: EngineConfig, loaded: LoadedModel, draft: LoadedMod
     tp = loaded.tp.world_size if loaded.tp is not None else 1
 
     def report(model: LoadedModel) -> BatchInvariance:
-        return batch_invariance(type(model.backend).capabilities(), model.backend.fused_ops(),
-                                model_linear_kinds(model.model), backend=model.backend.name,
-                                model_path=model_path(config.model.model_impl, model.model), graph_mode=mode,
-                                tensor_parallel_size=tp)  # fmt: skip
+        return batch_invariance(
+            type(model.backend).capabilities(),
+            model.backend.fused_ops(),
+            model_linear_kinds(model.model),
+            backend=model.backend.name,
+            model_path=model_path(config.model.model_impl, model.model),
+            graph_mode=mode,
+            tensor_parallel_size=tp,
+        )
 
     invariance = report(loaded)
     if draft is not None:
-        extra = tuple(VariantPart(f"draft model {p.part}", p.reason) for p in report(draft).variant
-                      if p not in invariance.variant)  # fmt: skip
+        extra = tuple(
+            VariantPart(f"draft model {p.part}", p.reason) for p in report(draft).variant if p not in invariance.variant
+        )
         invariance = BatchInvariance(invariance.variant + extra, invariance.parts)
     log.info("%s", invariance.describe())
     if config.model.batch_invariant:
@@ -341,18 +379,32 @@ def _build(config: EngineConfig, loaded: LoadedModel) -> EngineParts:
     scheduler = Scheduler(sched, cache)
     proposer = _proposer(config, scheduler, draft)
     runner = ModelRunner(
-        _forward(config, loaded, max_model_len), backend, specs, kv_caches, block_size,
-        max_num_tokens=sched.max_num_batched_tokens, max_num_reqs=sched.max_num_seqs,
-        max_model_len=scheduler.max_len, graph_mode=config.graph.graph_mode, capture_sizes=config.graph.capture_sizes,
+        _forward(config, loaded, max_model_len),
+        backend,
+        specs,
+        kv_caches,
+        block_size,
+        max_num_tokens=sched.max_num_batched_tokens,
+        max_num_reqs=sched.max_num_seqs,
+        max_model_len=scheduler.max_len,
+        graph_mode=config.graph.graph_mode,
+        capture_sizes=config.graph.capture_sizes,
         compile_cache=_compile_cache(config, loaded),
-    )  # fmt: skip
+    )
     per_block = bytes_per_block(backend, specs, block_size, dtype)
     log.info(
         "model %s (%s) on backend %s, device %s; KV cache: %d blocks of %d tokens (%.2f GiB), "
         "at most %d tokens in flight; max_model_len %d",
-        loaded.source.name, str(dtype).removeprefix("torch."), backend.name, backend.device,
-        num_blocks - 1, block_size, num_blocks * per_block / 2**30, (num_blocks - 1) * block_size, scheduler.max_len,
-    )  # fmt: skip
+        loaded.source.name,
+        str(dtype).removeprefix("torch."),
+        backend.name,
+        backend.device,
+        num_blocks - 1,
+        block_size,
+        num_blocks * per_block / 2**30,
+        (num_blocks - 1) * block_size,
+        scheduler.max_len,
+    )
     log.info("model path %s, graph mode %s", runner.forward_impl.name, runner.graph_mode)
     runner.warm_up()
     if runner.executor.stats.warmup_seconds:
@@ -366,8 +418,9 @@ def _load_draft(config: EngineConfig, loaded: LoadedModel) -> LoadedModel | None
     if not spec.uses_draft_model:
         return None
     if loaded.tp is not None:
-        raise UnsupportedConfigError("speculative decoding with a draft model runs on one rank; use "
-                                     "--speculative ngram with tensor parallelism")  # fmt: skip
+        raise UnsupportedConfigError(
+            "speculative decoding with a draft model runs on one rank; use --speculative ngram with tensor parallelism"
+        )
     draft = load(config.replace(model=spec.speculative, backend=loaded.backend.name, speculative=None))
     target_vocab = int(loaded.model.config.get_text_config().vocab_size)
     draft_vocab = int(draft.model.config.get_text_config().vocab_size)
@@ -381,24 +434,33 @@ def _proposer(config: EngineConfig, scheduler: Scheduler, draft: LoadedModel | N
     if spec.speculative is None:
         return None
     if spec.num_speculative_tokens >= max_len:
-        raise ConfigError(f"num_speculative_tokens {spec.num_speculative_tokens} does not fit a context of "
-                          f"{max_len} tokens; use at most {max_len - 1} (typically 2-8)")  # fmt: skip
+        raise ConfigError(
+            f"num_speculative_tokens {spec.num_speculative_tokens} does not fit a context of "
+            f"{max_len} tokens; use at most {max_len - 1} (typically 2-8)"
+        )
     if draft is None:
         proposer = make_proposer(spec)
     else:
         if draft.model_max_len < max_len:
-            raise ConfigError(f"speculative: the draft model's context ({draft.model_max_len}) is shorter than "
-                              f"max_model_len {max_len}; pass --max-model-len {draft.model_max_len}")  # fmt: skip
+            raise ConfigError(
+                f"speculative: the draft model's context ({draft.model_max_len}) is shorter than "
+                f"max_model_len {max_len}; pass --max-model-len {draft.model_max_len}"
+            )
         block_size, num_blocks = config.cache.require_resolved("speculative")
         sched = config.scheduler
         caches = [draft.backend.allocate_kv_cache(num_blocks, block_size, s, draft.dtype) for s in draft.specs]
         proposer = DraftModelProposer(
-            _forward(config, draft, max_len), caches, scheduler.kv, block_size=block_size,
-            max_num_tokens=sched.max_num_batched_tokens, max_num_reqs=sched.max_num_seqs, max_model_len=max_len,
-            device=draft.backend.device, backend=draft.backend,
-        )  # fmt: skip
-    log.info("speculative decoding: %s, up to %d draft tokens per step", spec.speculative,
-             spec.num_speculative_tokens)  # fmt: skip
+            _forward(config, draft, max_len),
+            caches,
+            scheduler.kv,
+            block_size=block_size,
+            max_num_tokens=sched.max_num_batched_tokens,
+            max_num_reqs=sched.max_num_seqs,
+            max_model_len=max_len,
+            device=draft.backend.device,
+            backend=draft.backend,
+        )
+    log.info("speculative decoding: %s, up to %d draft tokens per step", spec.speculative, spec.num_speculative_tokens)
     return proposer
 
 

@@ -43,13 +43,16 @@ def _check_size(tensor: Any) -> None:
     elements = int(np.prod([int(d) for d in tensor.shape]))
     row = int(tensor.shape[0])
     if row % block:
-        raise WeightFormatError(f"{tensor.name}: {_type_name(tensor)} rows of {row} values are not whole blocks of "
-                                f"{block}")  # fmt: skip
+        raise WeightFormatError(
+            f"{tensor.name}: {_type_name(tensor)} rows of {row} values are not whole blocks of {block}"
+        )
     want = elements // block * type_size
     if int(tensor.n_bytes) != want:
-        raise WeightFormatError(f"{tensor.name}: {_type_name(tensor)} {list(tensor.shape)} needs {want} bytes "
-                                f"({elements // block} blocks of {type_size}), the file has {int(tensor.n_bytes)} "
-                                "(truncated or a wrong block count)")  # fmt: skip
+        raise WeightFormatError(
+            f"{tensor.name}: {_type_name(tensor)} {list(tensor.shape)} needs {want} bytes "
+            f"({elements // block} blocks of {type_size}), the file has {int(tensor.n_bytes)} "
+            "(truncated or a wrong block count)"
+        )
 
 
 def _dense(tensor: Any) -> np.ndarray:
@@ -59,8 +62,10 @@ def _dense(tensor: Any) -> np.ndarray:
     try:
         values = dequantize(tensor.data, tensor.tensor_type)
     except (NotImplementedError, KeyError, ValueError) as exc:
-        raise WeightFormatError(f"{tensor.name}: tensor type {_type_name(tensor)} cannot be read (no packed kernel "
-                                f"and gguf cannot dequantize it: {exc})") from None  # fmt: skip
+        raise WeightFormatError(
+            f"{tensor.name}: tensor type {_type_name(tensor)} cannot be read (no packed kernel "
+            f"and gguf cannot dequantize it: {exc})"
+        ) from None
     if tensor.tensor_type in (GGMLQuantizationType.F32, GGMLQuantizationType.F16, GGMLQuantizationType.BF16):
         values = values.reshape([int(d) for d in reversed(tensor.shape)])
     return np.asarray(values)
@@ -131,8 +136,9 @@ def load_packed_gguf(path: Path, config: Any, dtype: torch.dtype) -> Any:
         fmt = BY_GGML_TYPE.get(int(tensor.tensor_type))
         if fmt is not None and leaf == "weight" and module_name in linears:
             linear = linears[module_name]
-            packed[module_name] = _packed(tensor, fmt, (linear.out_features, linear.in_features), hf_name,
-                                          processor, extra)  # fmt: skip
+            packed[module_name] = _packed(
+                tensor, fmt, (linear.out_features, linear.in_features), hf_name, processor, extra
+            )
             loaded.add(hf_name)
             continue
         if fmt is not None and leaf == "weight" and module_name == embed_name:
@@ -145,8 +151,9 @@ def load_packed_gguf(path: Path, config: Any, dtype: torch.dtype) -> Any:
         if param is None:
             continue
         if tuple(values.shape) != tuple(param.shape):
-            raise WeightFormatError(f"{tensor.name}: shape {list(values.shape)} but the config makes {hf_name} "
-                                    f"{list(param.shape)}")  # fmt: skip
+            raise WeightFormatError(
+                f"{tensor.name}: shape {list(values.shape)} but the config makes {hf_name} {list(param.shape)}"
+            )
         with torch.no_grad():
             param.copy_(torch.from_numpy(np.array(values, copy=True)))
         loaded.add(hf_name)
@@ -154,19 +161,20 @@ def load_packed_gguf(path: Path, config: Any, dtype: torch.dtype) -> Any:
     _install(model, linears, packed, loaded, config, embed_packed)
     missing = [n for n in dict(model.named_parameters()) if n not in loaded]
     if missing:
-        raise ConfigError(f"{path}: no tensor in the file for {', '.join(missing[:8])}"
-                          + (f" and {len(missing) - 8} more" if len(missing) > 8 else ""))  # fmt: skip
+        raise ConfigError(
+            f"{path}: no tensor in the file for {', '.join(missing[:8])}"
+            + (f" and {len(missing) - 8} more" if len(missing) > 8 else "")
+        )
     return model
 
 
 def _packed(
     tensor: Any, fmt: Any, shape: tuple[int, ...], hf_name: str, processor: Any, extra: dict[str, Any]
-) -> QuantizedWeight:  # fmt: skip
+) -> QuantizedWeight:
     """The tensor's bytes as a :class:`QuantizedWeight` of the model's ``shape``, rows in transformers' order."""
     n, k = int(tensor.shape[1]), int(tensor.shape[0])
     if (n, k) != tuple(shape):
-        raise WeightFormatError(f"{tensor.name}: shape [out {n}, in {k}] but the config makes {hf_name} "
-                                f"{list(shape)}")  # fmt: skip
+        raise WeightFormatError(f"{tensor.name}: shape [out {n}, in {k}] but the config makes {hf_name} {list(shape)}")
     data = torch.from_numpy(np.array(tensor.data, dtype=np.uint8, copy=True)).reshape(n, -1)
     weight = QuantizedWeight(fmt, (n, k), data, None, tensor.name)
     order = _row_permutation(processor, tensor.name, n, extra)
@@ -175,7 +183,7 @@ def _packed(
 
 def _gathered(
     linears: dict[str, torch.nn.Linear], packed: dict[str, QuantizedWeight], embed_packed: QuantizedWeight | None
-) -> tuple[dict[str, QuantizedWeight], QuantizedWeight | None]:  # fmt: skip
+) -> tuple[dict[str, QuantizedWeight], QuantizedWeight | None]:
     """The packed weights moved into one huge-page buffer (:mod:`paged_core.quant.arena`) in the model's module
     order (a layer's q, k, v, o, gate, up, down, then the next layer; the packed embedding, the tied LM head
     read last, at the end): decoding streams them front to back, and q/k/v and gate/up end up adjacent."""
@@ -185,15 +193,23 @@ def _gathered(
 
 
 def _install(
-    model: Any, linears: dict[str, torch.nn.Linear], packed: dict[str, QuantizedWeight], loaded: set[str], config: Any,
+    model: Any,
+    linears: dict[str, torch.nn.Linear],
+    packed: dict[str, QuantizedWeight],
+    loaded: set[str],
+    config: Any,
     embed_packed: QuantizedWeight | None,
-) -> None:  # fmt: skip
+) -> None:
     """Swap the packed linears in; a tied LM head reads the token embedding's packed bytes."""
     head = model.get_output_embeddings()
     head_name = next((n for n, m in linears.items() if m is head), None)
     text = config.get_text_config()
-    if (head_name is not None and head_name not in packed and embed_packed is not None
-            and getattr(text, "tie_word_embeddings", False)):  # fmt: skip
+    if (
+        head_name is not None
+        and head_name not in packed
+        and embed_packed is not None
+        and getattr(text, "tie_word_embeddings", False)
+    ):
         packed[head_name] = embed_packed
     for name, weight in packed.items():
         linear = linears[name]

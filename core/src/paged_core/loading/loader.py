@@ -115,9 +115,13 @@ def load_tokenizer(source: ModelSource) -> Any | None:
 
 
 def load_model(
-    source: ModelSource, config: Any, dtype: torch.dtype, device: torch.device, attn_implementation: str,
+    source: ModelSource,
+    config: Any,
+    dtype: torch.dtype,
+    device: torch.device,
+    attn_implementation: str,
     quantization: str = "auto",
-) -> Any:  # fmt: skip
+) -> Any:
     """The transformers causal LM in ``dtype`` on ``device``, with attention routed to ``attn_implementation``.
 
     ``config`` is the model's already-read transformers config (reading it can mean parsing a GGUF).
@@ -180,8 +184,13 @@ def _refuse_requantizing(path: Path) -> None:
     from paged_core.quant import BY_GGML_TYPE
 
     reader = gguf_reader(path)
-    packed = sorted({t.tensor_type.name for t in reader.tensors if int(t.tensor_type) in BY_GGML_TYPE
-                     or t.tensor_type.name not in ("F32", "F16", "BF16")})  # fmt: skip
+    packed = sorted(
+        {
+            t.tensor_type.name
+            for t in reader.tensors
+            if int(t.tensor_type) in BY_GGML_TYPE or t.tensor_type.name not in ("F32", "F16", "BF16")
+        }
+    )
     if packed:
         raise ConfigError(
             f"--quantization int8 cannot apply to {path.name}: its weights are already quantized "

@@ -28,11 +28,14 @@ def collective_backend(device: torch.device) -> str:
     if name is None:
         raise UnsupportedConfigError(
             f"tensor parallelism on {device.type} devices: no collectives known (supported: "
-            + ", ".join(f"{d} ({b})" for d, b in COLLECTIVES.items()) + ")"
+            + ", ".join(f"{d} ({b})" for d, b in COLLECTIVES.items())
+            + ")"
         )
     if not dist.is_available() or not dist.is_backend_available(name):
-        raise UnsupportedConfigError(f"tensor parallelism on {device.type} needs torch.distributed's {name!r} "
-                                     "backend, which this torch build does not have")  # fmt: skip
+        raise UnsupportedConfigError(
+            f"tensor parallelism on {device.type} needs torch.distributed's {name!r} "
+            "backend, which this torch build does not have"
+        )
     return name
 
 
@@ -114,8 +117,9 @@ STARTUP_TIMEOUT = 600.0
 """Seconds a rank may take to start and to load its weights before the others give up on it."""
 
 
-def wait_for_ranks(store: Any, prefix: str, rank: int, world: int, timeout: float,
-                   watch: Callable[[], str | None] | None = None) -> None:  # fmt: skip
+def wait_for_ranks(
+    store: Any, prefix: str, rank: int, world: int, timeout: float, watch: Callable[[], str | None] | None = None
+) -> None:
     """Mark ``rank`` as arrived at ``prefix`` and wait for all ``world`` ranks, checking ``watch`` as it polls."""
     import time
 
@@ -132,8 +136,9 @@ def wait_for_ranks(store: Any, prefix: str, rank: int, world: int, timeout: floa
             raise DistributedError(why)
         if time.monotonic() > deadline:
             missing = [r for r in range(world) if not store.check([f"{prefix}/{r}"])]
-            raise DistributedError(f"ranks {missing} did not reach {prefix.removeprefix('paged/')!r} within "
-                                   f"{timeout:.0f} s")  # fmt: skip
+            raise DistributedError(
+                f"ranks {missing} did not reach {prefix.removeprefix('paged/')!r} within {timeout:.0f} s"
+            )
 
 
 def join_group(rdv: Rendezvous, device: torch.device, timeout: float) -> TPGroup:
@@ -142,13 +147,22 @@ def join_group(rdv: Rendezvous, device: torch.device, timeout: float) -> TPGroup
 
     backend = collective_backend(device)
     if dist.is_initialized():
-        raise ConfigError("this process already belongs to a torch.distributed group (another tensor-parallel "
-                          "engine is running here); close it first")  # fmt: skip
+        raise ConfigError(
+            "this process already belongs to a torch.distributed group (another tensor-parallel "
+            "engine is running here); close it first"
+        )
     log.info("rank %d/%d joining the %s group at %s", rdv.rank, rdv.world_size, backend, rdv.init_method)
     try:
-        dist.init_process_group(backend, store=rdv.store(timeout), rank=rdv.rank, world_size=rdv.world_size,
-                                timeout=datetime.timedelta(seconds=timeout))  # fmt: skip
+        dist.init_process_group(
+            backend,
+            store=rdv.store(timeout),
+            rank=rdv.rank,
+            world_size=rdv.world_size,
+            timeout=datetime.timedelta(seconds=timeout),
+        )
     except (RuntimeError, ValueError, OSError) as exc:
-        raise ConfigError(f"rank {rdv.rank}: could not join the tensor-parallel group at {rdv.init_method} "
-                          f"within {timeout:.0f} s ({exc})") from None  # fmt: skip
+        raise ConfigError(
+            f"rank {rdv.rank}: could not join the tensor-parallel group at {rdv.init_method} "
+            f"within {timeout:.0f} s ({exc})"
+        ) from None
     return TPGroup(rdv.rank, rdv.world_size, backend, timeout, device, rdv.store(timeout))

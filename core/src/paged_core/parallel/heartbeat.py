@@ -85,7 +85,9 @@ class Pulse:
             if value != count:
                 self.seen[rank] = (value, now)
             elif now - since > self.timeout:
-                return (f"tensor-parallel worker rank {rank} stopped answering: no heartbeat for "
-                        f"{now - since:.0f} s (distributed_timeout {self.timeout:.0f} s; its machine or process "
-                        "is gone or stalled)")  # fmt: skip
+                return (
+                    f"tensor-parallel worker rank {rank} stopped answering: no heartbeat for "
+                    f"{now - since:.0f} s (distributed_timeout {self.timeout:.0f} s; its machine or process "
+                    "is gone or stalled)"
+                )
         return None

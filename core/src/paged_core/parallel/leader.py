@@ -90,8 +90,10 @@ class Leader:
         text = str(exc)
         first = text.splitlines()[0] if text else type(exc).__name__
         if "timed out" in text.lower() or "timeout" in text.lower():
-            return (f"a tensor-parallel collective timed out after {self.group.timeout:.0f} s (distributed_timeout; "
-                    f"a rank is stalled or unreachable): {first}")  # fmt: skip
+            return (
+                f"a tensor-parallel collective timed out after {self.group.timeout:.0f} s (distributed_timeout; "
+                f"a rank is stalled or unreachable): {first}"
+            )
         return f"tensor-parallel step failed: {type(exc).__name__}: {first}"
 
     def close(self, timeout: float = 5.0) -> None:
@@ -121,7 +123,8 @@ def _first_death(procs: dict[int, subprocess.Popen[bytes]], store: Any = None) -
         if code is not None:
             cause = _cause(store, rank) if store is not None else None
             return f"tensor-parallel worker rank {rank} (pid {proc.pid}) died ({describe_exit(code)})" + (
-                f": {cause}" if cause else "")  # fmt: skip
+                f": {cause}" if cause else ""
+            )
     return None
 
 
@@ -140,10 +143,18 @@ def _start_local(rdv: Rendezvous, timeout: float) -> dict[int, subprocess.Popen[
     procs: dict[int, subprocess.Popen[bytes]] = {}
     for rank in range(1, rdv.world_size):
         env = child_environ()
-        env.update(MASTER_ADDR=rdv.addr, MASTER_PORT=str(rdv.port), WORLD_SIZE=str(rdv.world_size), RANK=str(rank),
-                   LOCAL_RANK=str(rank), PAGED_WORKER_PARENT=str(os.getpid()), PAGED_WORKER_THREADS=str(threads),
-                   OMP_NUM_THREADS=str(threads), PAGED_WORKER_TIMEOUT=str(timeout),
-                   PAGED_WORKER_VERBOSE="1" if log.isEnabledFor(logging.INFO) else "0")  # fmt: skip
+        env.update(
+            MASTER_ADDR=rdv.addr,
+            MASTER_PORT=str(rdv.port),
+            WORLD_SIZE=str(rdv.world_size),
+            RANK=str(rank),
+            LOCAL_RANK=str(rank),
+            PAGED_WORKER_PARENT=str(os.getpid()),
+            PAGED_WORKER_THREADS=str(threads),
+            OMP_NUM_THREADS=str(threads),
+            PAGED_WORKER_TIMEOUT=str(timeout),
+            PAGED_WORKER_VERBOSE="1" if log.isEnabledFor(logging.INFO) else "0",
+        )
         procs[rank] = subprocess.Popen([sys.executable, "-m", WORKER_MODULE], stdin=subprocess.DEVNULL, env=env)
     return procs
 
@@ -161,8 +172,7 @@ def start_leader(config: Any, device: torch.device) -> Leader:
     local = parallel.distributed_init == "local"
     rdv = local_rendezvous(tp) if local else env_rendezvous(tp)
     if rdv.rank != 0:
-        raise ConfigError(f"RANK={rdv.rank}: the engine core is rank 0; start ranks 1..{tp - 1} with "
-                          "`paged worker`")  # fmt: skip
+        raise ConfigError(f"RANK={rdv.rank}: the engine core is rank 0; start ranks 1..{tp - 1} with `paged worker`")
     store = rdv.store(parallel.distributed_timeout)
     store.set(DEVICE_KEY, device.type)
     store.set(CONFIG_KEY, msgspec.json.encode(config))
@@ -171,8 +181,7 @@ def start_leader(config: Any, device: torch.device) -> Leader:
     try:
         # Every rank first checks in on the store (a worker's interpreter start is slow); only then does the
         # group form, under the collectives' own (short) timeout.
-        wait_for_ranks(rdv.store(STARTUP_TIMEOUT), "paged/arrived", 0, tp, STARTUP_TIMEOUT,
-                       lambda: _first_death(procs))  # fmt: skip
+        wait_for_ranks(rdv.store(STARTUP_TIMEOUT), "paged/arrived", 0, tp, STARTUP_TIMEOUT, lambda: _first_death(procs))
         group = join_group(rdv, device, parallel.distributed_timeout)
         sender = PlanSender(group, rdv.addr, local=local)
     except BaseException as exc:

@@ -42,13 +42,21 @@ class Rendezvous:
             from torch.distributed import TCPStore  # type: ignore[attr-defined]  # public, not re-exported in stubs
 
             try:
-                self._store = TCPStore(self.addr, self.port, self.world_size, self.rank == 0,
-                                       datetime.timedelta(seconds=timeout), wait_for_workers=False)  # fmt: skip
+                self._store = TCPStore(
+                    self.addr,
+                    self.port,
+                    self.world_size,
+                    self.rank == 0,
+                    datetime.timedelta(seconds=timeout),
+                    wait_for_workers=False,
+                )
             except (RuntimeError, ValueError, OSError) as exc:
                 role = "host" if self.rank == 0 else "reach"
                 why = str(exc).splitlines()[0] if str(exc) else repr(exc)
-                raise ConfigError(f"rank {self.rank}: cannot {role} the rendezvous store at {self.addr}:{self.port} "
-                                  f"within {timeout:.0f} s ({why})") from None  # fmt: skip
+                raise ConfigError(
+                    f"rank {self.rank}: cannot {role} the rendezvous store at {self.addr}:{self.port} "
+                    f"within {timeout:.0f} s ({why})"
+                ) from None
         return self._store
 
     @property

@@ -30,8 +30,14 @@ FALLBACK_PLAN = {
 }
 """The plan for Llama-family module names when the config declares none."""
 
-KINDS = {"colwise": "colwise", "rowwise": "rowwise", "colwise_rep": "colwise", "rowwise_rep": "rowwise",
-         "local_colwise": "colwise", "local_rowwise": "rowwise"}  # fmt: skip
+KINDS = {
+    "colwise": "colwise",
+    "rowwise": "rowwise",
+    "colwise_rep": "colwise",
+    "rowwise_rep": "rowwise",
+    "local_colwise": "colwise",
+    "local_rowwise": "rowwise",
+}
 """transformers' plan words we apply, by the split they mean (replication variants differ only in
 how transformers lays out activations, which this in-place split never changes)."""
 
@@ -80,8 +86,9 @@ def shard_model(model: Any, group: TPGroup) -> dict[str, str]:
         if kind is None:
             continue
         if not isinstance(module, torch.nn.Linear):
-            raise UnsupportedConfigError(f"{name}: tensor-parallel plan says {kind} but it is a "
-                                         f"{type(module).__name__}, not a Linear")  # fmt: skip
+            raise UnsupportedConfigError(
+                f"{name}: tensor-parallel plan says {kind} but it is a {type(module).__name__}, not a Linear"
+            )
         with torch.no_grad():
             if kind == "colwise":
                 module.weight = torch.nn.Parameter(_slice(module.weight, 0, rank, world, name), requires_grad=False)

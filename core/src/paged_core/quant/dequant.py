@@ -88,8 +88,13 @@ def _int8(w: QuantizedWeight) -> torch.Tensor:
 
 
 DEQUANTIZERS: dict[WeightFormat, Callable[[QuantizedWeight], torch.Tensor]] = {
-    Q4_0: _q4_0, Q4_1: _q4_1, Q8_0: _q8_0, Q4_K: _q4_k, Q6_K: _q6_k, INT8: _int8,
-}  # fmt: skip
+    Q4_0: _q4_0,
+    Q4_1: _q4_1,
+    Q8_0: _q8_0,
+    Q4_K: _q4_k,
+    Q6_K: _q6_k,
+    INT8: _int8,
+}
 
 
 def dequantize(w: QuantizedWeight) -> torch.Tensor:

@@ -68,15 +68,18 @@ def quantize_blocks(weight: torch.Tensor, fmt: WeightFormat, name: str = "weight
     return QuantizedWeight(fmt, (n, k), blocks.reshape(n, fmt.row_bytes(k)).contiguous(), None, name)
 
 
-_SCALE_OFFSETS: dict[WeightFormat, tuple[int, ...]] = {Q4_0: (0,), Q4_1: (0, 2), Q8_0: (0,), Q4_K: (0, 2),
-                                                       Q6_K: (208,)}  # fmt: skip
+_SCALE_OFFSETS: dict[WeightFormat, tuple[int, ...]] = {Q4_0: (0,), Q4_1: (0, 2), Q8_0: (0,), Q4_K: (0, 2), Q6_K: (208,)}
 """Byte offsets of each block's fp16 scales (random bytes there could be inf or NaN)."""
 
 
 def random_packed(
-    fmt: WeightFormat, out_features: int, in_features: int, generator: torch.Generator | None = None,
-    scale: float = 0.02, name: str = "weight",
-) -> QuantizedWeight:  # fmt: skip
+    fmt: WeightFormat,
+    out_features: int,
+    in_features: int,
+    generator: torch.Generator | None = None,
+    scale: float = 0.02,
+    name: str = "weight",
+) -> QuantizedWeight:
     """Random packed bytes of ``fmt`` with finite fp16 scales of magnitude about ``scale`` (tests, conformance)."""
     if fmt is INT8:
         q = torch.randint(-127, 128, (out_features, in_features), generator=generator, dtype=torch.int8)

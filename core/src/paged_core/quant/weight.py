@@ -46,9 +46,11 @@ class QuantizedWeight:
             want = (n, fmt.row_bytes(k))
             if tuple(self.data.shape) != want:
                 have = self.data.numel() * self.data.element_size()
-                problems.append(f"data is {tuple(self.data.shape)} ({have} bytes), {fmt.name} {self.shape} needs "
-                                f"{want} ({want[0] * want[1]} bytes: {k // fmt.block_size} blocks of "
-                                f"{fmt.block_bytes} bytes per row)")  # fmt: skip
+                problems.append(
+                    f"data is {tuple(self.data.shape)} ({have} bytes), {fmt.name} {self.shape} needs "
+                    f"{want} ({want[0] * want[1]} bytes: {k // fmt.block_size} blocks of "
+                    f"{fmt.block_bytes} bytes per row)"
+                )
             elif self.data.stride(-1) != 1:
                 problems.append("data rows are not contiguous")
         if fmt is INT8:
@@ -106,8 +108,10 @@ class QuantizedWeight:
         first = weights[0]
         for w in weights[1:]:
             if w.format != first.format or w.in_features != first.in_features:
-                raise WeightFormatError(f"cannot merge {w.name} ({w.format.name}, in {w.in_features}) with "
-                                        f"{first.name} ({first.format.name}, in {first.in_features})")  # fmt: skip
+                raise WeightFormatError(
+                    f"cannot merge {w.name} ({w.format.name}, in {w.in_features}) with "
+                    f"{first.name} ({first.format.name}, in {first.in_features})"
+                )
         data = cat_rows([w.data for w in weights])
         scale = cat_rows([w.scale for w in weights if w.scale is not None]) if first.scale is not None else None
         n = sum(w.out_features for w in weights)
@@ -123,8 +127,13 @@ def cat_rows(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
     first = tensors[0]
     offset = first.storage_offset()
     for t in tensors:
-        same_layout = (t.dim() >= 1 and t.shape[1:] == first.shape[1:] and t.stride() == first.stride()
-                       and t.dtype == first.dtype and t.device == first.device)  # fmt: skip
+        same_layout = (
+            t.dim() >= 1
+            and t.shape[1:] == first.shape[1:]
+            and t.stride() == first.stride()
+            and t.dtype == first.dtype
+            and t.device == first.device
+        )
         if not same_layout or t.untyped_storage().data_ptr() != first.untyped_storage().data_ptr():
             return torch.cat(list(tensors))
         if t.storage_offset() != offset:

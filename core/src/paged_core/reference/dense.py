@@ -8,9 +8,7 @@ from paged_core.contract.capabilities import AttentionSpec
 from paged_core.errors import PagedError
 
 
-def visibility_mask(
-    q_positions: torch.Tensor, k_positions: torch.Tensor, sliding_window: int | None
-) -> torch.Tensor:
+def visibility_mask(q_positions: torch.Tensor, k_positions: torch.Tensor, sliding_window: int | None) -> torch.Tensor:
     """Bool ``[Tq, Tk]``: key ``j`` is visible from query ``i`` iff ``i - window < j <= i``.
 
     Positions are absolute token positions in the sequence, so a chunked

@@ -100,9 +100,14 @@ def _(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch
 
 @torch.library.custom_op("paged_reference::quant_linear", mutates_args=())
 def _quant_linear(
-    x: torch.Tensor, data: torch.Tensor, scale: torch.Tensor | None, bias: torch.Tensor | None, fmt: str,
-    out_features: int, in_features: int,
-) -> torch.Tensor:  # fmt: skip
+    x: torch.Tensor,
+    data: torch.Tensor,
+    scale: torch.Tensor | None,
+    bias: torch.Tensor | None,
+    fmt: str,
+    out_features: int,
+    in_features: int,
+) -> torch.Tensor:
     w = dequantize(QuantizedWeight(FORMATS[fmt], (out_features, in_features), data, scale))
     b = bias.float() if bias is not None else None
     # reference_linear with one row: x.float() @ w.T + b in float32, rounded once to x.dtype.
@@ -111,9 +116,14 @@ def _quant_linear(
 
 @_quant_linear.register_fake
 def _(
-    x: torch.Tensor, data: torch.Tensor, scale: torch.Tensor | None, bias: torch.Tensor | None, fmt: str,
-    out_features: int, in_features: int,
-) -> torch.Tensor:  # fmt: skip
+    x: torch.Tensor,
+    data: torch.Tensor,
+    scale: torch.Tensor | None,
+    bias: torch.Tensor | None,
+    fmt: str,
+    out_features: int,
+    in_features: int,
+) -> torch.Tensor:
     return x.new_empty((x.shape[0], out_features))
 
 

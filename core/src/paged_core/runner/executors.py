@@ -104,12 +104,21 @@ class StepExecutor:
 
     def _eager(self, batch: StepBatch) -> torch.Tensor:
         self.backend.prepare(batch.metadata)
-        return self.forward.forward(batch.metadata, batch.input_ids, batch.positions, self.kv_caches,
-                                    batch.logits_indices)  # fmt: skip
+        return self.forward.forward(
+            batch.metadata, batch.input_ids, batch.positions, self.kv_caches, batch.logits_indices
+        )
 
 
-_INTS = ("block_size", "num_decodes", "num_decode_tokens", "num_prefills", "num_actual_tokens", "max_query_len",
-         "max_seq_len", "uniform_query_len")  # fmt: skip
+_INTS = (
+    "block_size",
+    "num_decodes",
+    "num_decode_tokens",
+    "num_prefills",
+    "num_actual_tokens",
+    "max_query_len",
+    "max_seq_len",
+    "uniform_query_len",
+)
 
 
 def _without_duck_sizing(fn: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
@@ -138,9 +147,17 @@ class CompiledExecutor(StepExecutor):
 
     mode = "compiled"
 
-    def __init__(self, forward: ModelForward, backend: AttentionBackend, kv_caches: list[torch.Tensor],
-                 block_size: int, compile_cache: Any = None, *, max_num_reqs: int = 2,
-                 max_blocks_per_seq: int = 1) -> None:  # fmt: skip
+    def __init__(
+        self,
+        forward: ModelForward,
+        backend: AttentionBackend,
+        kv_caches: list[torch.Tensor],
+        block_size: int,
+        compile_cache: Any = None,
+        *,
+        max_num_reqs: int = 2,
+        max_blocks_per_seq: int = 1,
+    ) -> None:
         super().__init__(forward, backend, kv_caches)
         self.block_size = block_size
         self.max_num_reqs = max_num_reqs
@@ -153,9 +170,17 @@ class CompiledExecutor(StepExecutor):
         if compiled is None:
             fwd = forward.forward
 
-            def step(caches: list[torch.Tensor], qsl: torch.Tensor, seq_lens: torch.Tensor, table: torch.Tensor,
-                     slots: torch.Tensor, input_ids: torch.Tensor, positions: torch.Tensor,
-                     logits_indices: torch.Tensor, *ints: int) -> torch.Tensor:  # fmt: skip
+            def step(
+                caches: list[torch.Tensor],
+                qsl: torch.Tensor,
+                seq_lens: torch.Tensor,
+                table: torch.Tensor,
+                slots: torch.Tensor,
+                input_ids: torch.Tensor,
+                positions: torch.Tensor,
+                logits_indices: torch.Tensor,
+                *ints: int,
+            ) -> torch.Tensor:
                 named: dict[str, Any] = dict(zip(_INTS, ints, strict=True))
                 md = AttentionMetadata(qsl, seq_lens, table, slots, **named)
                 return fwd(md, input_ids, positions, caches, logits_indices)
@@ -171,10 +196,12 @@ class CompiledExecutor(StepExecutor):
         if self.compile_cache is not None:
             self.compile_cache.activate()
         # With dynamic dimensions these few compiles serve every step (see warmup_batch.WARM_UP_SHAPES).
-        for lens in tqdm(WARM_UP_SHAPES, desc="compiling the step (torch.compile)", unit="shape", disable=None,
-                         leave=False):  # fmt: skip
-            self._call(warm_up_batch(lens, self.block_size, self.backend.device, self.max_num_reqs,
-                                     self.max_blocks_per_seq))  # fmt: skip
+        for lens in tqdm(
+            WARM_UP_SHAPES, desc="compiling the step (torch.compile)", unit="shape", disable=None, leave=False
+        ):
+            self._call(
+                warm_up_batch(lens, self.block_size, self.backend.device, self.max_num_reqs, self.max_blocks_per_seq)
+            )
         if self.compile_cache is not None:
             self.compile_cache.seal()
         self.stats.warmup_seconds = time.perf_counter() - start
@@ -197,9 +224,17 @@ class CompiledExecutor(StepExecutor):
             sampled = self._sampled[:n]
             sampled[:k].copy_(batch.logits_indices)
             sampled[k:].zero_()
-        logits = self._compiled(self.kv_caches, md.query_start_loc, md.seq_lens, md.block_table, md.slot_mapping,
-                                batch.input_ids, batch.positions, sampled,
-                                *(getattr(md, name) for name in _INTS))  # fmt: skip
+        logits = self._compiled(
+            self.kv_caches,
+            md.query_start_loc,
+            md.seq_lens,
+            md.block_table,
+            md.slot_mapping,
+            batch.input_ids,
+            batch.positions,
+            sampled,
+            *(getattr(md, name) for name in _INTS),
+        )
         return logits[:k]
 
 
@@ -208,9 +243,19 @@ class DeviceGraphExecutor(StepExecutor):
 
     mode = "device"
 
-    def __init__(self, forward: ModelForward, backend: AttentionBackend, kv_caches: list[torch.Tensor], *,
-                 block_size: int, max_blocks_per_seq: int, max_num_reqs: int, max_model_len: int,
-                 sizes: tuple[int, ...] | None, strategy: GraphCaptureStrategy | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        forward: ModelForward,
+        backend: AttentionBackend,
+        kv_caches: list[torch.Tensor],
+        *,
+        block_size: int,
+        max_blocks_per_seq: int,
+        max_num_reqs: int,
+        max_model_len: int,
+        sizes: tuple[int, ...] | None,
+        strategy: GraphCaptureStrategy | None = None,
+    ) -> None:
         super().__init__(forward, backend, kv_caches)
         fwd, caches = forward.forward, kv_caches
 
@@ -218,12 +263,16 @@ class DeviceGraphExecutor(StepExecutor):
             return fwd(metadata, input_ids, positions, caches, None)
 
         self.graphs = GraphRunner(
-            backend, step, block_size=block_size, max_blocks_per_seq=max_blocks_per_seq,
-            capture_sizes=capture_sizes(max_num_reqs, list(sizes) if sizes else None), device=backend.device,
+            backend,
+            step,
+            block_size=block_size,
+            max_blocks_per_seq=max_blocks_per_seq,
+            capture_sizes=capture_sizes(max_num_reqs, list(sizes) if sizes else None),
+            device=backend.device,
             inputs=[StaticInput("input_ids", (), torch.int64), StaticInput("positions", (), torch.int64)],
             max_model_len=max_model_len,
             strategy=strategy if strategy is not None else DeviceGraphStrategy(backend.device.type),
-        )  # fmt: skip
+        )
 
     def warm_up(self) -> None:
         start = time.perf_counter()
@@ -231,8 +280,12 @@ class DeviceGraphExecutor(StepExecutor):
         with tqdm(total=len(sizes), desc="capturing device graphs", unit="graph", disable=None, leave=False) as bar:
             self.graphs.capture_all(on_captured=lambda n: bar.update(1))
         self.stats.warmup_seconds = time.perf_counter() - start
-        log.info("captured %d device graphs (sizes %s) in %.1f s", len(self.graphs.sizes),
-                 self.graphs.sizes, self.stats.warmup_seconds)  # fmt: skip
+        log.info(
+            "captured %d device graphs (sizes %s) in %.1f s",
+            len(self.graphs.sizes),
+            self.graphs.sizes,
+            self.stats.warmup_seconds,
+        )
 
     def run(self, batch: StepBatch) -> torch.Tensor:
         self.stats.steps += 1
@@ -256,9 +309,19 @@ class DeviceGraphExecutor(StepExecutor):
         return self._eager(batch)
 
 
-def make_executor(mode: str, forward: ModelForward, backend: AttentionBackend, kv_caches: list[torch.Tensor], *,
-                  block_size: int, max_blocks_per_seq: int, max_num_reqs: int, max_model_len: int,
-                  capture_sizes: tuple[int, ...] | None = None, compile_cache: Any = None) -> StepExecutor:  # fmt: skip
+def make_executor(
+    mode: str,
+    forward: ModelForward,
+    backend: AttentionBackend,
+    kv_caches: list[torch.Tensor],
+    *,
+    block_size: int,
+    max_blocks_per_seq: int,
+    max_num_reqs: int,
+    max_model_len: int,
+    capture_sizes: tuple[int, ...] | None = None,
+    compile_cache: Any = None,
+) -> StepExecutor:
     """The executor for ``mode`` (resolved against the backend first)."""
     resolved = resolve_graph_mode(mode, backend)
     if resolved == "compiled" and forward.name != "fused":
@@ -269,10 +332,24 @@ def make_executor(mode: str, forward: ModelForward, backend: AttentionBackend, k
             "modes that work here: eager" + (", device" if device_graph_refusal(backend) is None else "")
         )
     if resolved == "compiled":
-        return CompiledExecutor(forward, backend, kv_caches, block_size, compile_cache, max_num_reqs=max_num_reqs,
-                                max_blocks_per_seq=max_blocks_per_seq)  # fmt: skip
+        return CompiledExecutor(
+            forward,
+            backend,
+            kv_caches,
+            block_size,
+            compile_cache,
+            max_num_reqs=max_num_reqs,
+            max_blocks_per_seq=max_blocks_per_seq,
+        )
     if resolved == "device":
-        return DeviceGraphExecutor(forward, backend, kv_caches, block_size=block_size,
-                                   max_blocks_per_seq=max_blocks_per_seq, max_num_reqs=max_num_reqs,
-                                   max_model_len=max_model_len, sizes=capture_sizes)  # fmt: skip
+        return DeviceGraphExecutor(
+            forward,
+            backend,
+            kv_caches,
+            block_size=block_size,
+            max_blocks_per_seq=max_blocks_per_seq,
+            max_num_reqs=max_num_reqs,
+            max_model_len=max_model_len,
+            sizes=capture_sizes,
+        )
     return StepExecutor(forward, backend, kv_caches)

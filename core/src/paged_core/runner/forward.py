@@ -26,7 +26,6 @@ from paged_core.runner.fused import FusedDecoder, fused_refusal
 log = logging.getLogger("paged.engine")
 
 
-
 class ModelForward(Protocol):
     """One model forward over a step's flattened tokens."""
 

@@ -53,10 +53,17 @@ class ModelRunner:
         max_blocks = -(-max_model_len // block_size) + 1
         self.batches = BatchBuilder(max_num_tokens, max_num_reqs, max_blocks, block_size, self.device)
         self.executor: StepExecutor = make_executor(
-            graph_mode, forward, backend, kv_caches, block_size=block_size, max_blocks_per_seq=max_blocks,
-            max_num_reqs=max_num_reqs, max_model_len=max_model_len, capture_sizes=capture_sizes,
+            graph_mode,
+            forward,
+            backend,
+            kv_caches,
+            block_size=block_size,
+            max_blocks_per_seq=max_blocks,
+            max_num_reqs=max_num_reqs,
+            max_model_len=max_model_len,
+            capture_sizes=capture_sizes,
             compile_cache=compile_cache,
-        )  # fmt: skip
+        )
 
     @property
     def graph_mode(self) -> str:

@@ -90,9 +90,14 @@ def attach_ops(model: torch.nn.Module, ops: FusedOps) -> None:
         m.attach(ops)
     fallback = Counter(m.qweight.format.name for _, m in mods if m.qweight.format.name not in type(ops).linear_formats)
     for fmt, count in sorted(fallback.items()):
-        log.warning("backend ops %r have no %s kernel (they declare %s): %d layer(s) run the reference "
-                    "(dequantize + matmul, slow)", ops.name, fmt, ", ".join(sorted(type(ops).linear_formats)) or "none",
-                    count)  # fmt: skip
+        log.warning(
+            "backend ops %r have no %s kernel (they declare %s): %d layer(s) run the reference "
+            "(dequantize + matmul, slow)",
+            ops.name,
+            fmt,
+            ", ".join(sorted(type(ops).linear_formats)) or "none",
+            count,
+        )
 
 
 def replace_module(model: torch.nn.Module, name: str, module: torch.nn.Module) -> None:

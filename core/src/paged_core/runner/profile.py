@@ -11,9 +11,14 @@ from paged_core.runner.forward import ModelForward
 
 
 def profile_peak_bytes(
-    forward: ModelForward, backend: AttentionBackend, specs: list[AttentionSpec], dtype: torch.dtype, block_size: int,
-    num_tokens: int, max_model_len: int,
-) -> int:  # fmt: skip
+    forward: ModelForward,
+    backend: AttentionBackend,
+    specs: list[AttentionSpec],
+    dtype: torch.dtype,
+    block_size: int,
+    num_tokens: int,
+    max_model_len: int,
+) -> int:
     """Device memory in use at the peak of one ``num_tokens``-token prefill (0 on the host or where unmeasurable).
 
     Runs the model once over a throwaway cache just large enough for that step,
@@ -28,8 +33,14 @@ def profile_peak_bytes(
     lengths = [min(max_model_len, num_tokens - start) for start in range(0, num_tokens, max_model_len)]
     per_row = -(-max(lengths) // block_size)
     caches = [backend.allocate_kv_cache(per_row * len(lengths) + 1, block_size, s, dtype) for s in specs]
-    rows = [(f"profile-{i}", RowState(token_ids=[0] * n, block_ids=list(range(1 + i * per_row, 1 + (i + 1) * per_row)),
-                                      num_computed=0), n) for i, n in enumerate(lengths)]  # fmt: skip
+    rows = [
+        (
+            f"profile-{i}",
+            RowState(token_ids=[0] * n, block_ids=list(range(1 + i * per_row, 1 + (i + 1) * per_row)), num_computed=0),
+            n,
+        )
+        for i, n in enumerate(lengths)
+    ]
     batch = BatchBuilder(num_tokens, len(rows), per_row, block_size, device).build(rows)
     hooks.synchronize()
     hooks.reset_peak_memory()

@@ -59,8 +59,9 @@ def verify(
         rows = [r for i in random for r in range(starts[i], starts[i + 1])]
         x = logits.float()
         per_row = [states[i] for i in random for _ in range(starts[i], starts[i + 1])]
-        probs = Sampler.probabilities(x.index_select(0, torch.tensor(rows, device=x.device)), per_row,
-                                      list(range(len(rows))))  # fmt: skip
+        probs = Sampler.probabilities(
+            x.index_select(0, torch.tensor(rows, device=x.device)), per_row, list(range(len(rows)))
+        )
         offset = 0
         for i in random:
             n = starts[i + 1] - starts[i]

@@ -69,8 +69,13 @@ class Admission:
     in when the server is otherwise idle instead of being refused for ever.
     """
 
-    def __init__(self, running_limit: int, queue_limit: int, on_change: Callable[[int], None] | None = None,
-                 on_refuse: Callable[[str], None] | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        running_limit: int,
+        queue_limit: int,
+        on_change: Callable[[int], None] | None = None,
+        on_refuse: Callable[[str], None] | None = None,
+    ) -> None:
         self.running_limit = running_limit
         self.queue_limit = queue_limit
         self.capacity = running_limit + queue_limit

@@ -37,10 +37,13 @@ def build_app(engine: AsyncEngine | Any, config: ServeConfig | None = None) -> F
     aengine.observer = metrics.observe
     facts = aengine.facts
     state = ServerState(
-        config=config, engine=aengine, metrics=metrics,
+        config=config,
+        engine=aengine,
+        metrics=metrics,
         tokens=Tokens(aengine.input, allow_special_in_content=config.allow_special_tokens_in_content),
-        model_name=config.served_model_name or facts.model_name, max_model_len=facts.max_model_len,
-    )  # fmt: skip
+        model_name=config.served_model_name or facts.model_name,
+        max_model_len=facts.max_model_len,
+    )
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -83,8 +86,13 @@ def _add_info_routes(app: FastAPI) -> None:
     async def models(request: Request) -> JSONResponse:
         """The one model this server serves."""
         s = get_state(request)
-        card = {"id": s.model_name, "object": "model", "created": s.created, "owned_by": "paged",
-                "max_model_len": s.max_model_len}  # fmt: skip
+        card = {
+            "id": s.model_name,
+            "object": "model",
+            "created": s.created,
+            "owned_by": "paged",
+            "max_model_len": s.max_model_len,
+        }
         return JSONResponse({"object": "list", "data": [card]})
 
     @app.post("/tokenize", openapi_extra=openapi.TOKENIZE)

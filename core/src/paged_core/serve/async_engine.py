@@ -67,9 +67,12 @@ class AsyncEngine:
     """
 
     def __init__(
-        self, client: AsyncCoreClient, tokenizer: Any | None, observer: StepObserver | None = None,
+        self,
+        client: AsyncCoreClient,
+        tokenizer: Any | None,
+        observer: StepObserver | None = None,
         on_dead: Callable[[str], None] | None = None,
-    ) -> None:  # fmt: skip
+    ) -> None:
         self.client = client
         self.facts: CoreFacts = client.facts
         self.tokenizer = tokenizer
@@ -130,9 +133,15 @@ class AsyncEngine:
 
     # ---- requests (event loop side) -------------------------------------
     def add(
-        self, request_id: str, prompt: list[int], params: SamplingParams, cache_salt: str | None = None,
-        priority: int = 0, sink: Sink | None = None, beam: BeamParams | None = None,
-    ) -> RequestStream:  # fmt: skip
+        self,
+        request_id: str,
+        prompt: list[int],
+        params: SamplingParams,
+        cache_salt: str | None = None,
+        priority: int = 0,
+        sink: Sink | None = None,
+        beam: BeamParams | None = None,
+    ) -> RequestStream:
         """Send a request (a beam search with ``beam``) and return its stream at once; outputs go to ``sink`` if given.
 
         The input is the route's, validated where it entered (token ids, params bounded by the vocabulary, beam

@@ -37,8 +37,9 @@ class BearerAuth:
             return
         given = next((v for k, v in scope["headers"] if k == b"authorization"), None)
         if given is None:
-            error = APIError(401, "missing API key: send the header 'Authorization: Bearer <key>'",
-                             code="missing_api_key")  # fmt: skip
+            error = APIError(
+                401, "missing API key: send the header 'Authorization: Bearer <key>'", code="missing_api_key"
+            )
         else:
             token = bearer_token(given)
             # Compared even when the scheme is wrong, so the time taken does not tell the two failures apart.

@@ -44,8 +44,9 @@ async def read_body(request: Request, limit: int) -> bytes:
     except ClientDisconnect:
         # The client hung up (or the body timeout closed it) mid-body: nobody reads the answer, but it must
         # not be logged as an internal error.
-        raise APIError(400, "client disconnected before the request body was complete",
-                       code="client_disconnected") from None  # fmt: skip
+        raise APIError(
+            400, "client disconnected before the request body was complete", code="client_disconnected"
+        ) from None
     return b"".join(chunks)
 
 
@@ -65,20 +66,27 @@ def decode_json(raw: bytes) -> Any:
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise APIError(400, f"request body is not valid UTF-8: byte 0x{raw[exc.start]:02x} at offset {exc.start}",
-                       code="invalid_utf8") from None  # fmt: skip
+        raise APIError(
+            400,
+            f"request body is not valid UTF-8: byte 0x{raw[exc.start]:02x} at offset {exc.start}",
+            code="invalid_utf8",
+        ) from None
     try:
         value = json.loads(text, parse_constant=_no_constants)
     except json.JSONDecodeError as exc:
         raise APIError(
-            400, f"malformed JSON in request body: {exc.msg} (line {exc.lineno}, column {exc.colno})",
+            400,
+            f"malformed JSON in request body: {exc.msg} (line {exc.lineno}, column {exc.colno})",
             code="invalid_json",
-        ) from None  # fmt: skip
+        ) from None
     except RecursionError:  # the C decoder gives up near 1000 levels, far past MAX_JSON_DEPTH anyway
         raise _too_deep(()) from None
     except ValueError:  # an integer literal past Python's int conversion limit (4300 digits)
-        raise APIError(400, f"an integer in the request body is outside the 64-bit range [{INT64_MIN}, {INT64_MAX}]",
-                       code="invalid_json") from None  # fmt: skip
+        raise APIError(
+            400,
+            f"an integer in the request body is outside the 64-bit range [{INT64_MIN}, {INT64_MAX}]",
+            code="invalid_json",
+        ) from None
     _check_tree(value, strings=_SURROGATE_ESCAPE.search(text) is not None, ints=_LONG_DIGITS.search(text) is not None)
     return value
 
@@ -91,17 +99,25 @@ def _too_deep(parts: tuple[str | int, ...]) -> APIError:
     # Named by its top-level field only: the full path would be dozens of list indices.
     field = parts[0] if parts and isinstance(parts[0], str) else None
     where = f" (in '{field}')" if field else ""
-    return APIError(400, f"request body nests deeper than {MAX_JSON_DEPTH} levels{where}", code="invalid_json",
-                    param=field)  # fmt: skip
+    return APIError(
+        400, f"request body nests deeper than {MAX_JSON_DEPTH} levels{where}", code="invalid_json", param=field
+    )
 
 
 def _check_leaf(value: Any, parts: tuple[str | int, ...], strings: bool, ints: bool) -> None:
     if strings and isinstance(value, str) and not _encodable(value):
-        raise APIError(400, f"invalid string in '{_path(parts)}': it contains a lone UTF-16 surrogate "
-                       "(an unpaired \\ud800-\\udfff escape), which is not text", param=_path(parts))  # fmt: skip
+        raise APIError(
+            400,
+            f"invalid string in '{_path(parts)}': it contains a lone UTF-16 surrogate "
+            "(an unpaired \\ud800-\\udfff escape), which is not text",
+            param=_path(parts),
+        )
     if ints and type(value) is int and not INT64_MIN <= value <= INT64_MAX:
-        raise APIError(400, f"invalid value for '{_path(parts)}': integers must be in the 64-bit range "
-                       f"[{INT64_MIN}, {INT64_MAX}]", param=_path(parts))  # fmt: skip
+        raise APIError(
+            400,
+            f"invalid value for '{_path(parts)}': integers must be in the 64-bit range [{INT64_MIN}, {INT64_MAX}]",
+            param=_path(parts),
+        )
 
 
 def _encodable(text: str) -> bool:
@@ -128,8 +144,11 @@ def _check_tree(value: Any, strings: bool, ints: bool) -> None:
         for key, child in items:
             here = (*parts, key)
             if strings and isinstance(key, str) and not _encodable(key):
-                raise APIError(400, f"invalid key in '{_path(parts)}': it contains a lone UTF-16 surrogate",
-                               param=_path(parts) if parts else None)  # fmt: skip
+                raise APIError(
+                    400,
+                    f"invalid key in '{_path(parts)}': it contains a lone UTF-16 surrogate",
+                    param=_path(parts) if parts else None,
+                )
             if isinstance(child, (dict, list)):
                 stack.append((child, depth + 1, here))
             elif strings or ints:

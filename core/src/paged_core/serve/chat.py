@@ -42,10 +42,17 @@ async def create_chat_completion(request: Request) -> Response:
     sampling_params(req, placeholder_max_tokens(req, limit), vocab_size)  # refuse bad fields before the template
     # The template only adds text around the contents, so their length alone can prove the chat cannot fit.
     state.tokens.refuse_oversize(sum(len(m.text()) for m in req.messages), state.max_model_len, "messages")
-    ids = await state.tokens.offload(state.tokens.render_chat, req.messages, req.add_generation_prompt,
-                                     req.chat_template_kwargs)  # fmt: skip
-    max_tokens = check_context(len(ids), requested_max_tokens(req), state.max_model_len, "messages", limit=limit,
-                               max_tokens_param=max_tokens_param(req))  # fmt: skip
+    ids = await state.tokens.offload(
+        state.tokens.render_chat, req.messages, req.add_generation_prompt, req.chat_template_kwargs
+    )
+    max_tokens = check_context(
+        len(ids),
+        requested_max_tokens(req),
+        state.max_model_len,
+        "messages",
+        limit=limit,
+        max_tokens_param=max_tokens_param(req),
+    )
     params = sampling_params(req, max_tokens, vocab_size)
     gen = Generation(state, request, "chatcmpl")
     gen.start([ids], [params], req.cache_salt, req.priority)
@@ -55,8 +62,14 @@ async def create_chat_completion(request: Request) -> Response:
         (out,) = await collect(gen, 1)
     except ClientGone:
         return Response(status_code=499)
-    body = {"id": gen.id, "object": "chat.completion", "created": int(time.time()), "model": state.model_name,
-            "choices": [_choice(c, req, state) for c in out.outputs], "usage": usage([out])}  # fmt: skip
+    body = {
+        "id": gen.id,
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": state.model_name,
+        "choices": [_choice(c, req, state) for c in out.outputs],
+        "usage": usage([out]),
+    }
     return JSONResponse(body)
 
 
@@ -68,8 +81,13 @@ def _choice(c: CompletionOutput, req: ChatCompletionRequest, state: ServerState)
     logprobs = None
     if req.logprobs and c.logprobs is not None:
         logprobs = chat_logprobs(state.tokens, c.token_ids, c.logprobs, _top(req))
-    return {"index": c.index, "message": {"role": "assistant", "content": c.text}, "logprobs": logprobs,
-            "finish_reason": c.finish_reason, "stop_reason": c.stop_reason}  # fmt: skip
+    return {
+        "index": c.index,
+        "message": {"role": "assistant", "content": c.text},
+        "logprobs": logprobs,
+        "finish_reason": c.finish_reason,
+        "stop_reason": c.stop_reason,
+    }
 
 
 async def _chunks(gen: Generation, req: ChatCompletionRequest, state: ServerState) -> AsyncIterator[str]:
@@ -79,9 +97,12 @@ async def _chunks(gen: Generation, req: ChatCompletionRequest, state: ServerStat
 
     def chunk(index: int, delta: dict[str, Any], logprobs: Any = None, finish: str | None = None) -> str:
         body: dict[str, Any] = {
-            "id": gen.id, "object": "chat.completion.chunk", "created": created, "model": state.model_name,
+            "id": gen.id,
+            "object": "chat.completion.chunk",
+            "created": created,
+            "model": state.model_name,
             "choices": [{"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}],
-        }  # fmt: skip
+        }
         if include_usage:
             body["usage"] = None
         return sse(body)
@@ -106,6 +127,12 @@ async def _chunks(gen: Generation, req: ChatCompletionRequest, state: ServerStat
                 done.add(c.index)
                 yield chunk(c.index, {}, None, c.finish_reason)
     if include_usage and final is not None:
-        body = {"id": gen.id, "object": "chat.completion.chunk", "created": created, "model": state.model_name,
-                "choices": [], "usage": usage([final])}  # fmt: skip
+        body = {
+            "id": gen.id,
+            "object": "chat.completion.chunk",
+            "created": created,
+            "model": state.model_name,
+            "choices": [],
+            "usage": usage([final]),
+        }
         yield sse(body)

@@ -96,10 +96,17 @@ async def create_completion(request: Request) -> Response:
         outputs = await collect(gen, len(prompts))
     except ClientGone:
         return Response(status_code=499)
-    choices = [_choice(i * req.n + c.index, c, echoes[i], req, state) for i, out in enumerate(outputs)
-               for c in out.outputs]  # fmt: skip
-    body = {"id": gen.id, "object": "text_completion", "created": int(time.time()), "model": state.model_name,
-            "choices": choices, "usage": usage(outputs)}  # fmt: skip
+    choices = [
+        _choice(i * req.n + c.index, c, echoes[i], req, state) for i, out in enumerate(outputs) for c in out.outputs
+    ]
+    body = {
+        "id": gen.id,
+        "object": "text_completion",
+        "created": int(time.time()),
+        "model": state.model_name,
+        "choices": choices,
+        "usage": usage(outputs),
+    }
     return JSONResponse(body)
 
 
@@ -107,8 +114,13 @@ def _choice(index: int, c: CompletionOutput, echo: str, req: CompletionRequest, 
     logprobs = None
     if req.logprobs is not None and c.logprobs is not None:
         logprobs = completion_logprobs(state.tokens, c.token_ids, c.logprobs, req.logprobs, len(echo))
-    return {"index": index, "text": echo + c.text, "logprobs": logprobs, "finish_reason": c.finish_reason,
-            "stop_reason": c.stop_reason}  # fmt: skip
+    return {
+        "index": index,
+        "text": echo + c.text,
+        "logprobs": logprobs,
+        "finish_reason": c.finish_reason,
+        "stop_reason": c.stop_reason,
+    }
 
 
 async def _chunks(gen: Generation, req: CompletionRequest, state: ServerState, echoes: list[str]) -> AsyncIterator[str]:
@@ -131,26 +143,42 @@ async def _chunks(gen: Generation, req: CompletionRequest, state: ServerState, e
             logprobs = None
             if req.logprobs is not None and c.logprobs is not None and c.new_token_ids:
                 entries = c.logprobs[-len(c.new_token_ids) :]
-                logprobs = completion_logprobs(state.tokens, c.new_token_ids, entries, req.logprobs,
-                                               offsets.get(index, 0))  # fmt: skip
+                logprobs = completion_logprobs(
+                    state.tokens, c.new_token_ids, entries, req.logprobs, offsets.get(index, 0)
+                )
             offsets[index] = offsets.get(index, 0) + len(c.new_text)
             if c.finish_reason is not None:
                 sent_finish.add(index)
             yield sse(_chunk(gen.id, created, state, index, c.new_text, logprobs, c.finish_reason, include_usage))
     if include_usage:
-        body = {"id": gen.id, "object": "text_completion", "created": created, "model": state.model_name,
-                "choices": [], "usage": usage(finals[i] for i in sorted(finals))}  # fmt: skip
+        body = {
+            "id": gen.id,
+            "object": "text_completion",
+            "created": created,
+            "model": state.model_name,
+            "choices": [],
+            "usage": usage(finals[i] for i in sorted(finals)),
+        }
         yield sse(body)
 
 
 def _chunk(
-    rid: str, created: int, state: ServerState, index: int, text: str, logprobs: dict[str, Any] | None,
-    finish: str | None, include_usage: bool,
-) -> dict[str, Any]:  # fmt: skip
+    rid: str,
+    created: int,
+    state: ServerState,
+    index: int,
+    text: str,
+    logprobs: dict[str, Any] | None,
+    finish: str | None,
+    include_usage: bool,
+) -> dict[str, Any]:
     body: dict[str, Any] = {
-        "id": rid, "object": "text_completion", "created": created, "model": state.model_name,
+        "id": rid,
+        "object": "text_completion",
+        "created": created,
+        "model": state.model_name,
         "choices": [{"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish}],
-    }  # fmt: skip
+    }
     if include_usage:
         body["usage"] = None
     return body

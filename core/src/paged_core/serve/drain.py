@@ -50,7 +50,8 @@ class DrainingServer(uvicorn.Server):
             self._loop.call_soon_threadsafe(self._loop.call_later, self.drain, self._end_open_requests)
 
     def _end_open_requests(self) -> None:
-        ended = self.engine.abort_all(EngineDeadError(f"server is shutting down: the request did not finish "
-                                                      f"within the {self.drain:g} s drain"))  # fmt: skip
+        ended = self.engine.abort_all(
+            EngineDeadError(f"server is shutting down: the request did not finish within the {self.drain:g} s drain")
+        )
         if ended:
             log.warning("drain of %g s over: %d request(s) ended with an error", self.drain, ended)

@@ -17,9 +17,17 @@ from paged_core.errors import PagedError
 log = logging.getLogger("paged.serve")
 
 # OpenAI's error types by status; clients switch on these.
-_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
-          404: "not_found_error", 405: "invalid_request_error", 413: "invalid_request_error",
-          422: "invalid_request_error", 429: "rate_limit_error", 503: "service_unavailable"}  # fmt: skip
+_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    405: "invalid_request_error",
+    413: "invalid_request_error",
+    422: "invalid_request_error",
+    429: "rate_limit_error",
+    503: "service_unavailable",
+}
 _FIELD = re.compile(r"SamplingParams\.(\w+)")
 
 
@@ -62,8 +70,12 @@ def internal_error(exc: BaseException, where: str) -> APIError:
     """
     error_id = uuid.uuid4().hex[:16]
     log.error("internal error %s in %s", error_id, where, exc_info=(type(exc), exc, exc.__traceback__))
-    return APIError(500, f"internal server error (error id {error_id}); the server log has the details",
-                    type="server_error", code="internal_error")  # fmt: skip
+    return APIError(
+        500,
+        f"internal server error (error id {error_id}); the server log has the details",
+        type="server_error",
+        code="internal_error",
+    )
 
 
 class CatchUnexpected:

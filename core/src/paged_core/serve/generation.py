@@ -41,8 +41,14 @@ class Generation:
         self._watcher: asyncio.Task[None] | None = None
         self._ticket: Ticket | None = None
 
-    def start(self, prompts: list[list[int]], params: list[SamplingParams], cache_salt: str | None,
-              priority: int = 0, beam: BeamParams | None = None) -> None:  # fmt: skip
+    def start(
+        self,
+        prompts: list[list[int]],
+        params: list[SamplingParams],
+        cache_salt: str | None,
+        priority: int = 0,
+        beam: BeamParams | None = None,
+    ) -> None:
         """Send every prompt (validated by the route) and start watching the connection; nothing waits for the core.
 
         First the request's admission ticket grows to its number of sequences (prompts x ``n``): a 429 if that

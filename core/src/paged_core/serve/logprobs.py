@@ -43,6 +43,7 @@ def chat_logprobs(
         for t, lp in _top(entry, k):
             t_text, t_raw = tokens.piece(t)
             top.append({"token": t_text, "logprob": lp, "bytes": t_raw})
-        content.append({"token": text, "logprob": entry.get(tid, next(iter(entry.values()))), "bytes": raw,
-                        "top_logprobs": top})  # fmt: skip
+        content.append(
+            {"token": text, "logprob": entry.get(tid, next(iter(entry.values()))), "bytes": raw, "top_logprobs": top}
+        )
     return {"content": content, "refusal": None}

@@ -30,8 +30,12 @@ _GAUGES = (
     ("paged_kv_cache_blocks", "KV blocks that can hold tokens.", "num_usable_blocks"),
     ("paged_requests_running", "Requests being scheduled.", "num_running"),
     ("paged_requests_waiting", "Requests waiting for KV blocks or budget.", "num_waiting"),
-    ("paged_batch_invariant", "1 when the running configuration is batch-invariant (a request's tokens do not "
-     "depend on what it is batched with), else 0; the start-up log names each part that is not.", "batch_invariant"),
+    (
+        "paged_batch_invariant",
+        "1 when the running configuration is batch-invariant (a request's tokens do not "
+        "depend on what it is batched with), else 0; the start-up log names each part that is not.",
+        "batch_invariant",
+    ),
 )
 _COUNTERS = (
     ("paged_preemptions", "Requests preempted to free KV blocks.", "num_preemptions"),
@@ -41,8 +45,7 @@ _COUNTERS = (
     ("paged_eager_steps", "Steps run eagerly (in a graph mode: fallbacks).", "eager_steps"),
     ("paged_spec_decode_verify_rows", "Speculative decoding: sequence steps that verified drafts.", "spec_verify_rows"),
     ("paged_spec_decode_draft_tokens", "Speculative decoding: draft tokens verified.", "spec_draft_tokens"),
-    ("paged_spec_decode_accepted_tokens", "Speculative decoding: draft tokens the model kept.",
-     "spec_accepted_tokens"),
+    ("paged_spec_decode_accepted_tokens", "Speculative decoding: draft tokens the model kept.", "spec_accepted_tokens"),
 )
 
 
@@ -65,11 +68,14 @@ class _EngineCollector(Collector):
             yield from _engine_families([], [((), self.read(), True)])
             return
         yield from _engine_families(["engine"], [((str(c.index),), c.stats, c.alive) for c in cores])
-        up = GaugeMetricFamily("paged_engine_up", "1 while a data-parallel engine core serves, 0 once it died.",
-                               labels=["engine"])  # fmt: skip
-        routed = CounterMetricFamily("paged_dp_routed_requests", "Requests the router placed on a core, by rule "
-                                     "(affinity: a remembered prefix; balance: least loaded).",
-                                     labels=["engine", "route"])  # fmt: skip
+        up = GaugeMetricFamily(
+            "paged_engine_up", "1 while a data-parallel engine core serves, 0 once it died.", labels=["engine"]
+        )
+        routed = CounterMetricFamily(
+            "paged_dp_routed_requests",
+            "Requests the router placed on a core, by rule (affinity: a remembered prefix; balance: least loaded).",
+            labels=["engine", "route"],
+        )
         for c in cores:
             up.add_metric([str(c.index)], 1 if c.alive else 0)
             for route, count in sorted(c.routed.items()):
@@ -86,15 +92,20 @@ def _engine_families(labels: list[str], rows: list[tuple[tuple[str, ...], Schedu
             if alive:
                 gauge.add_metric(list(values), float(getattr(s, attr)))
         yield gauge
-    ratio = GaugeMetricFamily("paged_prefix_cache_hit_ratio", "Prompt tokens found in the prefix cache / looked up.",
-                              labels=labels)  # fmt: skip
+    ratio = GaugeMetricFamily(
+        "paged_prefix_cache_hit_ratio", "Prompt tokens found in the prefix cache / looked up.", labels=labels
+    )
     for values, s, _ in rows:
         ratio.add_metric(list(values), s.prefix_hits / s.prefix_queries if s.prefix_queries else 0.0)
     yield ratio
-    accept = GaugeMetricFamily("paged_spec_decode_acceptance_ratio", "Draft tokens kept / verified (0 before any).",
-                               labels=labels)  # fmt: skip
-    length = GaugeMetricFamily("paged_spec_decode_mean_accepted_length", "Tokens produced per verifying sequence "
-                               "step: kept drafts plus the model's own (1 before any).", labels=labels)  # fmt: skip
+    accept = GaugeMetricFamily(
+        "paged_spec_decode_acceptance_ratio", "Draft tokens kept / verified (0 before any).", labels=labels
+    )
+    length = GaugeMetricFamily(
+        "paged_spec_decode_mean_accepted_length",
+        "Tokens produced per verifying sequence step: kept drafts plus the model's own (1 before any).",
+        labels=labels,
+    )
     for values, s, _ in rows:
         spec = SpecStats(s.spec_verify_rows, s.spec_draft_tokens, s.spec_accepted_tokens)
         accept.add_metric(list(values), spec.acceptance_rate)
@@ -106,10 +117,12 @@ def _engine_families(labels: list[str], rows: list[tuple[tuple[str, ...], Schedu
         for values, s, _ in rows:
             counter.add_metric(list(values), getattr(s, attr))
         yield counter
-    replays = CounterMetricFamily("paged_graph_replays", "Steps run as a compiled or captured graph.",
-                                  labels=[*labels, "graph_mode"])  # fmt: skip
-    fallbacks = CounterMetricFamily("paged_graph_fallbacks", "Eager fallbacks of a graph mode, by reason.",
-                                    labels=[*labels, "reason"])  # fmt: skip
+    replays = CounterMetricFamily(
+        "paged_graph_replays", "Steps run as a compiled or captured graph.", labels=[*labels, "graph_mode"]
+    )
+    fallbacks = CounterMetricFamily(
+        "paged_graph_fallbacks", "Eager fallbacks of a graph mode, by reason.", labels=[*labels, "reason"]
+    )
     for values, s, _ in rows:
         replays.add_metric([*values, s.graph_mode], s.graph_replays)
         for reason, count in sorted(s.graph_fallbacks.items()):
@@ -137,20 +150,24 @@ class ServerMetrics:
         r = self.registry
         self.prompt_tokens = Counter("paged_prompt_tokens", "Prompt tokens of requests that started.", registry=r)
         self.generation_tokens = Counter("paged_generation_tokens", "Tokens generated.", registry=r)
-        self.finished = Counter("paged_requests_finished", "Completions finished, by reason.", ["finish_reason"],
-                                registry=r)  # fmt: skip
+        self.finished = Counter(
+            "paged_requests_finished", "Completions finished, by reason.", ["finish_reason"], registry=r
+        )
         self.aborted = Counter("paged_requests_aborted", "Requests aborted (client gone or error).", registry=r)
-        self.ttft = Histogram("paged_time_to_first_token_seconds", "Arrival to first token.", buckets=_TTFT,
-                              registry=r)  # fmt: skip
-        self.itl = Histogram("paged_inter_token_latency_seconds", "Gap between a request's successive steps.",
-                             buckets=_ITL, registry=r)  # fmt: skip
+        self.ttft = Histogram("paged_time_to_first_token_seconds", "Arrival to first token.", buckets=_TTFT, registry=r)
+        self.itl = Histogram(
+            "paged_inter_token_latency_seconds", "Gap between a request's successive steps.", buckets=_ITL, registry=r
+        )
         self.e2e = Histogram("paged_e2e_request_latency_seconds", "Arrival to completion.", buckets=_E2E, registry=r)
-        self.in_flight = Gauge("paged_requests_in_flight", "Engine sequences admitted and not yet done (event loop).",
-                               registry=r)  # fmt: skip
-        self.in_flight_limit = Gauge("paged_requests_in_flight_limit",
-                                     "Admission bound: max_num_seqs + max_queued_requests.", registry=r)  # fmt: skip
-        self.refused = Counter("paged_requests_refused", "Generation requests refused by admission, by reason.",
-                               ["reason"], registry=r)  # fmt: skip
+        self.in_flight = Gauge(
+            "paged_requests_in_flight", "Engine sequences admitted and not yet done (event loop).", registry=r
+        )
+        self.in_flight_limit = Gauge(
+            "paged_requests_in_flight_limit", "Admission bound: max_num_seqs + max_queued_requests.", registry=r
+        )
+        self.refused = Counter(
+            "paged_requests_refused", "Generation requests refused by admission, by reason.", ["reason"], registry=r
+        )
         self.refused.labels(reason="queue_full")  # exported at 0 from the start, so rates work before the first refusal
         r.register(_EngineCollector(self.read_stats, self.read_cores))
         self._live: dict[str, _Tracked] = {}

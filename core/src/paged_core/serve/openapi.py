@@ -126,10 +126,20 @@ class DetokenizeResponse(BaseModel):
     prompt: str
 
 
-REQUEST_MODELS: tuple[type[BaseModel], ...] = (CompletionRequest, ChatCompletionRequest, TokenizeRequest,
-                                               DetokenizeRequest)  # fmt: skip
-RESPONSE_MODELS: tuple[type[BaseModel], ...] = (ErrorBody, CompletionResponse, ChatCompletionResponse, ModelList,
-                                                TokenizeResponse, DetokenizeResponse)  # fmt: skip
+REQUEST_MODELS: tuple[type[BaseModel], ...] = (
+    CompletionRequest,
+    ChatCompletionRequest,
+    TokenizeRequest,
+    DetokenizeRequest,
+)
+RESPONSE_MODELS: tuple[type[BaseModel], ...] = (
+    ErrorBody,
+    CompletionResponse,
+    ChatCompletionResponse,
+    ModelList,
+    TokenizeResponse,
+    DetokenizeResponse,
+)
 
 _ERRORS = {
     400: "Invalid request: malformed JSON, wrong type, unknown field, value out of range, prompt too long.",
@@ -156,8 +166,9 @@ def _errors(codes: tuple[int, ...]) -> dict[str, Any]:
     return out
 
 
-def operation(request: type[BaseModel] | None, success: dict[str, Any], errors: tuple[int, ...],
-              secured: bool = True) -> dict[str, Any]:  # fmt: skip
+def operation(
+    request: type[BaseModel] | None, success: dict[str, Any], errors: tuple[int, ...], secured: bool = True
+) -> dict[str, Any]:
     """An ``openapi_extra`` dict: the request body (if any), the 200's content by media type, and ``errors``."""
     extra: dict[str, Any] = {"responses": {"200": {"content": success}, **_errors(errors)}}
     if request is not None:

@@ -15,12 +15,34 @@ from paged_core.serve.settings import ServeConfig
 
 MAX_TEMPLATE_KWARGS_BYTES = 4096
 # apply_chat_template's own parameters and the template's special-token variables (see check_template_kwargs).
-RESERVED_TEMPLATE_KWARGS = frozenset({
-    "conversation", "messages", "tools", "documents", "add_generation_prompt", "continue_final_message",
-    "tokenize", "sanitize_control_tokens", "padding", "truncation", "max_length", "return_tensors", "return_dict",
-    "return_assistant_tokens_mask", "tokenizer_kwargs", "bos_token", "eos_token", "unk_token", "sep_token",
-    "pad_token", "cls_token", "mask_token", "additional_special_tokens", "extra_special_tokens",
-})  # fmt: skip
+RESERVED_TEMPLATE_KWARGS = frozenset(
+    {
+        "conversation",
+        "messages",
+        "tools",
+        "documents",
+        "add_generation_prompt",
+        "continue_final_message",
+        "tokenize",
+        "sanitize_control_tokens",
+        "padding",
+        "truncation",
+        "max_length",
+        "return_tensors",
+        "return_dict",
+        "return_assistant_tokens_mask",
+        "tokenizer_kwargs",
+        "bos_token",
+        "eos_token",
+        "unk_token",
+        "sep_token",
+        "pad_token",
+        "cls_token",
+        "mask_token",
+        "additional_special_tokens",
+        "extra_special_tokens",
+    }
+)
 
 
 def check_limits(req: CompletionRequest | ChatCompletionRequest, config: ServeConfig) -> None:
@@ -48,8 +70,9 @@ def check_limits(req: CompletionRequest | ChatCompletionRequest, config: ServeCo
         check_template_kwargs(req.chat_template_kwargs)
         kind = (req.response_format or {}).get("type", "text")
         if kind != "text":
-            raise APIError(400, f"response_format type {kind!r} is not supported (only 'text')",
-                           param="response_format")  # fmt: skip
+            raise APIError(
+                400, f"response_format type {kind!r} is not supported (only 'text')", param="response_format"
+            )
 
 
 def beam_params(req: CompletionRequest, params: SamplingParams, max_num_seqs: int) -> BeamParams | None:
@@ -64,8 +87,12 @@ def beam_params(req: CompletionRequest, params: SamplingParams, max_num_seqs: in
                 raise APIError(400, f"{name} applies to beam search only; set use_beam_search true", param=name)
         return None
     if req.stream:
-        raise APIError(400, "stream=true is not supported with use_beam_search: beams are reordered until the search "
-                       "ends, so they come back whole; set stream false", param="stream")  # fmt: skip
+        raise APIError(
+            400,
+            "stream=true is not supported with use_beam_search: beams are reordered until the search "
+            "ends, so they come back whole; set stream false",
+            param="stream",
+        )
     beam = BeamParams(req.n, req.length_penalty, req.early_stopping)
     try:
         check_beam(params, beam, max_num_seqs)
@@ -96,20 +123,33 @@ def check_template_kwargs(kwargs: dict[str, Any] | None) -> None:
     if not kwargs:
         return
     if "chat_template" in kwargs:
-        raise APIError(400, "chat_template_kwargs.chat_template is not accepted: this server only renders the "
-                       "model's own chat template", param="chat_template_kwargs")  # fmt: skip
+        raise APIError(
+            400,
+            "chat_template_kwargs.chat_template is not accepted: this server only renders the "
+            "model's own chat template",
+            param="chat_template_kwargs",
+        )
     size = len(json.dumps(kwargs, ensure_ascii=False).encode())
     if size > MAX_TEMPLATE_KWARGS_BYTES:
-        raise APIError(400, f"chat_template_kwargs is {size} bytes of JSON; at most {MAX_TEMPLATE_KWARGS_BYTES} are "
-                       "accepted", param="chat_template_kwargs")  # fmt: skip
+        raise APIError(
+            400,
+            f"chat_template_kwargs is {size} bytes of JSON; at most {MAX_TEMPLATE_KWARGS_BYTES} are accepted",
+            param="chat_template_kwargs",
+        )
     reserved = sorted(RESERVED_TEMPLATE_KWARGS.intersection(kwargs))
     if reserved:
-        raise APIError(400, f"chat_template_kwargs may not set {', '.join(reserved)} (reserved by the server)",
-                       param="chat_template_kwargs")  # fmt: skip
+        raise APIError(
+            400,
+            f"chat_template_kwargs may not set {', '.join(reserved)} (reserved by the server)",
+            param="chat_template_kwargs",
+        )
     for key, value in kwargs.items():
         if not isinstance(value, (str, int, float, bool)) or (isinstance(value, float) and not math.isfinite(value)):
-            raise APIError(400, f"chat_template_kwargs.{key} must be a string, number or boolean, got "
-                           f"{type(value).__name__}", param="chat_template_kwargs")  # fmt: skip
+            raise APIError(
+                400,
+                f"chat_template_kwargs.{key} must be a string, number or boolean, got {type(value).__name__}",
+                param="chat_template_kwargs",
+            )
 
 
 def requested_max_tokens(req: CompletionRequest | ChatCompletionRequest, limit: int | None = None) -> int | None:
@@ -126,9 +166,14 @@ def requested_max_tokens(req: CompletionRequest | ChatCompletionRequest, limit: 
 
 
 def check_context(
-    num_prompt_tokens: int, max_tokens: int | None, max_model_len: int, param: str, *, limit: int | None = None,
+    num_prompt_tokens: int,
+    max_tokens: int | None,
+    max_model_len: int,
+    param: str,
+    *,
+    limit: int | None = None,
     max_tokens_param: str = "max_tokens",
-) -> int:  # fmt: skip
+) -> int:
     """The ``max_tokens`` to use; refuses a prompt that leaves no room, or prompt + max_tokens beyond the context.
 
     An omitted ``max_tokens`` (None) fills the context, but never beyond the server's ``limit``
@@ -137,18 +182,24 @@ def check_context(
     """
     if num_prompt_tokens >= max_model_len:
         raise APIError(
-            400, f"this model's maximum context length is {max_model_len} tokens; {num_prompt_tokens} tokens in the "
-            f"{param} leave no room to generate", param=param, code="context_length_exceeded",
-        )  # fmt: skip
+            400,
+            f"this model's maximum context length is {max_model_len} tokens; {num_prompt_tokens} tokens in the "
+            f"{param} leave no room to generate",
+            param=param,
+            code="context_length_exceeded",
+        )
     room = max_model_len - num_prompt_tokens
     if max_tokens is None:
         return room if limit is None else min(room, limit)
     if max_tokens > room:
         raise APIError(
-            400, f"this model's maximum context length is {max_model_len} tokens, but {num_prompt_tokens + max_tokens}"
+            400,
+            f"this model's maximum context length is {max_model_len} tokens, but {num_prompt_tokens + max_tokens}"
             f" were requested ({num_prompt_tokens} in the {param}, {max_tokens} for the completion); "
-            f"reduce the prompt or {max_tokens_param}", param=max_tokens_param, code="context_length_exceeded",
-        )  # fmt: skip
+            f"reduce the prompt or {max_tokens_param}",
+            param=max_tokens_param,
+            code="context_length_exceeded",
+        )
     return max_tokens
 
 
@@ -182,13 +233,25 @@ def sampling_params(req: CompletionRequest | ChatCompletionRequest, max_tokens: 
     else:
         logprobs = req.logprobs
     fields: dict[str, Any] = {
-        "n": req.n, "temperature": req.temperature, "top_p": req.top_p, "top_k": req.top_k, "min_p": req.min_p,
-        "repetition_penalty": req.repetition_penalty, "presence_penalty": req.presence_penalty,
-        "frequency_penalty": req.frequency_penalty, "seed": req.seed, "stop": req.stop,
-        "stop_token_ids": req.stop_token_ids, "max_tokens": max_tokens, "min_tokens": req.min_tokens,
-        "ignore_eos": req.ignore_eos, "logprobs": logprobs, "skip_special_tokens": req.skip_special_tokens,
-        "include_stop_str_in_output": req.include_stop_str_in_output, "speculate": req.speculate,
-    }  # fmt: skip
+        "n": req.n,
+        "temperature": req.temperature,
+        "top_p": req.top_p,
+        "top_k": req.top_k,
+        "min_p": req.min_p,
+        "repetition_penalty": req.repetition_penalty,
+        "presence_penalty": req.presence_penalty,
+        "frequency_penalty": req.frequency_penalty,
+        "seed": req.seed,
+        "stop": req.stop,
+        "stop_token_ids": req.stop_token_ids,
+        "max_tokens": max_tokens,
+        "min_tokens": req.min_tokens,
+        "ignore_eos": req.ignore_eos,
+        "logprobs": logprobs,
+        "skip_special_tokens": req.skip_special_tokens,
+        "include_stop_str_in_output": req.include_stop_str_in_output,
+        "speculate": req.speculate,
+    }
     if isinstance(req, CompletionRequest) and req.use_beam_search and req.temperature is None:
         fields["temperature"] = 0.0  # beam search is deterministic: an unset temperature is no conflict
     # Unset OpenAI fields take SamplingParams' defaults (the OpenAI defaults: temperature 1, top_p 1).
@@ -207,7 +270,8 @@ def _chat_logprobs(req: ChatCompletionRequest) -> int | None:
         if not req.logprobs:
             raise APIError(400, "top_logprobs requires logprobs to be true", param="top_logprobs")
         if not 0 <= req.top_logprobs <= MAX_LOGPROBS:
-            raise APIError(400, f"top_logprobs must be in [0, {MAX_LOGPROBS}], got {req.top_logprobs}",
-                           param="top_logprobs")  # fmt: skip
+            raise APIError(
+                400, f"top_logprobs must be in [0, {MAX_LOGPROBS}], got {req.top_logprobs}", param="top_logprobs"
+            )
         return req.top_logprobs
     return 0 if req.logprobs else None

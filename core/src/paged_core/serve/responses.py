@@ -28,8 +28,12 @@ def usage(outputs: Iterable[RequestOutput]) -> dict[str, Any]:
         prompt += len(out.prompt_token_ids)
         completion += sum(len(c.token_ids) for c in out.outputs)
         cached += out.metrics.num_cached_tokens
-    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
-            "prompt_tokens_details": {"cached_tokens": cached}}  # fmt: skip
+    return {
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+        "prompt_tokens_details": {"cached_tokens": cached},
+    }
 
 
 async def collect(gen: Generation, count: int) -> list[RequestOutput]:

@@ -66,8 +66,9 @@ def run_server(engine_config: EngineConfig, config: ServeConfig, in_process: boo
         auth = "bearer-token auth on" if config.api_key else "no auth"
         dp = engine_config.parallel.data_parallel_size
         mode = "in-process engine" if in_process else f"{dp} engine-core processes" if dp > 1 else "engine-core process"
-        log.info("serving %s on http://%s:%d (%s, %s)", app.state.paged.model_name, config.host, config.port, auth,
-                 mode)  # fmt: skip
+        log.info(
+            "serving %s on http://%s:%d (%s, %s)", app.state.paged.model_name, config.host, config.port, auth, mode
+        )
         server.run()
     finally:
         engine.stop()  # idempotent; the app's lifespan normally did it

@@ -31,8 +31,9 @@ class ServerState:
 
     def __post_init__(self) -> None:
         running = int(self.engine.facts.max_num_seqs)
-        self.admission = Admission(running, self.config.max_queued_requests, self.metrics.set_in_flight,
-                                   self.metrics.count_refusal)  # fmt: skip
+        self.admission = Admission(
+            running, self.config.max_queued_requests, self.metrics.set_in_flight, self.metrics.count_refusal
+        )
         self.metrics.in_flight_limit.set(self.admission.capacity)
 
     def check_model(self, name: str | None, required: bool = True) -> None:
@@ -40,8 +41,12 @@ class ServerState:
         if name is None and not required:
             return
         if name != self.model_name:
-            raise APIError(404, f"the model '{name}' does not exist; this server serves '{self.model_name}'",
-                           param="model", code="model_not_found")  # fmt: skip
+            raise APIError(
+                404,
+                f"the model '{name}' does not exist; this server serves '{self.model_name}'",
+                param="model",
+                code="model_not_found",
+            )
 
 
 def get_state(request: Request) -> ServerState:

@@ -33,8 +33,10 @@ log = logging.getLogger("paged.serve")
 
 def _timeout_response(what: str, seconds: float) -> bytes:
     body = f"{what} not received within {seconds:g} s\n".encode()
-    head = (b"HTTP/1.1 408 Request Timeout\r\ncontent-type: text/plain; charset=utf-8\r\nconnection: close\r\n"
-            b"content-length: %d\r\n\r\n" % len(body))  # fmt: skip
+    head = (
+        b"HTTP/1.1 408 Request Timeout\r\ncontent-type: text/plain; charset=utf-8\r\nconnection: close\r\n"
+        b"content-length: %d\r\n\r\n" % len(body)
+    )
     return head + body
 
 
@@ -113,15 +115,17 @@ class TimeoutH11Protocol(H11Protocol):
             cycle.disconnected = True  # the app's receive() now reports a disconnect and its sends are dropped
             cycle.message_event.set()
         if not started:
-            self.transport.write(_timeout_response("request headers" if phase == "headers" else "request body",
-                                                   seconds))  # fmt: skip
+            self.transport.write(
+                _timeout_response("request headers" if phase == "headers" else "request body", seconds)
+            )
         self.transport.close()
 
 
 def timeout_protocol(header_timeout: float, body_timeout: float) -> type[TimeoutH11Protocol]:
     """A :class:`TimeoutH11Protocol` subclass with these timeouts, for ``uvicorn.Config(http=...)``."""
-    return type("ServeH11Protocol", (TimeoutH11Protocol,), {"header_timeout": header_timeout,
-                                                            "body_timeout": body_timeout})  # fmt: skip
+    return type(
+        "ServeH11Protocol", (TimeoutH11Protocol,), {"header_timeout": header_timeout, "body_timeout": body_timeout}
+    )
 
 
 def uvicorn_options(idle_timeout: float, header_timeout: float, body_timeout: float) -> dict[str, Any]:

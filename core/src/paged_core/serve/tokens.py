@@ -83,10 +83,12 @@ class Tokens:
         bound = self.chars_per_token
         if bound is not None and num_chars > bound * max_model_len:
             raise APIError(
-                400, f"this model's maximum context length is {max_model_len} tokens, and the {num_chars} characters "
+                400,
+                f"this model's maximum context length is {max_model_len} tokens, and the {num_chars} characters "
                 f"in the {param} need more than that (one token covers at most {bound} characters here)",
-                param=param, code="context_length_exceeded",
-            )  # fmt: skip
+                param=param,
+                code="context_length_exceeded",
+            )
 
     def check_content(self, texts: Iterable[tuple[str, str]], param: str) -> None:
         """A 400 when a text (named by the first item of each pair) contains a control token's text."""
@@ -96,10 +98,12 @@ class Tokens:
             match = self._control.search(text)
             if match is not None:
                 raise APIError(
-                    400, f"{where} contains the control token {match.group()!r}; this server refuses control-token "
+                    400,
+                    f"{where} contains the control token {match.group()!r}; this server refuses control-token "
                     "text in chat content so that it cannot forge chat turns (the operator can allow it with "
-                    "--allow-special-tokens-in-content)", param=param,
-                )  # fmt: skip
+                    "--allow-special-tokens-in-content)",
+                    param=param,
+                )
 
     def require(self, what: str) -> Any:
         """The tokenizer, or a 400 saying that ``what`` needs one."""
@@ -123,9 +127,11 @@ class Tokens:
             raise _as_api_error(exc) from None
 
     def render_chat(
-        self, messages: Sequence[ChatMessage], add_generation_prompt: bool = True,
+        self,
+        messages: Sequence[ChatMessage],
+        add_generation_prompt: bool = True,
         extra: Mapping[str, Any] | None = None,
-    ) -> list[int]:  # fmt: skip
+    ) -> list[int]:
         """Token ids of a conversation through the model's chat template (blocking: run it through offload)."""
         tok = self.require("chat")
         if not getattr(tok, "chat_template", None):
@@ -134,8 +140,9 @@ class Tokens:
         conv = [{"role": "system" if m.role == "developer" else m.role, "content": m.text()} for m in messages]
         self.check_content(((f"messages[{i}].content", m["content"]) for i, m in enumerate(conv)), "messages")
         kwargs = dict(extra or {})
-        self.check_content(((f"chat_template_kwargs.{k}", v) for k, v in kwargs.items() if isinstance(v, str)),
-                           "chat_template_kwargs")  # fmt: skip
+        self.check_content(
+            ((f"chat_template_kwargs.{k}", v) for k, v in kwargs.items() if isinstance(v, str)), "chat_template_kwargs"
+        )
         try:
             return self.inputs.render_chat(conv, add_generation_prompt, kwargs)
         except InputError as exc:

@@ -34,15 +34,19 @@ if TYPE_CHECKING:
 def check_same_vocabulary(target_tokenizer: Any, draft_tokenizer: Any, target_vocab: int, draft_vocab: int) -> None:
     """Refuse a draft whose vocabulary differs from the target's, naming the difference."""
     if target_vocab != draft_vocab:
-        raise ConfigError(f"speculative: the draft model's vocabulary has {draft_vocab} entries, the target's "
-                          f"{target_vocab}; a draft model must share the target's tokenizer")  # fmt: skip
+        raise ConfigError(
+            f"speculative: the draft model's vocabulary has {draft_vocab} entries, the target's "
+            f"{target_vocab}; a draft model must share the target's tokenizer"
+        )
     if target_tokenizer is None or draft_tokenizer is None:
         return
     ours, theirs = target_tokenizer.get_vocab(), draft_tokenizer.get_vocab()
     if ours != theirs:
         differ = sorted(set(ours.items()) ^ set(theirs.items()), key=lambda kv: kv[1])[:3]
-        raise ConfigError(f"speculative: the draft model's tokenizer differs from the target's (e.g. "
-                          f"{differ}); a draft model must share the target's tokenizer")  # fmt: skip
+        raise ConfigError(
+            f"speculative: the draft model's tokenizer differs from the target's (e.g. "
+            f"{differ}); a draft model must share the target's tokenizer"
+        )
 
 
 class DraftModelProposer:
@@ -52,9 +56,18 @@ class DraftModelProposer:
     needs_lookahead = True
 
     def __init__(
-        self, forward: ModelForward, kv_caches: list[torch.Tensor], kv: KVCacheManager, *, block_size: int,
-        max_num_tokens: int, max_num_reqs: int, max_model_len: int, device: torch.device, backend: Any,
-    ) -> None:  # fmt: skip
+        self,
+        forward: ModelForward,
+        kv_caches: list[torch.Tensor],
+        kv: KVCacheManager,
+        *,
+        block_size: int,
+        max_num_tokens: int,
+        max_num_reqs: int,
+        max_model_len: int,
+        device: torch.device,
+        backend: Any,
+    ) -> None:
         self.executor = StepExecutor(forward, backend, kv_caches)
         self.kv = kv
         self.budget = max_num_tokens

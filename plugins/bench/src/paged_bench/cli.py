@@ -45,16 +45,24 @@ def register(subparsers: Any) -> None:
             f"--kv-cache-memory, fixed at {DEFAULT_KV_CACHE}."
         ),
     )
-    parser.add_argument("workload", choices=WORKLOAD_NAMES,
-                        help="which workload (see the bench README); serve: the throughput requests streamed by "
-                        "concurrent clients to `paged serve` variants it starts (or to --url)")  # fmt: skip
-    parser.add_argument("--baseline", default="", metavar="LIST",
-                        help="comma-separated: hf-static, hf-cb, reference, dequantized (same process), vllm, "
-                        "vllm-compiled (vLLM's CPU build in its own environment: bash benchmarks/vllm_env.sh), "
-                        "llama.cpp (decode-1 on a GGUF: bash benchmarks/llama_cpp_env.sh)")
+    parser.add_argument(
+        "workload",
+        choices=WORKLOAD_NAMES,
+        help="which workload (see the bench README); serve: the throughput requests streamed by "
+        "concurrent clients to `paged serve` variants it starts (or to --url)",
+    )
+    parser.add_argument(
+        "--baseline",
+        default="",
+        metavar="LIST",
+        help="comma-separated: hf-static, hf-cb, reference, dequantized (same process), vllm, "
+        "vllm-compiled (vLLM's CPU build in its own environment: bash benchmarks/vllm_env.sh), "
+        "llama.cpp (decode-1 on a GGUF: bash benchmarks/llama_cpp_env.sh)",
+    )
     parser.add_argument("--num-requests", type=int, default=None, help="run only the first N requests")
-    parser.add_argument("--output-len", "--max-tokens", type=int, default=None,
-                        help="cap every request's output tokens (quick runs)")
+    parser.add_argument(
+        "--output-len", "--max-tokens", type=int, default=None, help="cap every request's output tokens (quick runs)"
+    )
     parser.add_argument("--seed", type=int, default=0, help="workload seed (0: the published figures)")
     parser.add_argument("--hf-batch", type=int, default=32, help="static batch size of the hf-static baseline")
     parser.add_argument("--kv-tokens", type=int, default=32768, help="kv-util: KV budget in token slots")
@@ -79,14 +87,23 @@ def options_from(args: argparse.Namespace) -> Any:
         config = engine_config_from(args)
         sched = config.scheduler
         kv = KVUtilConfig(
-            kv_tokens=args.kv_tokens, block_size=config.cache.block_size or 16, max_len=sched.max_model_len or 2048,
-            max_num_batched_tokens=sched.max_num_batched_tokens, max_num_seqs=sched.max_num_seqs,
-        )  # fmt: skip
+            kv_tokens=args.kv_tokens,
+            block_size=config.cache.block_size or 16,
+            max_len=sched.max_model_len or 2048,
+            max_num_batched_tokens=sched.max_num_batched_tokens,
+            max_num_seqs=sched.max_num_seqs,
+        )
         return BenchOptions(
-            workload=args.workload, baselines=parse_baselines(args.baseline), num_requests=args.num_requests,
-            output_len=args.output_len, seed=args.seed, hf_batch=args.hf_batch, engine=config.to_flat(), kv_util=kv,
+            workload=args.workload,
+            baselines=parse_baselines(args.baseline),
+            num_requests=args.num_requests,
+            output_len=args.output_len,
+            seed=args.seed,
+            hf_batch=args.hf_batch,
+            engine=config.to_flat(),
+            kv_util=kv,
             progress=not args.no_progress,
-        )  # fmt: skip
+        )
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
 

@@ -107,8 +107,11 @@ def run_engine(engine: LLMEngine, requests: Sequence[BenchRequest], name: str, p
     output_tokens = sum(r.max_tokens for r in requests)
     ttft = [t for t in first if t is not None]
     now_spec = engine.core.spec_stats
-    spec = SpecStats(now_spec.verify_rows - spec0.verify_rows, now_spec.draft_tokens - spec0.draft_tokens,
-                     now_spec.accepted_tokens - spec0.accepted_tokens)  # fmt: skip
+    spec = SpecStats(
+        now_spec.verify_rows - spec0.verify_rows,
+        now_spec.draft_tokens - spec0.draft_tokens,
+        now_spec.accepted_tokens - spec0.accepted_tokens,
+    )
     queries = kv.stats.queries - queries0
     return RunResult(
         name=name,

@@ -65,12 +65,12 @@ def run_hf_static(model: Any, requests: Sequence[BenchRequest], batch_size: int,
 def _generate(model: Any, chunk: Sequence[BenchRequest], pad: int, device: torch.device) -> None:
     width = max(len(r.prompt_token_ids) for r in chunk)
     ids = torch.tensor([[pad] * (width - len(r.prompt_token_ids)) + r.prompt_token_ids for r in chunk], device=device)
-    mask = torch.tensor([[0] * (width - len(r.prompt_token_ids)) + [1] * len(r.prompt_token_ids) for r in chunk],
-                        device=device)  # fmt: skip
+    mask = torch.tensor(
+        [[0] * (width - len(r.prompt_token_ids)) + [1] * len(r.prompt_token_ids) for r in chunk], device=device
+    )
     new = max(r.max_tokens for r in chunk)
     # eos_token_id=None: every row runs to max_new_tokens (EOS ignored, as in our runs).
-    model.generate(ids, attention_mask=mask, max_new_tokens=new, do_sample=False,
-                   eos_token_id=None, pad_token_id=pad)  # fmt: skip
+    model.generate(ids, attention_mask=mask, max_new_tokens=new, do_sample=False, eos_token_id=None, pad_token_id=pad)
 
 
 def kv_bytes_per_token(model: Any) -> int:
@@ -95,9 +95,12 @@ def run_hf_cb(
     num_blocks = max(2, kv_cache_bytes // (HF_CB_PAGE_SIZE * kv_bytes_per_token(model)))
     cb = ContinuousBatchingConfig(page_size=HF_CB_PAGE_SIZE, num_blocks=num_blocks, max_batch_tokens=max_batch_tokens)
     gen = GenerationConfig(do_sample=False, eos_token_id=-1, pad_token_id=_pad_id(model))  # type: ignore[no-untyped-call]
-    with attention(model, "sdpa"), model.continuous_batching_context_manager(
-        generation_config=gen, continuous_batching_config=cb, block=True, timeout=30
-    ) as manager:
+    with (
+        attention(model, "sdpa"),
+        model.continuous_batching_context_manager(
+            generation_config=gen, continuous_batching_config=cb, block=True, timeout=30
+        ) as manager,
+    ):
         _collect(manager, [BenchRequest(list(range(100, 116)), 2)], None)  # warm-up
         start = time.perf_counter()
         _collect(manager, requests, tqdm(total=len(requests), desc="hf-cb", unit="req", disable=not progress))

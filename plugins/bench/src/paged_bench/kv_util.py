@@ -56,22 +56,26 @@ class KVUtilConfig:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "kv_tokens": self.num_slots, "block_size": self.block_size, "num_blocks": self.num_blocks,
-            "max_len": self.max_len, "max_num_batched_tokens": self.max_num_batched_tokens,
+            "kv_tokens": self.num_slots,
+            "block_size": self.block_size,
+            "num_blocks": self.num_blocks,
+            "max_len": self.max_len,
+            "max_num_batched_tokens": self.max_num_batched_tokens,
             "max_num_seqs": self.max_num_seqs,
-        }  # fmt: skip
+        }
 
 
-def simulate_paged(
-    requests: Sequence[BenchRequest], config: KVUtilConfig, progress: bool = False
-) -> UtilizationTrace:
+def simulate_paged(requests: Sequence[BenchRequest], config: KVUtilConfig, progress: bool = False) -> UtilizationTrace:
     """Run ``requests`` (all arriving at once) through the real :class:`Scheduler`; one sample per step."""
     sched = Scheduler(
-        SchedulerConfig(max_model_len=config.max_len, max_num_batched_tokens=config.max_num_batched_tokens,
-                        max_num_seqs=config.max_num_seqs),
+        SchedulerConfig(
+            max_model_len=config.max_len,
+            max_num_batched_tokens=config.max_num_batched_tokens,
+            max_num_seqs=config.max_num_seqs,
+        ),
         # Prompts are random ids, so prefix caching could not hit; off, it costs no hashing.
         CacheConfig(num_blocks=config.num_blocks + 1, block_size=config.block_size, enable_prefix_caching=False),
-    )  # fmt: skip
+    )
     for i, r in enumerate(requests):
         sched.add_request(Request(f"r{i}", r.prompt_token_ids, max_tokens=r.max_tokens, ignore_eos=True))
     pool, bs = sched.kv.pool, config.block_size

@@ -126,13 +126,14 @@ def find_llama_bench(env: Mapping[str, str] | None = None) -> Path:
     if env.get(BENCH_VAR):
         path = Path(env[BENCH_VAR]).expanduser()
         if not (path.is_file() and os.access(path, os.X_OK)):
-            raise ConfigError(f"{BENCH_VAR}={path} is not an executable file; unset it to use the one "
-                              f"`{SETUP}` builds")  # fmt: skip
+            raise ConfigError(f"{BENCH_VAR}={path} is not an executable file; unset it to use the one `{SETUP}` builds")
         return path
     path = default_binary(env)
     if not (path.is_file() and os.access(path, os.X_OK)):
-        raise ConfigError(f"the llama.cpp baseline needs llama.cpp's llama-bench at {path}; build it with "
-                          f"`{SETUP}` (from the repository root; 10-25 minutes), or set {BENCH_VAR}")  # fmt: skip
+        raise ConfigError(
+            f"the llama.cpp baseline needs llama.cpp's llama-bench at {path}; build it with "
+            f"`{SETUP}` (from the repository root; 10-25 minutes), or set {BENCH_VAR}"
+        )
     return path
 
 
@@ -144,16 +145,19 @@ def resolve_model(model: str | None) -> Path:
         return embedded_model_path()
     path = Path(model).expanduser()
     if path.suffix.lower() != ".gguf" or not path.is_file():
-        raise ConfigError(f"the llama.cpp baseline runs a .gguf file (the embedded SmolLM2 by default); this "
-                          f"run's model is {model!r}")  # fmt: skip
+        raise ConfigError(
+            f"the llama.cpp baseline runs a .gguf file (the embedded SmolLM2 by default); this run's model is {model!r}"
+        )
     return path.resolve()
 
 
 def check_ready(model: str | None, workload: str) -> tuple[Path, Path]:
     """Fail now, before a long run of ours, if the llama.cpp baseline could not run; returns (binary, model)."""
     if workload != WORKLOAD:
-        raise ConfigError(f"the llama.cpp baseline runs only the {WORKLOAD} workload (llama-bench times a "
-                          f"single stream); this run's workload is {workload!r}")  # fmt: skip
+        raise ConfigError(
+            f"the llama.cpp baseline runs only the {WORKLOAD} workload (llama-bench times a "
+            f"single stream); this run's workload is {workload!r}"
+        )
     model_path = resolve_model(model)
     return find_llama_bench(), model_path
 
@@ -179,8 +183,21 @@ def weight_bytes_per_token(gguf_path: str | Path) -> int:
 
 def bench_command(binary: Path, model: Path, n_gen: int, threads: int, repetitions: int) -> list[str]:
     """``llama-bench`` generating ``n_gen`` tokens with no prompt, ``repetitions`` times, JSON on stdout."""
-    return [str(binary), "-m", str(model), "-p", "0", "-n", str(n_gen), "-t", str(threads),
-            "-r", str(repetitions), "-o", "json"]  # fmt: skip
+    return [
+        str(binary),
+        "-m",
+        str(model),
+        "-p",
+        "0",
+        "-n",
+        str(n_gen),
+        "-t",
+        str(threads),
+        "-r",
+        str(repetitions),
+        "-o",
+        "json",
+    ]
 
 
 def parse_bench_json(text: str, n_gen: int) -> dict[str, Any]:
@@ -201,8 +218,9 @@ def parse_bench_json(text: str, n_gen: int) -> dict[str, Any]:
     raise RuntimeError(f"{NAME}: llama-bench's output has no test generating {n_gen} tokens without a prompt")
 
 
-def parse_result(data: Mapping[str, Any], request: BenchRequest, threads: int, repetitions: int,
-                 weight_bytes: int | None) -> LlamaCppRunResult:  # fmt: skip
+def parse_result(
+    data: Mapping[str, Any], request: BenchRequest, threads: int, repetitions: int, weight_bytes: int | None
+) -> LlamaCppRunResult:
     """A :class:`LlamaCppRunResult` from one llama-bench test (see :func:`parse_bench_json`)."""
     n = request.max_tokens
     tok_s = float(data["avg_ts"])
@@ -264,9 +282,15 @@ def run_llama_cpp(
     model_path = Path(model_path)
     cmd = bench_command(binary, model_path, request.max_tokens, threads, repetitions)
     try:
-        proc = subprocess.run(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                              stderr=None if progress else subprocess.PIPE, text=True, timeout=timeout,
-                              check=False)  # fmt: skip
+        proc = subprocess.run(
+            cmd,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=None if progress else subprocess.PIPE,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
     except subprocess.TimeoutExpired:
         raise RuntimeError(f"{NAME}: llama-bench did not finish within {timeout} s") from None
     if proc.returncode != 0:

@@ -94,8 +94,12 @@ def measure_gemm(dtype: torch.dtype, device: torch.device, shape: tuple[int, int
     out = torch.empty(m, n, device=device, dtype=dtype)
     with torch.inference_mode():
         seconds = time_best(lambda: torch.matmul(a, b, out=out), device)
-    return {"shape": [m, k, n], "dtype": str(dtype).removeprefix("torch."), "seconds": seconds,
-            "flops_per_s": 2 * m * k * n / seconds}  # fmt: skip
+    return {
+        "shape": [m, k, n],
+        "dtype": str(dtype).removeprefix("torch."),
+        "seconds": seconds,
+        "flops_per_s": 2 * m * k * n / seconds,
+    }
 
 
 def measure_copy_bandwidth(device: torch.device, num_bytes: int = COPY_BYTES) -> dict[str, Any]:

@@ -43,8 +43,9 @@ def engine_nll(llm: Any, token_ids: list[int], chunk: int = 256) -> float:
     with torch.inference_mode():
         for start in range(0, len(token_ids), chunk):
             end = min(start + chunk, len(token_ids))
-            meta = build_attention_metadata([end - start], [end], [table[: -(-end // block_size)]], block_size,
-                                            device=runner.device)  # fmt: skip
+            meta = build_attention_metadata(
+                [end - start], [end], [table[: -(-end // block_size)]], block_size, device=runner.device
+            )
             positions = torch.arange(start, end, device=runner.device)
             logits = runner.forward_impl.forward(meta, ids[start:end], positions, runner.kv_caches, None)
             last = min(end, len(token_ids) - 1)

@@ -82,8 +82,15 @@ def goals(workload: str, figures: dict[str, float]) -> list[dict[str, Any]]:
         if w != workload:
             continue
         value = figures.get(key)
-        out.append({"goal": name, "figure": key, "target": target, "value": value,
-                    "met": None if value is None else value >= target})  # fmt: skip
+        out.append(
+            {
+                "goal": name,
+                "figure": key,
+                "target": target,
+                "value": value,
+                "met": None if value is None else value >= target,
+            }
+        )
     return out
 
 

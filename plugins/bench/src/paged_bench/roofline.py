@@ -60,8 +60,9 @@ class ModelShape:
         if packed:  # dense body tensors (norms, biases) plus every packed byte; the embedding row is negligible
             body_dense = sum(p.numel() * p.element_size() for p in params.values() if p is not embed)
             weight_bytes = body_dense + packed_bytes(model)
-        return cls(total - skip, head_numel, int(cfg.num_hidden_layers), heads, head_dim, embed.element_size(),
-                   weight_bytes)  # fmt: skip
+        return cls(
+            total - skip, head_numel, int(cfg.num_hidden_layers), heads, head_dim, embed.element_size(), weight_bytes
+        )
 
     @property
     def weight_bytes_per_token(self) -> int:

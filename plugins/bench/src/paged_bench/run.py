@@ -32,15 +32,28 @@ def run_bench(opts: BenchOptions, argv: Sequence[str] | None = None) -> dict[str
     requests = workload_requests(opts)
     if not opts.uses_model:
         if opts.baselines:
-            log.warning("kv-util runs no model: --baseline %s ignored (its baseline is the reservation allocator)",
-                        ",".join(opts.baselines))  # fmt: skip
+            log.warning(
+                "kv-util runs no model: --baseline %s ignored (its baseline is the reservation allocator)",
+                ",".join(opts.baselines),
+            )
         paged, reserved = run_kv_util(requests, opts.kv_util, opts.progress)
-        return build_report(config=opts.to_dict(), machine=machine_info(torch.device("cpu")), requests=requests,
-                            kv_util=kv_util_figures(paged, reserved), argv=argv)  # fmt: skip
+        return build_report(
+            config=opts.to_dict(),
+            machine=machine_info(torch.device("cpu")),
+            requests=requests,
+            kv_util=kv_util_figures(paged, reserved),
+            argv=argv,
+        )
     from paged_bench.model_bench import run_model_workload
 
     parts = run_model_workload(opts, requests)
     return build_report(
-        config=opts.to_dict(), machine=machine_info(parts["device"]), requests=requests, runs=parts["runs"],
-        roofline=parts["roofline"], engine=parts["engine"], model=parts["model"], argv=argv,
-    )  # fmt: skip
+        config=opts.to_dict(),
+        machine=machine_info(parts["device"]),
+        requests=requests,
+        runs=parts["runs"],
+        roofline=parts["roofline"],
+        engine=parts["engine"],
+        model=parts["model"],
+        argv=argv,
+    )

@@ -21,74 +21,149 @@ STR: Schema = {"type": "string"}
 
 def _obj(props: dict[str, Schema], nullable: bool = False, **extra: Any) -> Schema:
     """An object requiring every listed property."""
-    schema: Schema = {"type": ["object", "null"] if nullable else "object", "required": list(props),
-                      "properties": props}  # fmt: skip
+    schema: Schema = {
+        "type": ["object", "null"] if nullable else "object",
+        "required": list(props),
+        "properties": props,
+    }
     schema.update(extra)
     return schema
 
 
-SUMMARY = _obj({"p50": NUM, "p99": NUM, "mean": NUM, "min": NUM, "max": NUM,
-                "values": {"type": "array", "items": NUM}}, nullable=True)  # fmt: skip
+SUMMARY = _obj(
+    {"p50": NUM, "p99": NUM, "mean": NUM, "min": NUM, "max": NUM, "values": {"type": "array", "items": NUM}},
+    nullable=True,
+)
 
-RUN = _obj({
-    "name": STR, "seconds": NUM, "num_requests": INT, "prompt_tokens": INT, "output_tokens": INT,
-    "total_tokens": INT, "output_tok_s": NUM, "total_tok_s": NUM, "ttft_s": SUMMARY,
-    "prefill_tokens_computed": {"type": ["integer", "null"]}, "prefix_hit_rate": OPT_NUM,
-    "spec_acceptance_rate": OPT_NUM, "spec_mean_accepted_length": OPT_NUM, "decode_tok_s": OPT_NUM,
-    "steps": OPT_INT, "peak_running": OPT_INT, "preemptions": OPT_INT,
-})  # fmt: skip
+RUN = _obj(
+    {
+        "name": STR,
+        "seconds": NUM,
+        "num_requests": INT,
+        "prompt_tokens": INT,
+        "output_tokens": INT,
+        "total_tokens": INT,
+        "output_tok_s": NUM,
+        "total_tok_s": NUM,
+        "ttft_s": SUMMARY,
+        "prefill_tokens_computed": {"type": ["integer", "null"]},
+        "prefix_hit_rate": OPT_NUM,
+        "spec_acceptance_rate": OPT_NUM,
+        "spec_mean_accepted_length": OPT_NUM,
+        "decode_tok_s": OPT_NUM,
+        "steps": OPT_INT,
+        "peak_running": OPT_INT,
+        "preemptions": OPT_INT,
+    }
+)
 RUN["properties"]["startup_s"] = OPT_NUM
 """Optional (vLLM runs): the engine's start-up seconds, outside the timed run."""
 
-TRACE = _obj({
-    "name": STR, "steps": INT, "utilization": NUM, "budget_occupancy": NUM, "peak_concurrent": INT,
-    "mean_concurrent": NUM, "preemptions": INT, "series_stride": INT,
-    "series": _obj({"step": {"type": "array", "items": INT}, "utilization": {"type": "array", "items": NUM},
-                    "running": {"type": "array", "items": INT}}),
-})  # fmt: skip
+TRACE = _obj(
+    {
+        "name": STR,
+        "steps": INT,
+        "utilization": NUM,
+        "budget_occupancy": NUM,
+        "peak_concurrent": INT,
+        "mean_concurrent": NUM,
+        "preemptions": INT,
+        "series_stride": INT,
+        "series": _obj(
+            {
+                "step": {"type": "array", "items": INT},
+                "utilization": {"type": "array", "items": NUM},
+                "running": {"type": "array", "items": INT},
+            }
+        ),
+    }
+)
 
 ROOFLINE: Schema = {
     "type": ["object", "null"],
     "required": ["kind", "fraction"],
-    "properties": {"kind": {"type": "string", "enum": ["flops", "bandwidth"]}, "fraction": NUM,
-                   "peak_flops_per_s": NUM, "achieved_flops_per_s": NUM, "peak_bytes_per_s": NUM,
-                   "achieved_bytes_per_s": NUM},
-}  # fmt: skip
+    "properties": {
+        "kind": {"type": "string", "enum": ["flops", "bandwidth"]},
+        "fraction": NUM,
+        "peak_flops_per_s": NUM,
+        "achieved_flops_per_s": NUM,
+        "peak_bytes_per_s": NUM,
+        "achieved_bytes_per_s": NUM,
+    },
+}
 """A roofline has either the FLOP pair or the byte pair; :func:`validate_report` checks which."""
 RUN["properties"]["roofline"] = ROOFLINE
 """Optional (llama.cpp runs): the run's own bandwidth roofline, for a system reading other weight bytes than ours."""
 RUN["properties"]["llama_cpp"] = {"type": ["object", "null"]}
 """Optional (llama.cpp runs): what llama-bench reported (build, model type, threads, spread)."""
 
-REPORT = _obj({
-    "schema_version": {"type": "integer", "enum": [1]},
-    "workload": {"type": "string", "enum": ["throughput", "prefix", "kv-util", "decode-1", "edit-1", "long"]},
-    "created": STR,
-    "command": {"type": "array", "items": STR},
-    "config": _obj({"workload": STR, "baselines": {"type": "array", "items": STR}, "num_requests": OPT_INT,
-                    "output_len": OPT_INT, "seed": {"type": "integer"}, "hf_batch": INT,
-                    "engine": {"type": "object"}, "kv_util": {"type": ["object", "null"]}}),
-    "engine": {"type": ["object", "null"]},
-    "model": {"type": ["object", "null"]},
-    "machine": _obj({"cpu_model": STR, "logical_cores": OPT_INT, "physical_cores": OPT_INT, "torch_threads": INT,
-                     "memory_gib": NUM, "platform": STR, "python": STR, "device": STR,
-                     "accelerator": {"type": ["string", "null"]},
-                     "versions": {"type": "object", "additionalProperties": {"type": ["string", "null"]}}}),
-    "workload_stats": _obj({"num_requests": INT, "prompt_tokens": INT, "output_tokens": INT,
-                            "prompt_len": {"type": "object"}, "output_len": {"type": "object"}}),
-    "runs": {"type": "array", "items": RUN},
-    "ratios": {"type": "object", "additionalProperties": NUM},
-    "roofline": ROOFLINE,
-    "kv_util": _obj({"paged": TRACE, "reserved": TRACE, "utilization": NUM, "peak_concurrency_ratio": NUM},
-                    nullable=True),
-    "goals": {"type": "array", "items": _obj({"goal": STR, "figure": STR, "target": NUM, "value": OPT_NUM,
-                                              "met": {"type": ["boolean", "null"]}})},
-})  # fmt: skip
+REPORT = _obj(
+    {
+        "schema_version": {"type": "integer", "enum": [1]},
+        "workload": {"type": "string", "enum": ["throughput", "prefix", "kv-util", "decode-1", "edit-1", "long"]},
+        "created": STR,
+        "command": {"type": "array", "items": STR},
+        "config": _obj(
+            {
+                "workload": STR,
+                "baselines": {"type": "array", "items": STR},
+                "num_requests": OPT_INT,
+                "output_len": OPT_INT,
+                "seed": {"type": "integer"},
+                "hf_batch": INT,
+                "engine": {"type": "object"},
+                "kv_util": {"type": ["object", "null"]},
+            }
+        ),
+        "engine": {"type": ["object", "null"]},
+        "model": {"type": ["object", "null"]},
+        "machine": _obj(
+            {
+                "cpu_model": STR,
+                "logical_cores": OPT_INT,
+                "physical_cores": OPT_INT,
+                "torch_threads": INT,
+                "memory_gib": NUM,
+                "platform": STR,
+                "python": STR,
+                "device": STR,
+                "accelerator": {"type": ["string", "null"]},
+                "versions": {"type": "object", "additionalProperties": {"type": ["string", "null"]}},
+            }
+        ),
+        "workload_stats": _obj(
+            {
+                "num_requests": INT,
+                "prompt_tokens": INT,
+                "output_tokens": INT,
+                "prompt_len": {"type": "object"},
+                "output_len": {"type": "object"},
+            }
+        ),
+        "runs": {"type": "array", "items": RUN},
+        "ratios": {"type": "object", "additionalProperties": NUM},
+        "roofline": ROOFLINE,
+        "kv_util": _obj(
+            {"paged": TRACE, "reserved": TRACE, "utilization": NUM, "peak_concurrency_ratio": NUM}, nullable=True
+        ),
+        "goals": {
+            "type": "array",
+            "items": _obj(
+                {"goal": STR, "figure": STR, "target": NUM, "value": OPT_NUM, "met": {"type": ["boolean", "null"]}}
+            ),
+        },
+    }
+)
 
 _TYPES: dict[str, tuple[type, ...]] = {
-    "object": (dict,), "array": (list,), "string": (str,), "boolean": (bool,), "null": (type(None),),
-    "integer": (int,), "number": (int, float),
-}  # fmt: skip
+    "object": (dict,),
+    "array": (list,),
+    "string": (str,),
+    "boolean": (bool,),
+    "null": (type(None),),
+    "integer": (int,),
+    "number": (int, float),
+}
 
 
 def _is(value: Any, name: str) -> bool:
@@ -132,8 +207,11 @@ def validate_report(report: Any) -> list[str]:
     for path, roof in rooflines:
         if roof is None:
             continue
-        pair = ("peak_flops_per_s", "achieved_flops_per_s") if roof["kind"] == "flops" else (
-            "peak_bytes_per_s", "achieved_bytes_per_s")  # fmt: skip
+        pair = (
+            ("peak_flops_per_s", "achieved_flops_per_s")
+            if roof["kind"] == "flops"
+            else ("peak_bytes_per_s", "achieved_bytes_per_s")
+        )
         errors += [f"{path}: {roof['kind']} roofline lacks {k!r}" for k in pair if k not in roof]
     if report["workload"] == "kv-util" and report["kv_util"] is None:
         errors.append("$.kv_util: the kv-util workload must report its traces")

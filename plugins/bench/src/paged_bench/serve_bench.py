@@ -75,11 +75,18 @@ class ServeBenchOptions:
     def to_dict(self) -> dict[str, Any]:
         """The configuration, for the report (the API key is never written)."""
         return {
-            "workload": self.workload, "servers": self.variant_names, "baseline": self.variant_names[0],
-            "num_requests": self.num_requests, "output_len": self.output_len, "seed": self.seed,
-            "concurrency": self.concurrency, "warmup_requests": self._warmup_count(),
-            "engine_flags": list(self.engine_flags), "serve_args": list(self.serve_args), "external": bool(self.urls),
-        }  # fmt: skip
+            "workload": self.workload,
+            "servers": self.variant_names,
+            "baseline": self.variant_names[0],
+            "num_requests": self.num_requests,
+            "output_len": self.output_len,
+            "seed": self.seed,
+            "concurrency": self.concurrency,
+            "warmup_requests": self._warmup_count(),
+            "engine_flags": list(self.engine_flags),
+            "serve_args": list(self.serve_args),
+            "external": bool(self.urls),
+        }
 
     def _warmup_count(self, run_size: int | None = None) -> int:
         if self.warmup_requests is not None:
@@ -99,19 +106,29 @@ class ServeBenchOptions:
         return workloads.cap_output(reqs, WARMUP_MAX_TOKENS)
 
 
-def measure(name: str, url: str, opts: ServeBenchOptions, requests: Sequence[workloads.BenchRequest],
-            server: ServerProcess | None) -> dict[str, Any]:  # fmt: skip
+def measure(
+    name: str,
+    url: str,
+    opts: ServeBenchOptions,
+    requests: Sequence[workloads.BenchRequest],
+    server: ServerProcess | None,
+) -> dict[str, Any]:
     """Run the clients against one server; its run record (see the README)."""
     if opts.progress:
-        print(f"paged bench serve: {name}: {len(requests)} requests, {opts.concurrency} concurrent streams",
-              file=sys.stderr)
+        print(
+            f"paged bench serve: {name}: {len(requests)} requests, {opts.concurrency} concurrent streams",
+            file=sys.stderr,
+        )
     log.info("%s: %d requests, %d concurrent streams, at %s", name, len(requests), opts.concurrency, url)
     timelines, seconds, model = asyncio.run(
         bench_server(url, requests, opts.concurrency, opts.api_key, warmup=opts.warmup(len(requests)))
     )
     record = run_figures(name, timelines, seconds, expected_tokens=sum(r.max_tokens for r in requests))
-    server_info = server.to_dict() if server is not None else {"url": url, "command": None, "startup_s": None,
-                                                                "notes": ["external server (--url)"]}  # fmt: skip
+    server_info = (
+        server.to_dict()
+        if server is not None
+        else {"url": url, "command": None, "startup_s": None, "notes": ["external server (--url)"]}
+    )
     return {"name": name, "server": server_info, "model": model, **{k: v for k, v in record.items() if k != "name"}}
 
 
@@ -130,8 +147,9 @@ def run_serve_bench(opts: ServeBenchOptions, argv: Sequence[str] | None = None) 
         for name in opts.servers:
             if opts.progress:
                 print(f"paged bench serve: starting {name}", file=sys.stderr)
-            with started(name, opts.engine_flags, opts.serve_args, timeout=opts.server_timeout,
-                         api_key=opts.api_key) as server:  # fmt: skip
+            with started(
+                name, opts.engine_flags, opts.serve_args, timeout=opts.server_timeout, api_key=opts.api_key
+            ) as server:
                 runs.append(measure(name, server.url, opts, requests, server))
     machine = machine_info(torch.device(opts.device))
     return build_serve_report(opts.to_dict(), machine, requests, runs, argv=argv)

@@ -27,20 +27,43 @@ from paged_core.errors import ConfigError
 def add_serve_bench_args(parser: argparse.ArgumentParser) -> None:
     """The options only ``paged bench serve`` reads."""
     g = parser.add_argument_group("serve (paged bench serve only)")
-    g.add_argument("--servers", default="mp,inproc", metavar="LIST",
-                   help="server variants to start, in order; the first is the baseline of the ratios. mp: "
-                   "`paged serve` (API server + engine-core process); inproc: `paged serve --engine-in-process`")
-    g.add_argument("--url", default=None, metavar="[NAME=]URL,...",
-                   help="measure servers that are already running instead of starting any (ignores --servers)")
+    g.add_argument(
+        "--servers",
+        default="mp,inproc",
+        metavar="LIST",
+        help="server variants to start, in order; the first is the baseline of the ratios. mp: "
+        "`paged serve` (API server + engine-core process); inproc: `paged serve --engine-in-process`",
+    )
+    g.add_argument(
+        "--url",
+        default=None,
+        metavar="[NAME=]URL,...",
+        help="measure servers that are already running instead of starting any (ignores --servers)",
+    )
     g.add_argument("--concurrency", type=int, default=32, help="streams open at once (default 32)")
-    g.add_argument("--warmup-requests", type=int, default=None,
-                   help="untimed short requests before each variant (default: one per stream)")  # fmt: skip
-    g.add_argument("--api-key", default=os.environ.get("PAGED_API_KEY"),
-                   help="bearer key for the servers (default $PAGED_API_KEY, which started servers also read)")
-    g.add_argument("--serve-args", default="", metavar="'ARGS'",
-                   help="extra `paged serve` options for every started server, e.g. '--max-queued-requests 512'")
-    g.add_argument("--server-timeout", type=float, default=600.0,
-                   help="seconds a started server may take to answer /health (default 600)")  # fmt: skip
+    g.add_argument(
+        "--warmup-requests",
+        type=int,
+        default=None,
+        help="untimed short requests before each variant (default: one per stream)",
+    )
+    g.add_argument(
+        "--api-key",
+        default=os.environ.get("PAGED_API_KEY"),
+        help="bearer key for the servers (default $PAGED_API_KEY, which started servers also read)",
+    )
+    g.add_argument(
+        "--serve-args",
+        default="",
+        metavar="'ARGS'",
+        help="extra `paged serve` options for every started server, e.g. '--max-queued-requests 512'",
+    )
+    g.add_argument(
+        "--server-timeout",
+        type=float,
+        default=600.0,
+        help="seconds a started server may take to answer /health (default 600)",
+    )
 
 
 def options_from(args: argparse.Namespace) -> Any:
@@ -52,12 +75,20 @@ def options_from(args: argparse.Namespace) -> Any:
         urls = tuple(parse_urls(args.url)) if args.url else ()
         servers = () if urls else parse_variants(args.servers)
         return ServeBenchOptions(
-            servers=servers, urls=urls, num_requests=args.num_requests, output_len=args.output_len, seed=args.seed,
-            concurrency=args.concurrency, warmup_requests=args.warmup_requests,
-            engine_flags=tuple(engine_argv(args)), serve_args=tuple(shlex.split(args.serve_args)),
-            api_key=args.api_key, server_timeout=args.server_timeout, progress=not args.no_progress,
+            servers=servers,
+            urls=urls,
+            num_requests=args.num_requests,
+            output_len=args.output_len,
+            seed=args.seed,
+            concurrency=args.concurrency,
+            warmup_requests=args.warmup_requests,
+            engine_flags=tuple(engine_argv(args)),
+            serve_args=tuple(shlex.split(args.serve_args)),
+            api_key=args.api_key,
+            server_timeout=args.server_timeout,
+            progress=not args.no_progress,
             device=_device(),
-        )  # fmt: skip
+        )
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
 
@@ -89,8 +120,9 @@ def run(args: argparse.Namespace) -> int:
         report = run_serve_bench(opts, argv=argv)
     problems = validate_serve_report(report)
     if problems:  # a bug in the bench itself: say so, but still write what was measured
-        print("paged bench serve: warning: report does not match its schema: " + "; ".join(problems[:5]),
-              file=sys.stderr)  # fmt: skip
+        print(
+            "paged bench serve: warning: report does not match its schema: " + "; ".join(problems[:5]), file=sys.stderr
+        )
     print_serve_summary(report)
     if args.json_path:
         with open(args.json_path, "w", encoding="utf-8") as fh:

@@ -27,8 +27,9 @@ def make_client(url: str, api_key: str | None, timeout: float = REQUEST_TIMEOUT_
     """An ``openai.AsyncOpenAI`` for the server at ``url`` (no retries: a retried request would skew its timing)."""
     import openai
 
-    return openai.AsyncOpenAI(base_url=url.rstrip("/") + "/v1", api_key=api_key or "EMPTY", max_retries=0,
-                              timeout=timeout)  # fmt: skip
+    return openai.AsyncOpenAI(
+        base_url=url.rstrip("/") + "/v1", api_key=api_key or "EMPTY", max_retries=0, timeout=timeout
+    )
 
 
 async def served_model(client: Any) -> str:
@@ -44,9 +45,14 @@ async def stream_one(client: Any, model: str, req: BenchRequest, clock_zero: flo
     tl = Timeline(start=time.perf_counter() - clock_zero)
     try:
         stream = await client.completions.create(
-            model=model, prompt=req.prompt_token_ids, max_tokens=req.max_tokens, temperature=0.0, stream=True,
-            stream_options={"include_usage": True}, extra_body={"ignore_eos": True},
-        )  # fmt: skip
+            model=model,
+            prompt=req.prompt_token_ids,
+            max_tokens=req.max_tokens,
+            temperature=0.0,
+            stream=True,
+            stream_options={"include_usage": True},
+            extra_body={"ignore_eos": True},
+        )
         async for chunk in stream:
             now = time.perf_counter() - clock_zero
             if chunk.choices:
@@ -88,9 +94,12 @@ async def run_clients(
 
 
 async def bench_server(
-    url: str, requests: Sequence[BenchRequest], concurrency: int, api_key: str | None,
+    url: str,
+    requests: Sequence[BenchRequest],
+    concurrency: int,
+    api_key: str | None,
     warmup: Sequence[BenchRequest] = (),
-) -> tuple[list[Timeline], float, str]:  # fmt: skip
+) -> tuple[list[Timeline], float, str]:
     """Warm the server up (untimed), then run the timed requests; returns timelines, seconds and the model id."""
     client = make_client(url, api_key)
     try:

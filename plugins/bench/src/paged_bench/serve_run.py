@@ -145,13 +145,26 @@ class ServerProcess:
         return {"url": self.url, "command": list(self.command), "startup_s": self.startup_s, "notes": list(self.notes)}
 
 
-def variant_command(name: str, port: int, engine_flags: Sequence[str], extra: Sequence[str] = (),
-                    in_process_flag: bool | None = None) -> tuple[list[str], list[str]]:  # fmt: skip
+def variant_command(
+    name: str, port: int, engine_flags: Sequence[str], extra: Sequence[str] = (), in_process_flag: bool | None = None
+) -> tuple[list[str], list[str]]:
     """The command line of variant ``name`` on ``port``, and notes on how it differs from what was asked."""
     if name not in VARIANTS:
         raise ValueError(f"unknown server variant {name!r}; choose from {', '.join(VARIANTS)}")
-    cmd = [sys.executable, "-m", "paged_core.cli.main", "serve", "--host", HOST, "--port", str(port),
-           "--log-level", "warning", *engine_flags, *extra]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "paged_core.cli.main",
+        "serve",
+        "--host",
+        HOST,
+        "--port",
+        str(port),
+        "--log-level",
+        "warning",
+        *engine_flags,
+        *extra,
+    ]
     notes = []
     if name == "inproc":
         if in_process_flag is None:
@@ -181,8 +194,14 @@ def stop(proc: subprocess.Popen[Any], grace: float = STOP_GRACE_S) -> None:
 
 
 @contextmanager
-def started(name: str, engine_flags: Sequence[str], extra: Sequence[str] = (), timeout: float = 600.0,
-            api_key: str | None = None, poll: float = 0.25) -> Iterator[ServerProcess]:  # fmt: skip
+def started(
+    name: str,
+    engine_flags: Sequence[str],
+    extra: Sequence[str] = (),
+    timeout: float = 600.0,
+    api_key: str | None = None,
+    poll: float = 0.25,
+) -> Iterator[ServerProcess]:
     """Start variant ``name``, wait (at most ``timeout`` s) for ``/health`` 200, yield it, always stop it."""
     port = free_port()
     cmd, notes = variant_command(name, port, engine_flags, extra)
@@ -191,22 +210,28 @@ def started(name: str, engine_flags: Sequence[str], extra: Sequence[str] = (), t
     with tempfile.NamedTemporaryFile("w", prefix=f"paged-bench-serve-{name}-", suffix=".log", delete=False) as log:
         server.log_path = log.name
         t0 = time.monotonic()
-        server.proc = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                       start_new_session=True)  # fmt: skip
+        server.proc = subprocess.Popen(
+            cmd, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
     try:
         while not healthy(server.url, api_key):
             if server.proc.poll() is not None:
-                raise ServerError(f"server {name} exited with status {server.proc.returncode} before /health "
-                                  f"answered; its log ends:\n{server.log_tail()}")  # fmt: skip
+                raise ServerError(
+                    f"server {name} exited with status {server.proc.returncode} before /health "
+                    f"answered; its log ends:\n{server.log_tail()}"
+                )
             if time.monotonic() - t0 > timeout:
-                raise ServerError(f"server {name}: /health did not answer within {timeout:.0f} s; its log ends:\n"
-                                  f"{server.log_tail()}")  # fmt: skip
+                raise ServerError(
+                    f"server {name}: /health did not answer within {timeout:.0f} s; its log ends:\n{server.log_tail()}"
+                )
             time.sleep(poll)
         server.startup_s = time.monotonic() - t0
         yield server
         if server.proc.poll() is not None:
-            raise ServerError(f"server {name} died during the run (status {server.proc.returncode}); its log ends:\n"
-                              f"{server.log_tail()}")  # fmt: skip
+            raise ServerError(
+                f"server {name} died during the run (status {server.proc.returncode}); its log ends:\n"
+                f"{server.log_tail()}"
+            )
     finally:
         stop(server.proc)
         os.unlink(server.log_path)

@@ -78,9 +78,14 @@ def summarize(values: Sequence[float], keep_values: bool = False) -> dict[str, A
     if not values:
         return None
     out: dict[str, Any] = {
-        "p50": percentile(values, 50), "p90": percentile(values, 90), "p99": percentile(values, 99),
-        "mean": sum(values) / len(values), "min": min(values), "max": max(values), "count": len(values),
-    }  # fmt: skip
+        "p50": percentile(values, 50),
+        "p90": percentile(values, 90),
+        "p99": percentile(values, 99),
+        "mean": sum(values) / len(values),
+        "min": min(values),
+        "max": max(values),
+        "count": len(values),
+    }
     if keep_values:
         out["values"] = list(values)
     return out

@@ -19,18 +19,36 @@ def _ms(summary: dict[str, Any] | None, key: str) -> str:
 def runs_table(report: dict[str, Any]) -> Table:
     """One row per system: time, throughput, TTFT, prefill work and our speed-up over it."""
     t = Table(title=f"paged bench {report['workload']}")
-    for col in ("system", "s", "out tok/s", "all tok/s", "decode tok/s", "TTFT p50 ms", "TTFT p99 ms",
-                "prefill tok", "hit rate", "drafts kept", "paged is"):  # fmt: skip
+    for col in (
+        "system",
+        "s",
+        "out tok/s",
+        "all tok/s",
+        "decode tok/s",
+        "TTFT p50 ms",
+        "TTFT p99 ms",
+        "prefill tok",
+        "hit rate",
+        "drafts kept",
+        "paged is",
+    ):
         t.add_column(col, justify="left" if col == "system" else "right")
     ratios = report["ratios"]
     for r in report["runs"]:
         ratio = ratios.get(f"paged_vs_{r['name']}")
         t.add_row(
-            r["name"], _f(r["seconds"], "{:.2f}"), _f(r["output_tok_s"]), _f(r["total_tok_s"]), _f(r["decode_tok_s"]),
-            _ms(r["ttft_s"], "p50"), _ms(r["ttft_s"], "p99"), _f(r["prefill_tokens_computed"], "{:d}"),
-            _f(r["prefix_hit_rate"], "{:.1%}"), _f(r.get("spec_acceptance_rate"), "{:.1%}"),
+            r["name"],
+            _f(r["seconds"], "{:.2f}"),
+            _f(r["output_tok_s"]),
+            _f(r["total_tok_s"]),
+            _f(r["decode_tok_s"]),
+            _ms(r["ttft_s"], "p50"),
+            _ms(r["ttft_s"], "p99"),
+            _f(r["prefill_tokens_computed"], "{:d}"),
+            _f(r["prefix_hit_rate"], "{:.1%}"),
+            _f(r.get("spec_acceptance_rate"), "{:.1%}"),
             "-" if ratio is None else f"{ratio:.2f}x",
-        )  # fmt: skip
+        )
     return t
 
 
@@ -41,8 +59,15 @@ def kv_table(report: dict[str, Any]) -> Table:
         t.add_column(col, justify="left" if col == "allocator" else "right")
     for key in ("paged", "reserved"):
         tr = report["kv_util"][key]
-        t.add_row(tr["name"], str(tr["steps"]), f"{tr['utilization']:.1%}", f"{tr['budget_occupancy']:.1%}",
-                  str(tr["peak_concurrent"]), f"{tr['mean_concurrent']:.1f}", str(tr["preemptions"]))  # fmt: skip
+        t.add_row(
+            tr["name"],
+            str(tr["steps"]),
+            f"{tr['utilization']:.1%}",
+            f"{tr['budget_occupancy']:.1%}",
+            str(tr["peak_concurrent"]),
+            f"{tr['mean_concurrent']:.1f}",
+            str(tr["preemptions"]),
+        )
     return t
 
 
@@ -72,19 +97,25 @@ def print_summary(report: dict[str, Any], console: Console | None = None) -> Non
     roof = report["roofline"]
     if roof is not None:
         if roof["kind"] == "flops":
-            console.print(f"roofline: {roof['achieved_flops_per_s'] / 1e9:.1f} of {roof['peak_flops_per_s'] / 1e9:.1f} "
-                          f"GFLOP/s measured ({roof['fraction']:.1%}); ceiling {roof['bound_output_tok_s']:.0f} "
-                          "output tok/s")  # fmt: skip
+            console.print(
+                f"roofline: {roof['achieved_flops_per_s'] / 1e9:.1f} of {roof['peak_flops_per_s'] / 1e9:.1f} "
+                f"GFLOP/s measured ({roof['fraction']:.1%}); ceiling {roof['bound_output_tok_s']:.0f} "
+                "output tok/s"
+            )
         else:
             achieved, peak = roof["achieved_bytes_per_s"] / 1e9, roof["peak_bytes_per_s"] / 1e9
-            console.print(f"roofline: {achieved:.1f} of {peak:.1f} GB/s of weights ({roof['fraction']:.1%}); "
-                          f"bound {roof['bound_tok_s']:.0f} tok/s; {roof['weight_bytes_per_token'] / 1e6:.1f} MB "
-                          "per token")  # fmt: skip
+            console.print(
+                f"roofline: {achieved:.1f} of {peak:.1f} GB/s of weights ({roof['fraction']:.1%}); "
+                f"bound {roof['bound_tok_s']:.0f} tok/s; {roof['weight_bytes_per_token'] / 1e6:.1f} MB "
+                "per token"
+            )
             for run in report["runs"][1:]:  # baselines that measured their own bytes (llama.cpp)
                 other = run.get("roofline")
                 if other:
-                    console.print(f"  {run['name']}: {other['achieved_bytes_per_s'] / 1e9:.1f} of "
-                                  f"{other['peak_bytes_per_s'] / 1e9:.1f} GB/s of weights ({other['fraction']:.1%}); "
-                                  f"{other['weight_bytes_per_token'] / 1e6:.1f} MB per token")  # fmt: skip
+                    console.print(
+                        f"  {run['name']}: {other['achieved_bytes_per_s'] / 1e9:.1f} of "
+                        f"{other['peak_bytes_per_s'] / 1e9:.1f} GB/s of weights ({other['fraction']:.1%}); "
+                        f"{other['weight_bytes_per_token'] / 1e6:.1f} MB per token"
+                    )
     if report["goals"]:
         console.print(goals_table(report))

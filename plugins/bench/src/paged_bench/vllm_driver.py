@@ -80,8 +80,9 @@ def sampling_params(max_tokens: int) -> Any:
     from vllm import SamplingParams
     from vllm.sampling_params import RequestOutputKind
 
-    return SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True, detokenize=False,
-                          output_kind=RequestOutputKind.DELTA)  # fmt: skip
+    return SamplingParams(
+        temperature=0.0, max_tokens=max_tokens, ignore_eos=True, detokenize=False, output_kind=RequestOutputKind.DELTA
+    )
 
 
 def run_requests(
@@ -143,8 +144,9 @@ def run_requests(
     wrong = [(i, produced[i], r[1]) for i, r in enumerate(requests) if produced[i] != r[1]]
     if wrong:
         i, got, want = wrong[0]
-        raise RuntimeError(f"{len(wrong)} request(s) did not produce exactly max_tokens tokens "
-                           f"(request {i}: {got}, asked for {want})")  # fmt: skip
+        raise RuntimeError(
+            f"{len(wrong)} request(s) did not produce exactly max_tokens tokens (request {i}: {got}, asked for {want})"
+        )
     ttft = [t for t in first if t is not None]
     return {
         "seconds": seconds,
@@ -191,12 +193,18 @@ def main(argv: Sequence[str]) -> int:
         warm = time.perf_counter() - t1
     requests = [(r["prompt_token_ids"], r["max_tokens"]) for r in spec["requests"]]
     result = run_requests(engine, requests, sampling_params, progress=bool(spec.get("progress", True)))
-    result.update({
-        "startup_s": startup, "warmup_s": warm, "vllm_version": vllm.__version__,
-        "enforce_eager": bool(settings.get("enforce_eager", True)),
-        "enable_prefix_caching": bool(settings.get("enable_prefix_caching", False)),
-        "env": {k: os.environ.get(k) for k in ("LD_PRELOAD", "VLLM_CPU_OMP_THREADS_BIND", "VLLM_CPU_KVCACHE_SPACE")},
-    })  # fmt: skip
+    result.update(
+        {
+            "startup_s": startup,
+            "warmup_s": warm,
+            "vllm_version": vllm.__version__,
+            "enforce_eager": bool(settings.get("enforce_eager", True)),
+            "enable_prefix_caching": bool(settings.get("enable_prefix_caching", False)),
+            "env": {
+                k: os.environ.get(k) for k in ("LD_PRELOAD", "VLLM_CPU_OMP_THREADS_BIND", "VLLM_CPU_KVCACHE_SPACE")
+            },
+        }
+    )
     out = Path(argv[1])
     tmp = out.with_name(out.name + ".tmp")
     tmp.write_text(json.dumps(result), encoding="utf-8")

@@ -39,8 +39,13 @@ MODEL_DIR = "smollm2-bf16"
 SETUP = "bash benchmarks/vllm_env.sh"
 DEFAULT_KV_BYTES = 4 * 2**30
 TCMALLOC = "libtcmalloc_minimal.so.4"
-TCMALLOC_DIRS = ("/usr/lib/x86_64-linux-gnu", "/lib/x86_64-linux-gnu", "/usr/lib/aarch64-linux-gnu", "/usr/lib64",
-                 "/usr/lib")  # fmt: skip
+TCMALLOC_DIRS = (
+    "/usr/lib/x86_64-linux-gnu",
+    "/lib/x86_64-linux-gnu",
+    "/usr/lib/aarch64-linux-gnu",
+    "/usr/lib64",
+    "/usr/lib",
+)
 DRIVER = Path(__file__).with_name("vllm_driver.py")
 LOG_TAIL = 40
 """Lines of the driver's output quoted when it fails."""
@@ -70,15 +75,16 @@ def find_venv(env: Mapping[str, str] | None = None, cwd: Path | None = None) -> 
     if env.get(VENV_VAR):
         venv = Path(env[VENV_VAR]).expanduser()
         if not (venv / "bin" / "python").exists():
-            raise ConfigError(f"{VENV_VAR}={venv} has no bin/python; create it with "
-                              f"`{VENV_VAR}={venv} {SETUP}`")  # fmt: skip
+            raise ConfigError(f"{VENV_VAR}={venv} has no bin/python; create it with `{VENV_VAR}={venv} {SETUP}`")
         return venv
     here = (Path.cwd() if cwd is None else cwd).resolve()
     for folder in (here, *here.parents, _repo_root()):
         if (folder / DEFAULT_VENV / "bin" / "python").exists():
             return folder / DEFAULT_VENV
-    raise ConfigError(f"the vllm baselines need vLLM's CPU build in its own environment ({DEFAULT_VENV} or "
-                      f"${VENV_VAR}); create it with `{SETUP}` (from the repository root)")  # fmt: skip
+    raise ConfigError(
+        f"the vllm baselines need vLLM's CPU build in its own environment ({DEFAULT_VENV} or "
+        f"${VENV_VAR}); create it with `{SETUP}` (from the repository root)"
+    )
 
 
 def resolve_model(model: str | None, venv: Path) -> Path:
@@ -91,14 +97,18 @@ def resolve_model(model: str | None, venv: Path) -> Path:
     if model is None or _is_embedded(model):
         folder = venv / MODEL_DIR
         if not (folder / "config.json").is_file():
-            raise ConfigError(f"{folder} is missing: the vllm baselines run the embedded model from the bf16 copy "
-                              f"that `{SETUP}` writes there; run it again")  # fmt: skip
+            raise ConfigError(
+                f"{folder} is missing: the vllm baselines run the embedded model from the bf16 copy "
+                f"that `{SETUP}` writes there; run it again"
+            )
         return folder
     path = Path(model).expanduser()
     if path.is_dir() and (path / "config.json").is_file():
         return path.resolve()
-    raise ConfigError(f"the vllm baselines run the embedded SmolLM2 (as the bf16 directory `{SETUP}` makes) or a "
-                      f"safetensors directory; this run's model is {model!r}")  # fmt: skip
+    raise ConfigError(
+        f"the vllm baselines run the embedded SmolLM2 (as the bf16 directory `{SETUP}` makes) or a "
+        f"safetensors directory; this run's model is {model!r}"
+    )
 
 
 def check_ready(model: str | None) -> Path:
@@ -177,9 +187,13 @@ def driver_env(venv: Path, kv_cache_bytes: int, base: Mapping[str, str] | None =
 
 
 def request_spec(
-    requests: Sequence[BenchRequest], model: Path, engine: Mapping[str, Any], *, warmup: bool = True,
+    requests: Sequence[BenchRequest],
+    model: Path,
+    engine: Mapping[str, Any],
+    *,
+    warmup: bool = True,
     progress: bool = True,
-) -> dict[str, Any]:  # fmt: skip
+) -> dict[str, Any]:
     """The driver's input (see :mod:`paged_bench.vllm_driver`)."""
     return {
         "model": str(model),
@@ -205,15 +219,18 @@ def engine_settings(config: Any, enforce_eager: bool) -> dict[str, Any]:
     }
 
 
-def parse_result(name: str, data: Mapping[str, Any], requests: Sequence[BenchRequest],
-                 prefix_caching: bool) -> VLLMRunResult:  # fmt: skip
+def parse_result(
+    name: str, data: Mapping[str, Any], requests: Sequence[BenchRequest], prefix_caching: bool
+) -> VLLMRunResult:
     """A :class:`VLLMRunResult` from the driver's JSON, checked against the requests it was given."""
     n = len(requests)
     want = [r.max_tokens for r in requests]
     got = data.get("per_request_output_tokens")
     if data.get("num_requests") != n or got != want:
-        raise RuntimeError(f"{name}: vLLM's result does not match the workload ({data.get('num_requests')} of {n} "
-                           "requests, or output tokens other than each request's max_tokens)")  # fmt: skip
+        raise RuntimeError(
+            f"{name}: vLLM's result does not match the workload ({data.get('num_requests')} of {n} "
+            "requests, or output tokens other than each request's max_tokens)"
+        )
     prompt = sum(len(r.prompt_token_ids) for r in requests)
     ttft = data.get("ttft")
     cached = data.get("cached_prompt_tokens")
@@ -273,8 +290,9 @@ def run_vllm(
 
 def _run(cmd: Sequence[str], env: Mapping[str, str], sink: Any, timeout: float | None, name: str) -> int:
     """Run the driver in its own process group, so that a time-out or Ctrl-C also ends vLLM's engine processes."""
-    proc = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stdout=sink, stderr=subprocess.STDOUT,
-                            start_new_session=True)  # fmt: skip
+    proc = subprocess.Popen(
+        cmd, env=env, stdin=subprocess.DEVNULL, stdout=sink, stderr=subprocess.STDOUT, start_new_session=True
+    )
     try:
         code = proc.wait(timeout=timeout)
         _kill_group(proc)  # any engine process the driver left behind (the group is ours alone)

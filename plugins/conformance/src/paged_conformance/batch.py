@@ -101,8 +101,9 @@ class Batch:
         v = torch.cat([v[c:] for v, c in zip(self.values, ctx, strict=True)])
         if pad:
             gen = torch.Generator().manual_seed(pad)
-            q, k, v = (torch.cat([t, 100 * torch.randn((pad, *t.shape[1:]), generator=gen).to(t.dtype)])
-                       for t in (q, k, v))
+            q, k, v = (
+                torch.cat([t, 100 * torch.randn((pad, *t.shape[1:]), generator=gen).to(t.dtype)]) for t in (q, k, v)
+            )
         return q.to(device), k.to(device), v.to(device)
 
     def context_step(self, device: torch.device) -> tuple[AttentionMetadata, torch.Tensor, torch.Tensor] | None:
@@ -113,8 +114,12 @@ class Batch:
         ctx = self.context_lens()
         rows.sort(key=lambda b: ctx[b] != 1)  # one-token rows count as decodes and go first
         md = build_attention_metadata(
-            [ctx[b] for b in rows], [ctx[b] for b in rows], [self.block_tables[b] for b in rows],
-            self.block_size, device, self.max_blocks,
+            [ctx[b] for b in rows],
+            [ctx[b] for b in rows],
+            [self.block_tables[b] for b in rows],
+            self.block_size,
+            device,
+            self.max_blocks,
         )
         k = torch.cat([self.keys[b][: ctx[b]] for b in rows]).to(device)
         v = torch.cat([self.values[b][: ctx[b]] for b in rows]).to(device)
@@ -167,9 +172,18 @@ def make_batch(
     keys = [stored(rand(s, spec.num_kv_heads, spec.head_size)) for _, s in shapes]
     values = [stored(rand(s, spec.num_kv_heads, spec.head_size)) for _, s in shapes]
     return Batch(
-        spec=spec, dtype=case.dtype, kv_dtype=kv_dtype, layout=case.layout, block_size=bs, num_blocks=num_blocks,
-        query_lens=[q for q, _ in shapes], seq_lens=[s for _, s in shapes], block_tables=tables,
-        queries=queries, keys=keys, values=values,
+        spec=spec,
+        dtype=case.dtype,
+        kv_dtype=kv_dtype,
+        layout=case.layout,
+        block_size=bs,
+        num_blocks=num_blocks,
+        query_lens=[q for q, _ in shapes],
+        seq_lens=[s for _, s in shapes],
+        block_tables=tables,
+        queries=queries,
+        keys=keys,
+        values=values,
     )
 
 
@@ -183,6 +197,7 @@ def independent_pairs(pairs: list[tuple[int, int]]) -> list[tuple[int, int]]:
     twice = sorted({d for d in dsts if dsts.count(d) > 1})
     chained = sorted({s for s, _ in pairs} & set(dsts))
     if twice or chained:
-        raise ValueError(f"block copies are not independent: destinations twice {twice}, "
-                         f"destinations also sources {chained}")
+        raise ValueError(
+            f"block copies are not independent: destinations twice {twice}, destinations also sources {chained}"
+        )
     return pairs

@@ -91,12 +91,15 @@ def check_declaration(ops: FusedOps) -> None:
     """``batch_invariant_linear`` is a frozenset of known weight kinds and ``batch_invariant_layer_ops`` a bool."""
     kinds = getattr(ops, "batch_invariant_linear", None)
     if not isinstance(kinds, frozenset) or not all(isinstance(k, str) for k in kinds):
-        raise AssertionError(f"{type(ops).__name__}.batch_invariant_linear must be a frozenset of weight kinds, "
-                             f"got {kinds!r}")  # fmt: skip
+        raise AssertionError(
+            f"{type(ops).__name__}.batch_invariant_linear must be a frozenset of weight kinds, got {kinds!r}"
+        )
     unknown = sorted(kinds - set(LINEAR_KINDS))
     if unknown:
-        raise AssertionError(f"{type(ops).__name__}.batch_invariant_linear names unknown weight kinds {unknown} "
-                             f"(known: {', '.join(LINEAR_KINDS)})")  # fmt: skip
+        raise AssertionError(
+            f"{type(ops).__name__}.batch_invariant_linear names unknown weight kinds {unknown} "
+            f"(known: {', '.join(LINEAR_KINDS)})"
+        )
     flag = getattr(ops, "batch_invariant_layer_ops", None)
     if not isinstance(flag, bool):
         raise AssertionError(f"{type(ops).__name__}.batch_invariant_layer_ops must be True or False, got {flag!r}")
@@ -163,8 +166,11 @@ class RowCheck:
         start = 0
         for size in INVARIANCE_CHUNKS:
             rows = torch.arange(start, min(start + size, INVARIANCE_POOL))
-            self.compare(rows, f"rows {start}..{start + len(rows) - 1} of the pool in calls of "
-                               f"{', '.join(map(str, INVARIANCE_CHUNKS))} rows")  # fmt: skip
+            self.compare(
+                rows,
+                f"rows {start}..{start + len(rows) - 1} of the pool in calls of "
+                f"{', '.join(map(str, INVARIANCE_CHUNKS))} rows",
+            )
             start += size
 
     def compare(self, rows: torch.Tensor, how: str, outs: tuple[torch.Tensor, ...] | None = None) -> None:
@@ -176,8 +182,10 @@ class RowCheck:
                 if not same_bits(out[j : j + 1], ref):
                     which = f" (output {k})" if len(outs) > 1 else ""
                     ref_name = "the same row alone" if alone else "the same row in the prefill call"
-                    raise AssertionError(f"{self.what}{which}: row {i} of the pool, at row {j} of {how}, differs from "
-                                         f"{ref_name}: {difference(out[j : j + 1], ref)}")  # fmt: skip
+                    raise AssertionError(
+                        f"{self.what}{which}: row {i} of the pool, at row {j} of {how}, differs from "
+                        f"{ref_name}: {difference(out[j : j + 1], ref)}"
+                    )
 
 
 def invariance_weight(case: InvarianceLinearCase, gen: torch.Generator) -> torch.Tensor | QuantizedWeight:
@@ -215,9 +223,15 @@ def _rows_of(fn: Callable[..., torch.Tensor | tuple[torch.Tensor, ...]], *tensor
 
 
 def layer_op_checks(
-    ops: FusedOps, dtype: torch.dtype, device: torch.device, seed: int, head_size: int, hidden: Sequence[int],
-    intermediate: Sequence[int], heads: tuple[int, int],
-) -> list[RowCheck]:  # fmt: skip
+    ops: FusedOps,
+    dtype: torch.dtype,
+    device: torch.device,
+    seed: int,
+    head_size: int,
+    hidden: Sequence[int],
+    intermediate: Sequence[int],
+    heads: tuple[int, int],
+) -> list[RowCheck]:
     """One :class:`RowCheck` per op and shape: the norms at each hidden size, the activation at each
     intermediate size, rotary at ``head_size`` with ``heads`` (query, key) heads."""
     gen, pool, name = generator(seed), INVARIANCE_POOL, dtype_name(dtype)
@@ -243,8 +257,13 @@ def layer_op_checks(
         qv, kv = qkv_views(qr, kr, generator(seed))  # as the fused decoder passes them: slices of one QKV output
         return ops.rotary(p, qv, kv, cache)
 
-    checks.append(RowCheck(f"rotary q [T, {hq}, {head_size}], k [T, {hk}, {head_size}] (slices of one QKV buffer) "
-                           f"{name}", _rows_of(rotary, pos, q, k), seed))  # fmt: skip
+    checks.append(
+        RowCheck(
+            f"rotary q [T, {hq}, {head_size}], k [T, {hk}, {head_size}] (slices of one QKV buffer) {name}",
+            _rows_of(rotary, pos, q, k),
+            seed,
+        )
+    )
     return checks
 
 
@@ -275,8 +294,9 @@ class AttentionPool:
     step's keys and values (the same bits at the same slots again) and the positions' queries.
     """
 
-    def __init__(self, backend: AttentionBackend, spec: AttentionSpec, dtype: torch.dtype, block_size: int,
-                 seed: int) -> None:  # fmt: skip
+    def __init__(
+        self, backend: AttentionBackend, spec: AttentionSpec, dtype: torch.dtype, block_size: int, seed: int
+    ) -> None:
         gen = generator(seed)
         self.backend, self.spec, self.dtype, self.block_size = backend, spec, dtype, block_size
         self.device = backend.device
@@ -306,9 +326,14 @@ class AttentionPool:
         return [r for r in rows if r.count == 1] + [r for r in rows if r.count > 1]
 
     def _metadata(self, rows: Sequence[Row]) -> AttentionMetadata:
-        return build_attention_metadata([r.count for r in rows], [r.seq_len for r in rows],
-                                        [self.tables[r.seq] for r in rows], self.block_size, self.device,
-                                        self.width)  # fmt: skip
+        return build_attention_metadata(
+            [r.count for r in rows],
+            [r.seq_len for r in rows],
+            [self.tables[r.seq] for r in rows],
+            self.block_size,
+            self.device,
+            self.width,
+        )
 
     def _tensors(self, rows: Sequence[Row], per_seq: list[torch.Tensor]) -> torch.Tensor:
         return torch.cat([per_seq[r.seq][r.start : r.seq_len] for r in rows])
@@ -355,8 +380,9 @@ class AttentionPool:
         return Row(seq, int(torch.randint(n - count + 1, (1,), generator=gen)), count)
 
 
-def check_attention(backend: AttentionBackend, dtype: torch.dtype, block_size: int, head_size: int, gqa: int,
-                    seed: int) -> None:  # fmt: skip
+def check_attention(
+    backend: AttentionBackend, dtype: torch.dtype, block_size: int, head_size: int, gqa: int, seed: int
+) -> None:
     """The attention half of the section (see the module) at one dtype, block size and layer shape."""
     spec = AttentionSpec(NUM_KV_HEADS * gqa, NUM_KV_HEADS, head_size)
     pool = AttentionPool(backend, spec, dtype, block_size, seed)
@@ -364,8 +390,10 @@ def check_attention(backend: AttentionBackend, dtype: torch.dtype, block_size: i
     # Decode rows alone then among others: 1..16 others, random order, prefill chunks in some steps.
     for b in range(INVARIANCE_BATCHES):
         count = 1 + int(torch.randint(17, (1,), generator=gen))
-        rows = [pool.random_row(gen, decode=bool(b % 3 == 0) or bool(torch.rand(1, generator=gen) < 0.6))
-                for _ in range(count)]  # fmt: skip
+        rows = [
+            pool.random_row(gen, decode=bool(b % 3 == 0) or bool(torch.rand(1, generator=gen) < 0.6))
+            for _ in range(count)
+        ]
         pool.check(rows, f"random step {b}")
     for n in INVARIANCE_CHUNK_SEQS:
         seq = pool.lens.index(n)

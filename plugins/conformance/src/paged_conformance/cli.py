@@ -25,9 +25,21 @@ def pytest_args(
     extra: Sequence[str] = (),
 ) -> list[str]:
     """The pytest command line that runs the suite with these options."""
-    args = [str(SUITE_DIR), "-c", str(SUITE_DIR / "pytest.ini"), "--rootdir", str(SUITE_DIR),
-            "-p", "paged_conformance.plugin", "--paged-backend", backend, "--paged-grid", grid,
-            "--paged-oracle", oracle]
+    args = [
+        str(SUITE_DIR),
+        "-c",
+        str(SUITE_DIR / "pytest.ini"),
+        "--rootdir",
+        str(SUITE_DIR),
+        "-p",
+        "paged_conformance.plugin",
+        "--paged-backend",
+        backend,
+        "--paged-grid",
+        grid,
+        "--paged-oracle",
+        oracle,
+    ]
     if device:
         args += ["--paged-device", device]
     if expect:
@@ -69,20 +81,31 @@ def version_line() -> str:
 
 def _parser() -> argparse.ArgumentParser:
     # Raw description formatting keeps --version on one line (argparse otherwise wraps it to the terminal).
-    parser = argparse.ArgumentParser(prog="paged-conformance", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="paged-conformance", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--version", action="version", version=version_line())
     sub = parser.add_subparsers(dest="command", required=True)
-    r = sub.add_parser("run", help="run the conformance suite against one backend",
-                       epilog="Arguments after `--` go to pytest unchanged (e.g. -- -k decode -x).")
+    r = sub.add_parser(
+        "run",
+        help="run the conformance suite against one backend",
+        epilog="Arguments after `--` go to pytest unchanged (e.g. -- -k decode -x).",
+    )
     r.add_argument("--backend", required=True, help="registered backend name, or package.module:ClassName")
-    r.add_argument("--device", default=None,
-                   help="device to test on (default: the backend's own); DEV-interpret, e.g. cpu-interpret, runs "
-                        "Triton kernels on DEV in the Triton interpreter (sets TRITON_INTERPRET=1)")
+    r.add_argument(
+        "--device",
+        default=None,
+        help="device to test on (default: the backend's own); DEV-interpret, e.g. cpu-interpret, runs "
+        "Triton kernels on DEV in the Triton interpreter (sets TRITON_INTERPRET=1)",
+    )
     r.add_argument("--grid", choices=("quick", "full"), default="full", help="grid size (default: full)")
     r.add_argument("--quick", action="store_const", const="quick", dest="grid", help="same as --grid quick")
-    r.add_argument("--oracle", choices=("auto", "reference", "dense"), default="auto",
-                   help="compare against the reference backend or a dense computation (default: auto)")
+    r.add_argument(
+        "--oracle",
+        choices=("auto", "reference", "dense"),
+        default="auto",
+        help="compare against the reference backend or a dense computation (default: auto)",
+    )
     r.add_argument("--expect", default=None, metavar="FILE", help="TOML file of expected failures and skips")
     r.add_argument("--json", default=None, metavar="FILE", help="write the JSON report to FILE")
     r.add_argument("--junitxml", default=None, metavar="FILE", help="write a JUnit XML report to FILE")
@@ -101,8 +124,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     if ns.expect and not Path(ns.expect).is_file():
         print(f"paged-conformance: expectations file {ns.expect!r} does not exist", file=sys.stderr)
         return 4
-    return run(ns.backend, device=ns.device, grid=ns.grid, expect=ns.expect, json_path=ns.json,
-               junitxml=ns.junitxml, strict=ns.strict, oracle=ns.oracle, extra=extra)
+    return run(
+        ns.backend,
+        device=ns.device,
+        grid=ns.grid,
+        expect=ns.expect,
+        json_path=ns.json,
+        junitxml=ns.junitxml,
+        strict=ns.strict,
+        oracle=ns.oracle,
+        extra=extra,
+    )
 
 
 if __name__ == "__main__":  # pragma: no cover

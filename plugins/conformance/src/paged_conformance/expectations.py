@@ -76,8 +76,12 @@ class Expectation:
 
     def to_dict(self) -> dict[str, object]:
         return {
-            "node": self.node, "capability": self.capability, "status": self.status, "reason": self.reason,
-            "matched": len(self.matched), "stale": self.stale_reason(),
+            "node": self.node,
+            "capability": self.capability,
+            "status": self.status,
+            "reason": self.reason,
+            "matched": len(self.matched),
+            "stale": self.stale_reason(),
         }
 
 

@@ -189,8 +189,9 @@ class Untouched:
         for i, out in enumerate(outputs):
             name = self.names.get(out.untyped_storage().data_ptr())
             if name is not None:
-                raise AssertionError(f"{what}: output {i} shares memory with the input {name} (outputs must be new "
-                                     "tensors)")
+                raise AssertionError(
+                    f"{what}: output {i} shares memory with the input {name} (outputs must be new tensors)"
+                )
 
 
 def assert_close(got: torch.Tensor, want: torch.Tensor, dtype: torch.dtype, what: str) -> None:
@@ -239,8 +240,9 @@ def check_call(
     """
     args = list(tensors.values())
     copies = [t.detach().clone(memory_format=torch.contiguous_format) for t in args]
-    want = as_tuple(oracle(*copies, *(extra if oracle_extra is None else oracle_extra)), f"reference {what}",
-                    len(shapes))
+    want = as_tuple(
+        oracle(*copies, *(extra if oracle_extra is None else oracle_extra)), f"reference {what}", len(shapes)
+    )
     guard = Untouched(tensors)
     got = as_tuple(call(*args, *extra), what, len(shapes))
     guard.check(what)
@@ -284,7 +286,12 @@ def fused_ops_info(make_backend: Callable[[], AttentionBackend]) -> dict[str, ob
     kinds: object = getattr(ops, "batch_invariant_linear", frozenset())
     kind_names = {str(k) for k in kinds} if isinstance(kinds, (set, frozenset, list, tuple)) else set()
     invariant = [k for k in LINEAR_KINDS if k in kind_names] + sorted(kind_names - set(LINEAR_KINDS))
-    return {"name": str(getattr(ops, "name", "")), "class": f"{cls.__module__}:{cls.__qualname__}",
-            "overrides": overrides, "linear_formats": formats, "q8_activation_formats": q8_formats,
-            "batch_invariant_linear": invariant,
-            "batch_invariant_layer_ops": getattr(ops, "batch_invariant_layer_ops", False) is True}
+    return {
+        "name": str(getattr(ops, "name", "")),
+        "class": f"{cls.__module__}:{cls.__qualname__}",
+        "overrides": overrides,
+        "linear_formats": formats,
+        "q8_activation_formats": q8_formats,
+        "batch_invariant_linear": invariant,
+        "batch_invariant_layer_ops": getattr(ops, "batch_invariant_layer_ops", False) is True,
+    }

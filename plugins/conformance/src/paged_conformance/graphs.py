@@ -43,7 +43,13 @@ def attention_runner(
         for name, heads in (("query", spec.num_heads), ("key", spec.num_kv_heads), ("value", spec.num_kv_heads))
     ]
     return GraphRunner(
-        backend, step, block_size=case.block_size, max_blocks_per_seq=max_blocks_per_seq,
-        capture_sizes=capture_sizes, device=backend.device, inputs=inputs, strategy=strategy,
+        backend,
+        step,
+        block_size=case.block_size,
+        max_blocks_per_seq=max_blocks_per_seq,
+        capture_sizes=capture_sizes,
+        device=backend.device,
+        inputs=inputs,
+        strategy=strategy,
         warmup_iters=warmup_iters,
-    )  # fmt: skip
+    )

@@ -343,8 +343,10 @@ def _sweep_shape(block: int) -> tuple[int, int]:
 def _odd_weights(block: int) -> list[LinearWeight]:
     """``N`` = 37 with ``K`` one block (bias) and ``N`` = 100 with three blocks (``int8``: ``K`` = 77), no bias."""
     odd_k = 3 * block if block > 1 else 77
-    return [LinearWeight(LINEAR_ODD_N[0], block, True, ((1, "contiguous"), (3, "contiguous"), (17, "columns"))),
-            LinearWeight(LINEAR_ODD_N[1], odd_k, False, ((1, "contiguous"), (3, "rows"), (17, "contiguous")))]
+    return [
+        LinearWeight(LINEAR_ODD_N[0], block, True, ((1, "contiguous"), (3, "contiguous"), (17, "columns"))),
+        LinearWeight(LINEAR_ODD_N[1], odd_k, False, ((1, "contiguous"), (3, "rows"), (17, "contiguous"))),
+    ]
 
 
 def linear_weights(fmt: str, grid: str) -> list[LinearWeight]:
@@ -425,8 +427,23 @@ INVARIANCE_SILU_INTERMEDIATE: tuple[int, ...] = (100, 1536)
 mid-row, off the vector grid: measured, torch's batched silu then gives a row other bits), and SmolLM2-135M's."""
 INVARIANCE_ROTARY_HEADS: tuple[int, int] = (8, 2)
 """``(query heads, key heads)`` of the rotary invariance check (q and k slices of one QKV buffer)."""
-INVARIANCE_SEQ_LENS: tuple[str | int, ...] = (1, 2, "block-1", "block", "block+1", 37, 100, 255, 256, 257, 513,
-                                              640, 777, 1024, 1283)  # fmt: skip
+INVARIANCE_SEQ_LENS: tuple[str | int, ...] = (
+    1,
+    2,
+    "block-1",
+    "block",
+    "block+1",
+    37,
+    100,
+    255,
+    256,
+    257,
+    513,
+    640,
+    777,
+    1024,
+    1283,
+)
 """Key counts of the attention pool's sequences (labels resolved at the block size), plus
 :data:`INVARIANCE_RANDOM_SEQS` random ones up to :data:`LONG_CONTEXT`: short rows, block edges, and key ranges
 past 512 and 1024, where kernels split keys (flash decoding)."""

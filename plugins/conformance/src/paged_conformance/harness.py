@@ -127,8 +127,9 @@ def expected(oracle: str, batch: Batch, device: torch.device, spec: AttentionSpe
     return run_batch(ref_cls(device), plain, spec).output.cpu()
 
 
-def check_layers(conformance: Conformance, case: Case, spec: AttentionSpec | None = None,
-                 what: str = "attention output vs oracle") -> None:
+def check_layers(
+    conformance: Conformance, case: Case, spec: AttentionSpec | None = None, what: str = "attention output vs oracle"
+) -> None:
     """Run ``case`` over :data:`LAYERS` layers in one step and compare every layer with the oracle."""
     layers = [make_batch(case, spec=spec, layer=i) for i in range(LAYERS)]
     spec = spec or layers[0].spec

@@ -32,8 +32,12 @@ def assert_unchanged(metadata: AttentionMetadata, before: MetadataSnapshot, when
     for name, old in before.items():
         new = getattr(metadata, name)
         if isinstance(old, torch.Tensor):
-            same = (isinstance(new, torch.Tensor) and new.dtype == old.dtype and new.shape == old.shape
-                    and torch.equal(new, old))
+            same = (
+                isinstance(new, torch.Tensor)
+                and new.dtype == old.dtype
+                and new.shape == old.shape
+                and torch.equal(new, old)
+            )
         else:
             same = new == old
         if not same:

@@ -20,8 +20,9 @@ FUSED_PAD = 8
 def _fused(tensors: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
     tokens = tensors[0].shape[0]
     widths = [t.shape[1] * t.shape[2] for t in tensors]
-    buffer = torch.full((tokens, sum(widths) + FUSED_PAD), float("nan"), dtype=tensors[0].dtype,
-                        device=tensors[0].device)
+    buffer = torch.full(
+        (tokens, sum(widths) + FUSED_PAD), float("nan"), dtype=tensors[0].dtype, device=tensors[0].device
+    )
     views = []
     start = 0
     for t, width in zip(tensors, widths, strict=True):

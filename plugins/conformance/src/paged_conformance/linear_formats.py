@@ -81,8 +81,9 @@ def check_declaration(ops: FusedOps) -> None:
     formats = getattr(ops, "linear_formats", None)
     cls = type(ops).__name__
     if not isinstance(formats, (set, frozenset)) or not all(isinstance(f, str) for f in formats):
-        raise AssertionError(f"{cls}.linear_formats is {formats!r}: it must be a frozenset of format names "
-                             f"(known: {', '.join(FORMATS)})")
+        raise AssertionError(
+            f"{cls}.linear_formats is {formats!r}: it must be a frozenset of format names (known: {', '.join(FORMATS)})"
+        )
     unknown = sorted(set(formats) - set(FORMATS))
     if unknown:
         raise AssertionError(f"{cls}.linear_formats names unknown formats {unknown}; known: {', '.join(FORMATS)}")
@@ -91,8 +92,10 @@ def check_declaration(ops: FusedOps) -> None:
         raise AssertionError(f"{cls}.q8_activation_formats is {q8!r}: it must be a frozenset of format names")
     stray = sorted(set(q8) - set(formats))
     if stray:
-        raise AssertionError(f"{cls}.q8_activation_formats names {stray}, which are not in its linear_formats "
-                             f"({', '.join(sorted(formats)) or 'none'})")
+        raise AssertionError(
+            f"{cls}.q8_activation_formats names {stray}, which are not in its linear_formats "
+            f"({', '.join(sorted(formats)) or 'none'})"
+        )
 
 
 @functools.lru_cache(maxsize=8)
@@ -144,8 +147,9 @@ def assert_bytes_unchanged(weight: QuantizedWeight, original: QuantizedWeight, w
             )
 
 
-def tolerance(x: torch.Tensor, w_abs: torch.Tensor, bias: torch.Tensor | None, ref: torch.Tensor,
-              dtype: torch.dtype) -> torch.Tensor:  # fmt: skip
+def tolerance(
+    x: torch.Tensor, w_abs: torch.Tensor, bias: torch.Tensor | None, ref: torch.Tensor, dtype: torch.dtype
+) -> torch.Tensor:
     """The elementwise bound of the module docstring, in float32 on the CPU."""
     s = x.float().abs() @ w_abs.T
     if bias is not None:
@@ -153,8 +157,9 @@ def tolerance(x: torch.Tensor, w_abs: torch.Tensor, bias: torch.Tensor | None, r
     return SUM_ORDER * s + ABS_FLOOR + OUTPUT_ULP.get(dtype, 2.0**-7) * ref.float().abs()
 
 
-def _oracle(x: torch.Tensor, w32: torch.Tensor, w_abs: torch.Tensor, bias: torch.Tensor | None,
-            dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+def _oracle(
+    x: torch.Tensor, w32: torch.Tensor, w_abs: torch.Tensor, bias: torch.Tensor | None, dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The reference output for activations ``x`` (any float dtype, on the CPU) in ``dtype``, and its bound."""
     ref = torch.nn.functional.linear(x.float(), w32, None if bias is None else bias.float()).to(dtype)
     return ref, tolerance(x, w_abs, bias, ref, dtype)
@@ -174,7 +179,8 @@ def assert_within(got: torch.Tensor, ref: torch.Tensor, tol: torch.Tensor, dtype
     raise AssertionError(
         f"{what} mismatch: at {index} got {g:.6g}, expected {e:.6g} (error {abs(g - e):.3g}, allowed {t:.3g}); "
         f"{int(bad.sum())}/{bad.numel()} elements outside 1e-4*(|x|@|W|.T+|b|) + 1e-6"
-        + ("" if dtype == torch.float32 else " + one output ulp") + f" ({dtype_name(dtype)})"
+        + ("" if dtype == torch.float32 else " + one output ulp")
+        + f" ({dtype_name(dtype)})"
     )
 
 
@@ -207,9 +213,15 @@ def _linear(ops: FusedOps, x: torch.Tensor, packed: PackedLinear, shape: tuple[i
 
 
 def check_weight(
-    ops: FusedOps, pack: Packer, fmt: str, spec: LinearWeight, dtype: torch.dtype, device: torch.device,
-    gen: torch.Generator, packed_by: str = "",
-) -> None:  # fmt: skip
+    ops: FusedOps,
+    pack: Packer,
+    fmt: str,
+    spec: LinearWeight,
+    dtype: torch.dtype,
+    device: torch.device,
+    gen: torch.Generator,
+    packed_by: str = "",
+) -> None:
     """Pack one ``fmt`` weight with ``pack``, then call ``ops.linear`` as ``spec`` says and compare with the oracle.
 
     After packing and after every call the packed bytes must be those the
@@ -231,8 +243,10 @@ def check_weight(
     if not isinstance(packed, PackedLinear):
         raise AssertionError(f"pack_linear({label}) returned {type(packed).__name__}, not a PackedLinear")
     if (packed.out_features, packed.in_features) != (spec.n, spec.k):
-        raise AssertionError(f"pack_linear({label}) gave out/in features ({packed.out_features}, "
-                             f"{packed.in_features}), expected ({spec.n}, {spec.k})")
+        raise AssertionError(
+            f"pack_linear({label}) gave out/in features ({packed.out_features}, "
+            f"{packed.in_features}), expected ({spec.n}, {spec.k})"
+        )
     w_abs = w32.abs()
     done: list[_Call] = []
     for m, layout in spec.calls:
@@ -246,8 +260,9 @@ def check_weight(
             try:
                 assert_within(out, ref_q8, tol_q8, dtype, what + " (against int8-rounded activations)")
             except AssertionError:
-                assert_within(out, ref, tol, dtype, what + " (against exact activations and, failing too, "
-                              "int8-rounded ones)")
+                assert_within(
+                    out, ref, tol, dtype, what + " (against exact activations and, failing too, int8-rounded ones)"
+                )
             else:
                 ref, tol = ref_q8, tol_q8
         else:

@@ -24,18 +24,31 @@ GRIDS = ("quick", "full")
 def pytest_addoption(parser: pytest.Parser) -> None:
     """Options of the suite; all optional, so ordinary pytest runs are unaffected."""
     group = parser.getgroup("paged-conformance", "paged attention backend conformance")
-    group.addoption("--paged-backend", default=None, metavar="NAME",
-                    help="backend under test: a registered name or package.module:ClassName (activates the suite)")
-    group.addoption("--paged-device", default=None, metavar="DEV",
-                    help="device to test on (default: the backend's); DEV-interpret (e.g. cpu-interpret) also "
-                         "sets TRITON_INTERPRET=1 before the backend loads")
+    group.addoption(
+        "--paged-backend",
+        default=None,
+        metavar="NAME",
+        help="backend under test: a registered name or package.module:ClassName (activates the suite)",
+    )
+    group.addoption(
+        "--paged-device",
+        default=None,
+        metavar="DEV",
+        help="device to test on (default: the backend's); DEV-interpret (e.g. cpu-interpret) also "
+        "sets TRITON_INTERPRET=1 before the backend loads",
+    )
     group.addoption("--paged-grid", default="full", choices=GRIDS, help="grid size (default: full)")
-    group.addoption("--paged-oracle", default="auto", choices=("auto", "reference", "dense"),
-                    help="what outputs are compared against (auto: reference, dense when testing the reference)")
+    group.addoption(
+        "--paged-oracle",
+        default="auto",
+        choices=("auto", "reference", "dense"),
+        help="what outputs are compared against (auto: reference, dense when testing the reference)",
+    )
     group.addoption("--paged-expect", default=None, metavar="FILE", help="TOML expectations (xfail/skip entries)")
     group.addoption("--paged-json", default=None, metavar="FILE", help="write the JSON report here")
-    group.addoption("--paged-strict", action="store_true", default=False,
-                    help="stale expectations are errors, not warnings")
+    group.addoption(
+        "--paged-strict", action="store_true", default=False, help="stale expectations are errors, not warnings"
+    )
 
 
 INTERPRET_SUFFIX = "-interpret"

@@ -13,8 +13,18 @@ OUTCOMES = ("passed", "failed", "error", "xfailed", "xpassed", "skipped", "n/a")
 NA_PREFIX = "N/A:"
 """Skip reasons starting with this mark an undeclared capability, not a skipped test."""
 
-FEATURES = ("kv_cache_shape", "capability_check", "write_kv", "padding", "copy_blocks", "scale",
-            "strided_inputs", "sliding_window", "soft_cap", "graph")
+FEATURES = (
+    "kv_cache_shape",
+    "capability_check",
+    "write_kv",
+    "padding",
+    "copy_blocks",
+    "scale",
+    "strided_inputs",
+    "sliding_window",
+    "soft_cap",
+    "graph",
+)
 """Capability rows that are not an axis of the grid."""
 
 
@@ -29,8 +39,13 @@ class TestResult:
     message: str = ""
 
     def to_dict(self) -> dict[str, object]:
-        return {"nodeid": self.nodeid, "capabilities": self.capabilities, "outcome": self.outcome,
-                "duration": round(self.duration, 4), "message": self.message}
+        return {
+            "nodeid": self.nodeid,
+            "capabilities": self.capabilities,
+            "outcome": self.outcome,
+            "duration": round(self.duration, 4),
+            "message": self.message,
+        }
 
 
 def _short(report: pytest.TestReport) -> str:
@@ -116,7 +131,8 @@ def declared_rows(
             declared = value in linear_formats if value != "fallback" else bool(set(LINEAR_FORMATS) - linear_formats)
         elif axis == "batch_invariance":
             declared = {"attention": caps.batch_invariant, "layer_ops": invariant_layer_ops}.get(
-                value, value.removeprefix("linear:") in invariant_linear)
+                value, value.removeprefix("linear:") in invariant_linear
+            )
         else:
             declared = True
         rows[f"{axis}:{value}"] = CapabilityRow(f"{axis}:{value}", declared)
@@ -124,8 +140,11 @@ def declared_rows(
         rows[f"block_size:{b}"] = CapabilityRow(f"block_size:{b}", True)
     for d in caps.effective_kv_cache_dtypes:  # declared ones the suite cannot test show as "not run"
         rows.setdefault(f"kv_dtype:{dtype_name(d)}", CapabilityRow(f"kv_dtype:{dtype_name(d)}", True))
-    optional = {"sliding_window": caps.sliding_window, "soft_cap": caps.logits_soft_cap,
-                "graph": caps.graph_support > GraphSupport.NEVER}
+    optional = {
+        "sliding_window": caps.sliding_window,
+        "soft_cap": caps.logits_soft_cap,
+        "graph": caps.graph_support > GraphSupport.NEVER,
+    }
     for name in FEATURES:
         rows[name] = CapabilityRow(name, optional.get(name, True))
     return rows
@@ -146,8 +165,18 @@ def render_table(rows: dict[str, CapabilityRow]) -> list[str]:
     body = []
     for row in rows.values():
         c = row.counts
-        body.append((row.name, "yes" if row.declared else "no", row.status, str(c["passed"] + c["xpassed"]),
-                     str(c["failed"] + c["error"]), str(c["xfailed"]), str(c["skipped"]), str(c["n/a"])))
+        body.append(
+            (
+                row.name,
+                "yes" if row.declared else "no",
+                row.status,
+                str(c["passed"] + c["xpassed"]),
+                str(c["failed"] + c["error"]),
+                str(c["xfailed"]),
+                str(c["skipped"]),
+                str(c["n/a"]),
+            )
+        )
     widths = [max(len(r[i]) for r in [head, *body]) for i in range(len(head))]
     fmt = "  ".join(f"{{:{'<' if i < 3 else '>'}{w}}}" for i, w in enumerate(widths))
     return [fmt.format(*head), fmt.format(*("-" * w for w in widths)), *(fmt.format(*r) for r in body)]

@@ -84,33 +84,54 @@ def _params(family: str, conf: Conformance) -> tuple[str, list[object], list[str
 
 def fused_grid() -> dict[str, object]:
     """The ``grid.fused`` section of the report: the shapes the fused-op checks sweep."""
-    return {"ops": list(grids.FUSED_OPS), "layouts": list(grids.FUSED_LAYOUTS), "norm_hidden": list(grids.NORM_HIDDEN),
-            "tokens": list(grids.FUSED_TOKENS), "norm_eps": list(grids.NORM_EPS),
-            "silu_intermediate": list(grids.SILU_INTERMEDIATE), "rotary_heads": [list(h) for h in grids.ROTARY_HEADS],
-            "rotary_max_position": grids.ROTARY_MAX_POSITION, "rotary_base": grids.ROTARY_BASE,
-            "linear_tokens": list(grids.LINEAR_TOKENS), "linear_shapes": [list(s) for s in grids.LINEAR_SHAPES]}
+    return {
+        "ops": list(grids.FUSED_OPS),
+        "layouts": list(grids.FUSED_LAYOUTS),
+        "norm_hidden": list(grids.NORM_HIDDEN),
+        "tokens": list(grids.FUSED_TOKENS),
+        "norm_eps": list(grids.NORM_EPS),
+        "silu_intermediate": list(grids.SILU_INTERMEDIATE),
+        "rotary_heads": [list(h) for h in grids.ROTARY_HEADS],
+        "rotary_max_position": grids.ROTARY_MAX_POSITION,
+        "rotary_base": grids.ROTARY_BASE,
+        "linear_tokens": list(grids.LINEAR_TOKENS),
+        "linear_shapes": [list(s) for s in grids.LINEAR_SHAPES],
+    }
 
 
 def linear_formats_grid(grid: str) -> dict[str, object]:
     """The ``grid.linear_formats`` section of the report: per format, each packed weight ``[N, K]``, whether it has a
     bias, and its calls as ``[M, layout]``."""
-    return {"formats": {f: [{"shape": [w.n, w.k], "bias": w.bias, "calls": [list(c) for c in w.calls]}
-                            for w in grids.linear_weights(f, grid)] for f in grids.LINEAR_FORMATS},
-            "layouts": list(grids.LINEAR_LAYOUTS),
-            "fallback": {f: [[w.n, w.k] for w in grids.linear_fallback_weights(f)] for f in grids.LINEAR_FORMATS}}
+    return {
+        "formats": {
+            f: [
+                {"shape": [w.n, w.k], "bias": w.bias, "calls": [list(c) for c in w.calls]}
+                for w in grids.linear_weights(f, grid)
+            ]
+            for f in grids.LINEAR_FORMATS
+        },
+        "layouts": list(grids.LINEAR_LAYOUTS),
+        "fallback": {f: [[w.n, w.k] for w in grids.linear_fallback_weights(f)] for f in grids.LINEAR_FORMATS},
+    }
 
 
 def invariance_grid(grid: str) -> dict[str, object]:
     """The ``grid.batch_invariance`` section of the report: the rows, shapes and steps the section uses."""
-    return {"rows": list(grids.INVARIANCE_ROWS), "pool": grids.INVARIANCE_POOL, "alone": grids.INVARIANCE_ALONE,
-            "chunks": list(grids.INVARIANCE_CHUNKS),
-            "linear_shapes": [list(s) for s in grids.INVARIANCE_LINEAR_SHAPES],
-            "norm_hidden": list(grids.INVARIANCE_NORM_HIDDEN),
-            "silu_intermediate": list(grids.INVARIANCE_SILU_INTERMEDIATE),
-            "rotary_heads": list(grids.INVARIANCE_ROTARY_HEADS),
-            "seq_lens": [str(v) for v in grids.INVARIANCE_SEQ_LENS], "random_seqs": grids.INVARIANCE_RANDOM_SEQS,
-            "random_steps": grids.INVARIANCE_BATCHES, "chunk": grids.INVARIANCE_CHUNK,
-            "chunk_seqs": list(grids.INVARIANCE_CHUNK_SEQS)}
+    return {
+        "rows": list(grids.INVARIANCE_ROWS),
+        "pool": grids.INVARIANCE_POOL,
+        "alone": grids.INVARIANCE_ALONE,
+        "chunks": list(grids.INVARIANCE_CHUNKS),
+        "linear_shapes": [list(s) for s in grids.INVARIANCE_LINEAR_SHAPES],
+        "norm_hidden": list(grids.INVARIANCE_NORM_HIDDEN),
+        "silu_intermediate": list(grids.INVARIANCE_SILU_INTERMEDIATE),
+        "rotary_heads": list(grids.INVARIANCE_ROTARY_HEADS),
+        "seq_lens": [str(v) for v in grids.INVARIANCE_SEQ_LENS],
+        "random_seqs": grids.INVARIANCE_RANDOM_SEQS,
+        "random_steps": grids.INVARIANCE_BATCHES,
+        "chunk": grids.INVARIANCE_CHUNK,
+        "chunk_seqs": list(grids.INVARIANCE_CHUNK_SEQS),
+    }
 
 
 def item_capabilities(item: pytest.Item) -> list[str]:
@@ -186,22 +207,39 @@ class ConformanceSession:
     def context(self) -> dict[str, object]:
         """Backend, grid and oracle sections of the report."""
         info, conf = self.info_dict(), self.conf
-        grid = {"name": conf.grid, "graph_capture_sizes": list(grids.graph_capture_sizes(conf.grid)),
-                "graph_batch_sizes": list(grids.graph_batch_sizes(conf.grid)), "head_sizes": list(grids.HEAD_SIZES),
-                "gqa_ratios": list(grids.GQA_RATIOS), "kinds": list(grids.KINDS), "lengths": list(grids.LENGTHS),
-                "num_kv_heads": grids.NUM_KV_HEADS, "num_kv_heads_sweep": list(grids.KV_HEAD_SWEEP),
-                "long_context": grids.LONG_CONTEXT, "scale": grids.SCALE, "layouts": list(grids.LAYOUTS),
-                "kv_dtypes": [grids.dtype_name(d) for d in grids.KV_DTYPES], "layers": LAYERS,
-                "fused": fused_grid(), "linear_formats": linear_formats_grid(conf.grid),
-                "batch_invariance": invariance_grid(conf.grid)}
+        grid = {
+            "name": conf.grid,
+            "graph_capture_sizes": list(grids.graph_capture_sizes(conf.grid)),
+            "graph_batch_sizes": list(grids.graph_batch_sizes(conf.grid)),
+            "head_sizes": list(grids.HEAD_SIZES),
+            "gqa_ratios": list(grids.GQA_RATIOS),
+            "kinds": list(grids.KINDS),
+            "lengths": list(grids.LENGTHS),
+            "num_kv_heads": grids.NUM_KV_HEADS,
+            "num_kv_heads_sweep": list(grids.KV_HEAD_SWEEP),
+            "long_context": grids.LONG_CONTEXT,
+            "scale": grids.SCALE,
+            "layouts": list(grids.LAYOUTS),
+            "kv_dtypes": [grids.dtype_name(d) for d in grids.KV_DTYPES],
+            "layers": LAYERS,
+            "fused": fused_grid(),
+            "linear_formats": linear_formats_grid(conf.grid),
+            "batch_invariance": invariance_grid(conf.grid),
+        }
         return {"backend": info, "grid": grid, "oracle": conf.oracle}
 
     def info_dict(self) -> dict[str, object]:
         info = self.conf.info
-        return {"name": info.name, "class": f"{info.cls.__module__}:{info.cls.__qualname__}",
-                "distribution": info.distribution, "version": info.version, "device": str(self.conf.device),
-                "api_version": info.cls.api_version, "capabilities": self.conf.caps.to_dict(),
-                "fused_ops": self.fused_info()}
+        return {
+            "name": info.name,
+            "class": f"{info.cls.__module__}:{info.cls.__qualname__}",
+            "distribution": info.distribution,
+            "version": info.version,
+            "device": str(self.conf.device),
+            "api_version": info.cls.api_version,
+            "capabilities": self.conf.caps.to_dict(),
+            "fused_ops": self.fused_info(),
+        }
 
     def fused_info(self) -> dict[str, object]:
         """The backend's ``fused_ops()`` class, name and overridden methods (worked out once)."""
@@ -223,20 +261,26 @@ class ConformanceSession:
         formats, kinds = fused.get("linear_formats"), fused.get("batch_invariant_linear")
         declared_formats = frozenset(str(f) for f in formats) if isinstance(formats, list) else frozenset()
         invariant_kinds = frozenset(str(k) for k in kinds) if isinstance(kinds, list) else frozenset()
-        rows = fold(declared_rows(self.conf.caps, declared_formats, invariant_kinds,
-                                  fused.get("batch_invariant_layer_ops") is True),
-                    list(self.results.values()))  # fmt: skip
+        rows = fold(
+            declared_rows(
+                self.conf.caps, declared_formats, invariant_kinds, fused.get("batch_invariant_layer_ops") is True
+            ),
+            list(self.results.values()),
+        )
         self.rows = rows
-        self.report = build_report(self.context(), rows, list(self.results.values()), self.expectations,
-                                   int(session.exitstatus))
+        self.report = build_report(
+            self.context(), rows, list(self.results.values()), self.expectations, int(session.exitstatus)
+        )
         if self.json_path:
             write_report(self.json_path, self.report)
 
     def pytest_terminal_summary(self, terminalreporter: pytest.TerminalReporter) -> None:
         tr = terminalreporter
         info = self.conf.info
-        tr.write_sep("=", f"paged-conformance: {info.name} on {self.conf.device} (grid {self.conf.grid}, "
-                          f"oracle {self.conf.oracle})")
+        tr.write_sep(
+            "=",
+            f"paged-conformance: {info.name} on {self.conf.device} (grid {self.conf.grid}, oracle {self.conf.oracle})",
+        )
         fused = self.fused_info()
         if "error" in fused:
             tr.write_line(f"fused ops: fused_ops() raised {fused['error']}", red=True)
@@ -245,17 +289,19 @@ class ConformanceSession:
             overrides = ", ".join(str(n) for n in names) if isinstance(names, list) and names else "none (reference)"
             formats = fused.get("linear_formats")
             packed = ", ".join(str(f) for f in formats) if isinstance(formats, list) and formats else "none"
-            tr.write_line(f"fused ops: {fused['name']} ({fused['class']}); overrides: {overrides}; "
-                          f"linear formats: {packed}")
+            tr.write_line(
+                f"fused ops: {fused['name']} ({fused['class']}); overrides: {overrides}; linear formats: {packed}"
+            )
             kinds = fused.get("batch_invariant_linear")
             invariant = ", ".join(str(k) for k in kinds) if isinstance(kinds, list) and kinds else "none"
-            tr.write_line(f"batch invariance: attention {'yes' if self.conf.caps.batch_invariant else 'no'}; "
-                          f"layer ops {'yes' if fused.get('batch_invariant_layer_ops') is True else 'no'}; "
-                          f"linear: {invariant}")
+            tr.write_line(
+                f"batch invariance: attention {'yes' if self.conf.caps.batch_invariant else 'no'}; "
+                f"layer ops {'yes' if fused.get('batch_invariant_layer_ops') is True else 'no'}; "
+                f"linear: {invariant}"
+            )
         for line in render_table(getattr(self, "rows", {})):
             tr.write_line(line)
         for line in self.stale():
-            tr.write_line(f"STALE expectation {line}" + (" (error under --strict)" if self.strict else ""),
-                          yellow=True)
+            tr.write_line(f"STALE expectation {line}" + (" (error under --strict)" if self.strict else ""), yellow=True)
         if self.json_path:
             tr.write_line(f"JSON report: {self.json_path}")

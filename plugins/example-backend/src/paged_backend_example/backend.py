@@ -64,8 +64,13 @@ class ExampleBackend(AttentionBackend):
         if kv_cache.shape[2] != metadata.block_size:
             raise PagedError(f"kv_cache block size {kv_cache.shape[2]} != metadata.block_size {metadata.block_size}")
         return kernels.paged_attention(
-            query, kv_cache, metadata.query_start_loc, metadata.seq_lens, metadata.block_table,
-            max(metadata.max_query_len, 1), spec.softmax_scale,
+            query,
+            kv_cache,
+            metadata.query_start_loc,
+            metadata.seq_lens,
+            metadata.block_table,
+            max(metadata.max_query_len, 1),
+            spec.softmax_scale,
         )
 
     def copy_blocks(self, kv_caches: list[torch.Tensor], src_to_dst: torch.Tensor) -> None:

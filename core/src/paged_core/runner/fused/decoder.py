@@ -78,8 +78,12 @@ def _merged_bias(linears: list[Any]) -> torch.Tensor | None:
         return None
     if all(b is not None for b in biases):
         return cat_rows([b.detach() for b in biases if b is not None])
-    return torch.cat([b.detach() if b is not None else torch.zeros(m.out_features, dtype=_dtype_of(linears))
-                      for b, m in zip(biases, linears, strict=True)])  # fmt: skip
+    return torch.cat(
+        [
+            b.detach() if b is not None else torch.zeros(m.out_features, dtype=_dtype_of(linears))
+            for b, m in zip(biases, linears, strict=True)
+        ]
+    )
 
 
 def _dtype_of(linears: list[Any]) -> torch.dtype:
@@ -116,9 +120,13 @@ class FusedDecoder:
     name = "fused"
 
     def __init__(
-        self, model: Any, backend: AttentionBackend, specs: list[AttentionSpec], max_positions: int,
+        self,
+        model: Any,
+        backend: AttentionBackend,
+        specs: list[AttentionSpec],
+        max_positions: int,
         reduce: Callable[[torch.Tensor], torch.Tensor] | None = None,
-    ) -> None:  # fmt: skip
+    ) -> None:
         reason = fused_refusal(model)
         if reason is not None:
             raise UnsupportedConfigError(f"the fused decoder cannot run this model: {reason}")

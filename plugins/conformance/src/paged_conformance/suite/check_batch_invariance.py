@@ -56,9 +56,16 @@ def test_batch_invariant_layer_ops(conformance: Conformance, invariance: Invaria
         pytest.skip(f"N/A: {type(ops).__name__}.batch_invariant_layer_ops is not declared")
     sizes = rotary_head_sizes(conformance.caps)
     head = 128 if 128 in sizes else sizes[0] if sizes else 64
-    for check in layer_op_checks(ops, invariance.dtype, conformance.device, invariance.seed, head,
-                                 INVARIANCE_NORM_HIDDEN, INVARIANCE_SILU_INTERMEDIATE,
-                                 INVARIANCE_ROTARY_HEADS):  # fmt: skip
+    for check in layer_op_checks(
+        ops,
+        invariance.dtype,
+        conformance.device,
+        invariance.seed,
+        head,
+        INVARIANCE_NORM_HIDDEN,
+        INVARIANCE_SILU_INTERMEDIATE,
+        INVARIANCE_ROTARY_HEADS,
+    ):
         check.run()
 
 

@@ -112,8 +112,11 @@ def test_copy_blocks(conformance: Conformance, block_size: int) -> None:
         backend.write_kv(batch.keys[0].to(backend.device), batch.values[0].to(backend.device), cache, md)
         caches.append(cache)
     backend.copy_blocks(caches, torch.tensor(pairs, dtype=torch.int64, device=backend.device))
-    tables = {"copied": spare[: len(src)], "second copy of the last": [*spare[: len(src) - 1], spare[len(src)]],
-              "source": src}
+    tables = {
+        "copied": spare[: len(src)],
+        "second copy of the last": [*spare[: len(src) - 1], spare[len(src)]],
+        "source": src,
+    }
     for layer, (batch, cache) in enumerate(zip(layers, caches, strict=True)):
         want = conformance.expected(batch)
         for label, table in tables.items():

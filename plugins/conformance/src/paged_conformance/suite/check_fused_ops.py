@@ -75,8 +75,15 @@ def test_rms_norm(conformance: Conformance, fused: FusedCase) -> None:
     ops, gen = conformance.fused_ops(), generator(fused.seed)
     for tokens, hidden, eps in itertools.product(FUSED_TOKENS, NORM_HIDDEN, NORM_EPS):
         tensors = _norm_inputs(fused, gen, conformance.device, tokens, hidden, residual=False)
-        check_call(f"rms_norm(x [{tokens}, {hidden}], eps={eps:g})", fused.dtype, ops.rms_norm, REFERENCE.rms_norm,
-                   tensors, [(tokens, hidden)], extra=(eps,))
+        check_call(
+            f"rms_norm(x [{tokens}, {hidden}], eps={eps:g})",
+            fused.dtype,
+            ops.rms_norm,
+            REFERENCE.rms_norm,
+            tensors,
+            [(tokens, hidden)],
+            extra=(eps,),
+        )
 
 
 @pytest.mark.paged_capability("fused:add_rms_norm")
@@ -86,8 +93,15 @@ def test_add_rms_norm(conformance: Conformance, fused: FusedCase) -> None:
     ops, gen = conformance.fused_ops(), generator(fused.seed)
     for tokens, hidden, eps in itertools.product(FUSED_TOKENS, NORM_HIDDEN, NORM_EPS):
         tensors = _norm_inputs(fused, gen, conformance.device, tokens, hidden, residual=True)
-        check_call(f"add_rms_norm(x [{tokens}, {hidden}], eps={eps:g})", fused.dtype, ops.add_rms_norm,
-                   REFERENCE.add_rms_norm, tensors, [(tokens, hidden)] * 2, extra=(eps,))
+        check_call(
+            f"add_rms_norm(x [{tokens}, {hidden}], eps={eps:g})",
+            fused.dtype,
+            ops.add_rms_norm,
+            REFERENCE.add_rms_norm,
+            tensors,
+            [(tokens, hidden)] * 2,
+            extra=(eps,),
+        )
 
 
 @pytest.mark.paged_capability("fused:silu_and_mul")
@@ -99,8 +113,14 @@ def test_silu_and_mul(conformance: Conformance, fused: FusedCase) -> None:
         x = randn(gen, tokens, 2 * inter, scale=3.0).to(conformance.device, fused.dtype)
         if fused.layout == "strided":
             x = column_view(x)
-        check_call(f"silu_and_mul(x [{tokens}, {2 * inter}])", fused.dtype, ops.silu_and_mul, REFERENCE.silu_and_mul,
-                   {"x": x}, [(tokens, inter)])
+        check_call(
+            f"silu_and_mul(x [{tokens}, {2 * inter}])",
+            fused.dtype,
+            ops.silu_and_mul,
+            REFERENCE.silu_and_mul,
+            {"x": x},
+            [(tokens, inter)],
+        )
 
 
 @pytest.mark.paged_capability("fused:rotary")
@@ -123,8 +143,15 @@ def test_rotary(conformance: Conformance, fused: FusedCase) -> None:
             if fused.layout == "strided":
                 q, k = qkv_views(q, k, gen)
             tensors = {"positions": positions(gen, tokens).to(device), "query": q, "key": k}
-            check_call(f"rotary(q [{tokens}, {hq}, {head}], k [{tokens}, {hk}, {head}])", fused.dtype, ops.rotary,
-                       REFERENCE.rotary, tensors, [(tokens, hq, head), (tokens, hk, head)], extra=(cache,))
+            check_call(
+                f"rotary(q [{tokens}, {hq}, {head}], k [{tokens}, {hk}, {head}])",
+                fused.dtype,
+                ops.rotary,
+                REFERENCE.rotary,
+                tensors,
+                [(tokens, hq, head), (tokens, hk, head)],
+                extra=(cache,),
+            )
         assert_rope_cache_untouched(cache, head, f"rotary (head size {head})")
 
 
@@ -144,16 +171,26 @@ def _linear_case(
     if not isinstance(packed, PackedLinear):
         raise AssertionError(f"pack_linear({label}) returned {type(packed).__name__}, not a PackedLinear")
     if (packed.out_features, packed.in_features) != (n, k):
-        raise AssertionError(f"pack_linear({label}) gave out/in features ({packed.out_features}, "
-                             f"{packed.in_features}), expected ({n}, {k})")
+        raise AssertionError(
+            f"pack_linear({label}) gave out/in features ({packed.out_features}, "
+            f"{packed.in_features}), expected ({n}, {k})"
+        )
     done: list[tuple[str, torch.Tensor, torch.Tensor]] = []
     ms = [*LINEAR_TOKENS, LINEAR_TOKENS[0]]  # the first M again, on other values: earlier outputs must not change
     for i, m in enumerate(ms):
         x = randn(gen, m, k).to(device, fused.dtype)
         what = f"linear(x [{m}, {k}], {label})" + (" called again" if i == len(LINEAR_TOKENS) else "")
         xv = column_view(x) if fused.layout == "strided" else x
-        ((out, want),) = check_call(what, fused.dtype, ops.linear, REFERENCE.linear, {"x": xv}, [(m, n)],
-                                    extra=(packed,), oracle_extra=(ref_packed,))
+        ((out, want),) = check_call(
+            what,
+            fused.dtype,
+            ops.linear,
+            REFERENCE.linear,
+            {"x": xv},
+            [(m, n)],
+            extra=(packed,),
+            oracle_extra=(ref_packed,),
+        )
         done.append((what, out, want))
     for what, out, want in done:  # an output buffer the backend reuses would have changed since
         assert_close(out, want, fused.dtype, f"{what}, read back after later calls")
@@ -196,12 +233,14 @@ def _trace_step(
         if not sizes:
             pytest.skip("N/A: no even head size declared")
         hq, hk = ROTARY_HEADS[1]
-        q, k = qkv_views(randn(gen, t, hq, sizes[0]).to(device, dtype), randn(gen, t, hk, sizes[0]).to(device, dtype),
-                         gen)
+        q, k = qkv_views(
+            randn(gen, t, hq, sizes[0]).to(device, dtype), randn(gen, t, hk, sizes[0]).to(device, dtype), gen
+        )
         return ops.rotary, (positions(gen, t).to(device), q, k, rope_cache(sizes[0], device)), 2
     n, k_in = LINEAR_SHAPES[2]
-    packed = ops.pack_linear(transposed_view(linear_weight(gen, n, k_in).to(device, dtype)),
-                             spaced_view(randn(gen, n).to(device, dtype)))
+    packed = ops.pack_linear(
+        transposed_view(linear_weight(gen, n, k_in).to(device, dtype)), spaced_view(randn(gen, n).to(device, dtype))
+    )
     x = column_view(randn(gen, t, k_in).to(device, dtype))
     return (lambda x: ops.linear(x, packed)), (x,), 1
 
@@ -217,8 +256,10 @@ def test_fused_op_traces(conformance: Conformance, fused: FusedCase, op: str) ->
     with HostReads() as reads:
         eager = as_tuple(fn(*args), op, count)
     if reads.seen:
-        raise AssertionError(f"fused op {op} reads tensors on the host ({', '.join(dict.fromkeys(reads.seen))}): a "
-                             "device graph would freeze the values seen at capture time")
+        raise AssertionError(
+            f"fused op {op} reads tensors on the host ({', '.join(dict.fromkeys(reads.seen))}): a "
+            "device graph would freeze the values seen at capture time"
+        )
     try:
         compiled = torch.compile(own_entry(fn), backend="aot_eager", fullgraph=True, dynamic=False)(*args)
     except Exception as exc:
@@ -228,6 +269,8 @@ def test_fused_op_traces(conformance: Conformance, fused: FusedCase, op: str) ->
         ) from None
     for i, (got, want) in enumerate(zip(as_tuple(compiled, f"compiled {op}", count), eager, strict=True)):
         if tuple(got.shape) != tuple(want.shape) or got.dtype != want.dtype:
-            raise AssertionError(f"compiled {op} output {i}: {tuple(got.shape)} {got.dtype}, eager gave "
-                                 f"{tuple(want.shape)} {want.dtype} (does the fake implementation agree?)")
+            raise AssertionError(
+                f"compiled {op} output {i}: {tuple(got.shape)} {got.dtype}, eager gave "
+                f"{tuple(want.shape)} {want.dtype} (does the fake implementation agree?)"
+            )
         assert_close(got, want, fused.dtype, f"compiled {op} output {i} vs eager")

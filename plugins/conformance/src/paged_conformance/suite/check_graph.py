@@ -50,8 +50,14 @@ def graph_rig(conformance: Conformance) -> GraphRig:
     spec = AttentionSpec(case.num_heads, NUM_KV_HEADS, case.head_size)
     backend = conformance.backend()
     cache = backend.allocate_kv_cache(CACHE_BLOCKS, case.block_size, spec, case.dtype)
-    runner = attention_runner(backend, cache, spec, case, max_blocks_per_seq=MAX_BLOCKS_PER_SEQ,
-                              capture_sizes=graph_capture_sizes(conformance.grid))
+    runner = attention_runner(
+        backend,
+        cache,
+        spec,
+        case,
+        max_blocks_per_seq=MAX_BLOCKS_PER_SEQ,
+        capture_sizes=graph_capture_sizes(conformance.grid),
+    )
     runner.capture_all()
     return GraphRig(backend, runner, cache, spec, case, conformance)
 

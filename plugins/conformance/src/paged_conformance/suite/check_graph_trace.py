@@ -50,8 +50,16 @@ def test_graph_step_has_no_host_reads(conformance: Conformance) -> None:
     backend = conformance.backend()
     cache = backend.allocate_kv_cache(batch.num_blocks, case.block_size, spec, case.dtype)
     recorder = RecordingStrategy()
-    runner = attention_runner(backend, cache, spec, case, max_blocks_per_seq=batch.max_blocks,
-                              capture_sizes=(TRACE_SIZE,), strategy=recorder, warmup_iters=1)
+    runner = attention_runner(
+        backend,
+        cache,
+        spec,
+        case,
+        max_blocks_per_seq=batch.max_blocks,
+        capture_sizes=(TRACE_SIZE,),
+        strategy=recorder,
+        warmup_iters=1,
+    )
     runner.capture_all()
     md = batch.metadata(backend.device)
     q, k, v = batch.step_tensors(backend.device)

@@ -60,8 +60,16 @@ def test_linear_format_fallback(conformance: Conformance, linear_case: LinearFor
         pytest.skip(f"N/A: {fmt} is declared (the engine packs it with the backend's own pack_linear)")
     gen = generator(linear_case.seed)
     for spec in linear_fallback_weights(fmt):
-        check_weight(ops, REFERENCE.pack_linear, fmt, spec, linear_case.dtype, conformance.device, gen,
-                     packed_by="reference-packed ")
+        check_weight(
+            ops,
+            REFERENCE.pack_linear,
+            fmt,
+            spec,
+            linear_case.dtype,
+            conformance.device,
+            gen,
+            packed_by="reference-packed ",
+        )
 
 
 @pytest.mark.paged_capability("capability_check")
