@@ -1,1 +1,1 @@
-"""paged_core.sched."""
+"""The scheduler: one token budget per step (chunked prefill, prefix hits, drafts), recompute preemption."""
