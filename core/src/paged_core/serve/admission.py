@@ -33,9 +33,9 @@ class QueueFull(APIError):
         super().__init__(429, message, code="queue_full")
         self.retry_after = retry_after
 
-    def response(self) -> JSONResponse:
+    def response(self, path: str = "") -> JSONResponse:
         """The error JSON with ``Retry-After`` (seconds)."""
-        response = super().response()
+        response = super().response(path)
         response.headers["Retry-After"] = str(self.retry_after)
         return response
 

@@ -11,7 +11,7 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from paged_core.clients.factory import thread_client
-from paged_core.serve import chat, completions, openapi
+from paged_core.serve import anthropic, chat, completions, openapi
 from paged_core.serve.async_engine import AsyncEngine
 from paged_core.serve.auth import BearerAuth
 from paged_core.serve.body import parse_body
@@ -66,6 +66,7 @@ def build_app(engine: AsyncEngine | Any, config: ServeConfig | None = None) -> F
     app.add_middleware(HealthProbe, healthy=lambda: aengine.healthy, engines=aengine.core_health)
     app.include_router(completions.router)
     app.include_router(chat.router)
+    app.include_router(anthropic.router)  # Anthropic's Messages API
     _add_info_routes(app)
     return app
 

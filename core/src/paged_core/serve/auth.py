@@ -1,4 +1,4 @@
-"""Bearer-token auth as pure ASGI middleware, compared in constant time."""
+"""API-key auth (``Authorization: Bearer`` or Anthropic's ``x-api-key``) as pure ASGI middleware, in constant time."""
 
 from __future__ import annotations
 
@@ -25,7 +25,8 @@ def bearer_token(header: bytes) -> bytes | None:
 
 
 class BearerAuth:
-    """Refuses (401) requests whose ``Authorization`` is not ``Bearer <api_key>``."""
+    """Refuses (401) requests whose ``Authorization`` is not ``Bearer <api_key>`` and whose ``x-api-key`` (the header
+    Anthropic's clients send) is not ``<api_key>``; either one right is enough."""
 
     def __init__(self, app: ASGIApp, api_key: str) -> None:
         self.app = app
@@ -36,16 +37,22 @@ class BearerAuth:
             await self.app(scope, receive, send)
             return
         given = next((v for k, v in scope["headers"] if k == b"authorization"), None)
-        if given is None:
+        api_key = next((v for k, v in scope["headers"] if k == b"x-api-key"), None)
+        if given is None and api_key is None:
             error = APIError(
-                401, "missing API key: send the header 'Authorization: Bearer <key>'", code="missing_api_key"
+                401,
+                "missing API key: send the header 'Authorization: Bearer <key>' (or 'x-api-key: <key>')",
+                code="missing_api_key",
             )
         else:
-            token = bearer_token(given)
-            # Compared even when the scheme is wrong, so the time taken does not tell the two failures apart.
-            match = hmac.compare_digest(token if token is not None else given, self.expected)
-            if token is not None and match:
+            match = api_key is not None and hmac.compare_digest(api_key, self.expected)
+            if given is not None:
+                token = bearer_token(given)
+                # Compared even when the scheme is wrong, so the time taken does not tell the two failures apart.
+                bearer = hmac.compare_digest(token if token is not None else given, self.expected)
+                match = match or (token is not None and bearer)
+            if match:
                 await self.app(scope, receive, send)
                 return
             error = APIError(401, "incorrect API key provided", code="invalid_api_key")
-        await error.response()(scope, receive, send)
+        await error.response(scope["path"])(scope, receive, send)

@@ -10,6 +10,7 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, Response
 
 from paged_core.frontend.outputs import CompletionOutput, RequestOutput
+from paged_core.sampling.params import SamplingParams
 from paged_core.serve import openapi
 from paged_core.serve.admission import admit
 from paged_core.serve.body import parse_body
@@ -35,25 +36,7 @@ async def create_chat_completion(request: Request) -> Response:
     """OpenAI's chat completions endpoint."""
     state = get_state(request)
     req = await parse_body(request, ChatCompletionRequest, state.config.max_body_bytes)
-    state.check_model(req.model)
-    check_limits(req, state.config)
-    limit = state.config.max_tokens_limit
-    vocab_size = state.engine.facts.vocab_size
-    sampling_params(req, placeholder_max_tokens(req, limit), vocab_size)  # refuse bad fields before the template
-    # The template only adds text around the contents, so their length alone can prove the chat cannot fit.
-    state.tokens.refuse_oversize(sum(len(m.text()) for m in req.messages), state.max_model_len, "messages")
-    ids = await state.tokens.offload(
-        state.tokens.render_chat, req.messages, req.add_generation_prompt, req.chat_template_kwargs
-    )
-    max_tokens = check_context(
-        len(ids),
-        requested_max_tokens(req),
-        state.max_model_len,
-        "messages",
-        limit=limit,
-        max_tokens_param=max_tokens_param(req),
-    )
-    params = sampling_params(req, max_tokens, vocab_size)
+    ids, params = await prepare_chat(state, req)
     gen = Generation(state, request, "chatcmpl")
     gen.start([ids], [params], req.cache_salt, req.priority)
     if req.stream:
@@ -71,6 +54,37 @@ async def create_chat_completion(request: Request) -> Response:
         "usage": usage([out]),
     }
     return JSONResponse(body)
+
+
+async def prepare_chat(
+    state: ServerState, req: ChatCompletionRequest, *, continue_final_message: bool = False
+) -> tuple[list[int], SamplingParams]:
+    """Check ``req`` and render its messages: the prompt's token ids and its sampling params (400s name the field).
+
+    Shared with the routes of other chat APIs (Anthropic's ``/v1/messages`` converts its body to this request).
+    ``continue_final_message`` renders the last (assistant) turn open, for the model to continue it.
+    """
+    state.check_model(req.model)
+    check_limits(req, state.config)
+    limit = state.config.max_tokens_limit
+    vocab_size = state.engine.facts.vocab_size
+    sampling_params(req, placeholder_max_tokens(req, limit), vocab_size)  # refuse bad fields before the template
+    # The template only adds text around the contents, so their length alone can prove the chat cannot fit.
+    state.tokens.refuse_oversize(sum(len(m.text()) for m in req.messages), state.max_model_len, "messages")
+    kwargs = req.chat_template_kwargs
+    if continue_final_message:  # set here, after check_limits: clients may not set it through the kwargs
+        kwargs = {**(kwargs or {}), "continue_final_message": True}
+    generation_prompt = req.add_generation_prompt and not continue_final_message
+    ids = await state.tokens.offload(state.tokens.render_chat, req.messages, generation_prompt, kwargs)
+    max_tokens = check_context(
+        len(ids),
+        requested_max_tokens(req),
+        state.max_model_len,
+        "messages",
+        limit=limit,
+        max_tokens_param=max_tokens_param(req),
+    )
+    return ids, sampling_params(req, max_tokens, vocab_size)
 
 
 def _top(req: ChatCompletionRequest) -> int:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import re
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -29,6 +30,20 @@ _TYPES = {
     503: "service_unavailable",
 }
 _FIELD = re.compile(r"SamplingParams\.(\w+)")
+# Paths answered in another API's error shape (Anthropic's /v1/messages), each with the body it makes of an error.
+_SHAPES: dict[str, Callable[[APIError], dict[str, Any]]] = {}
+
+
+def register_shape(prefix: str, body: Callable[[APIError], dict[str, Any]]) -> None:
+    """Answer errors on ``prefix`` and the paths below it with ``body(error)`` instead of OpenAI's shape."""
+    _SHAPES[prefix] = body
+
+
+def _shape(path: str) -> Callable[[APIError], dict[str, Any]] | None:
+    for prefix, body in _SHAPES.items():
+        if path == prefix or path.startswith(prefix + "/"):
+            return body
+    return None
 
 
 class APIError(Exception):
@@ -44,14 +59,17 @@ class APIError(Exception):
         self.code = code
         self.type = type or _TYPES.get(status, "invalid_request_error" if status < 500 else "server_error")
 
-    def body(self) -> dict[str, Any]:
-        """The JSON body OpenAI clients parse."""
+    def body(self, path: str = "") -> dict[str, Any]:
+        """The JSON body OpenAI clients parse (or the shape registered for ``path``, see :func:`register_shape`)."""
+        shape = _shape(path)
+        if shape is not None:
+            return shape(self)
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
 
-    def response(self) -> JSONResponse:
-        """This error as a response; 401s carry the header HTTP requires."""
+    def response(self, path: str = "") -> JSONResponse:
+        """This error as a response to a request for ``path``; 401s carry the header HTTP requires."""
         headers = {"WWW-Authenticate": "Bearer"} if self.status == 401 else None
-        return JSONResponse(self.body(), status_code=self.status, headers=headers)
+        return JSONResponse(self.body(path), status_code=self.status, headers=headers)
 
 
 def rejected(exc: PagedError) -> APIError:
@@ -104,7 +122,7 @@ class CatchUnexpected:
         except Exception as exc:
             error = internal_error(exc, f"{scope['method']} {scope['path']}")
             if not started:  # once a response is under way the client cannot be told; the log has it
-                await error.response()(scope, receive, send)
+                await error.response(scope["path"])(scope, receive, send)
 
 
 def install_handlers(app: FastAPI) -> None:
@@ -112,17 +130,17 @@ def install_handlers(app: FastAPI) -> None:
 
     async def on_api_error(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, APIError)
-        return exc.response()
+        return exc.response(request.url.path)
 
     async def on_paged_error(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, PagedError)
-        return rejected(exc).response()
+        return rejected(exc).response(request.url.path)
 
     async def on_http_error(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, StarletteHTTPException)
         path = request.url.path
         message = {404: f"no route {path}", 405: f"method {request.method} not allowed on {path}"}
-        return APIError(exc.status_code, message.get(exc.status_code, str(exc.detail))).response()
+        return APIError(exc.status_code, message.get(exc.status_code, str(exc.detail))).response(path)
 
     app.add_exception_handler(APIError, on_api_error)
     app.add_exception_handler(PagedError, on_paged_error)
