@@ -76,6 +76,18 @@ def register(subparsers: Any) -> None:
         help="run the engine core on a thread of the API server's process (default: its own process, so "
         "HTTP, JSON and detokenizing never share a GIL with the model)",
     )
+    g.add_argument(
+        "--enable-auto-tool-choice",
+        action="store_true",
+        help="accept tool_choice 'auto' (the default when a request sends tools): the model's calls are read "
+        "from its text by --tool-call-parser",
+    )
+    g.add_argument(
+        "--tool-call-parser",
+        default=None,
+        metavar="NAME",
+        help="how the model writes tool calls: hermes (<tool_call> blocks), llama3_json, or a plugin's parser",
+    )
     g.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"))
     add_engine_args(parser)
     parser.set_defaults(func=run)
@@ -107,5 +119,7 @@ def run(args: argparse.Namespace) -> int:
         header_timeout=args.header_timeout,
         body_timeout=args.body_timeout,
         drain_timeout=args.drain_timeout,
+        enable_auto_tool_choice=args.enable_auto_tool_choice,
+        tool_call_parser=args.tool_call_parser,
     )
     return run_server(engine_config_from(args), config, in_process=args.engine_in_process)

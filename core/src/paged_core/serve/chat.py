@@ -27,6 +27,9 @@ from paged_core.serve.params import (
 from paged_core.serve.protocol import ChatCompletionRequest
 from paged_core.serve.responses import collect, sse, stream_response, usage
 from paged_core.serve.state import ServerState, get_state
+from paged_core.serve.tools.base import ToolParser
+from paged_core.serve.tools.choices import ChoiceStreams, finish_reason, tool_message
+from paged_core.serve.tools.validate import template_tools, tool_parser_for
 
 router = APIRouter()
 
@@ -37,10 +40,11 @@ async def create_chat_completion(request: Request) -> Response:
     state = get_state(request)
     req = await parse_body(request, ChatCompletionRequest, state.config.max_body_bytes)
     ids, params = await prepare_chat(state, req)
+    parser = tool_parser_for(req, state.config)  # checked in prepare_chat already: None unless "auto"
     gen = Generation(state, request, "chatcmpl")
     gen.start([ids], [params], req.cache_salt, req.priority)
     if req.stream:
-        return stream_response(gen, _chunks(gen, req, state))
+        return stream_response(gen, _chunks(gen, req, state, parser))
     try:
         (out,) = await collect(gen, 1)
     except ClientGone:
@@ -50,7 +54,7 @@ async def create_chat_completion(request: Request) -> Response:
         "object": "chat.completion",
         "created": int(time.time()),
         "model": state.model_name,
-        "choices": [_choice(c, req, state) for c in out.outputs],
+        "choices": [_choice(c, req, state, parser) for c in out.outputs],
         "usage": usage([out]),
     }
     return JSONResponse(body)
@@ -75,7 +79,8 @@ async def prepare_chat(
     if continue_final_message:  # set here, after check_limits: clients may not set it through the kwargs
         kwargs = {**(kwargs or {}), "continue_final_message": True}
     generation_prompt = req.add_generation_prompt and not continue_final_message
-    ids = await state.tokens.offload(state.tokens.render_chat, req.messages, generation_prompt, kwargs)
+    tools = template_tools(req)
+    ids = await state.tokens.offload(state.tokens.render_chat, req.messages, generation_prompt, kwargs, tools)
     max_tokens = check_context(
         len(ids),
         requested_max_tokens(req),
@@ -91,21 +96,29 @@ def _top(req: ChatCompletionRequest) -> int:
     return req.top_logprobs or 0
 
 
-def _choice(c: CompletionOutput, req: ChatCompletionRequest, state: ServerState) -> dict[str, Any]:
+def _choice(
+    c: CompletionOutput, req: ChatCompletionRequest, state: ServerState, parser: ToolParser | None = None
+) -> dict[str, Any]:
     logprobs = None
     if req.logprobs and c.logprobs is not None:
         logprobs = chat_logprobs(state.tokens, c.token_ids, c.logprobs, _top(req))
+    message: dict[str, Any] = {"role": "assistant", "content": c.text}
+    if parser is not None:
+        message = tool_message(parser, c.text, req.parallel_tool_calls)
     return {
         "index": c.index,
-        "message": {"role": "assistant", "content": c.text},
+        "message": message,
         "logprobs": logprobs,
-        "finish_reason": c.finish_reason,
+        "finish_reason": finish_reason(c.finish_reason, "tool_calls" in message),
         "stop_reason": c.stop_reason,
     }
 
 
-async def _chunks(gen: Generation, req: ChatCompletionRequest, state: ServerState) -> AsyncIterator[str]:
+async def _chunks(
+    gen: Generation, req: ChatCompletionRequest, state: ServerState, parser: ToolParser | None = None
+) -> AsyncIterator[str]:
     created = int(time.time())
+    streams = ChoiceStreams(parser, req.parallel_tool_calls) if parser is not None else None
     include_usage = req.stream_options is not None and req.stream_options.include_usage
     final: RequestOutput | None = None
 
@@ -135,11 +148,18 @@ async def _chunks(gen: Generation, req: ChatCompletionRequest, state: ServerStat
             if req.logprobs and c.logprobs is not None and c.new_token_ids:
                 entries = c.logprobs[-len(c.new_token_ids) :]
                 logprobs = chat_logprobs(state.tokens, c.new_token_ids, entries, _top(req))
-            if c.new_text or logprobs is not None:
+            if streams is not None:  # tool calls: the parser decides what is content, and holds back what may not be
+                deltas = streams.deltas(c.index, c.new_text, c.finish_reason is not None)
+                if logprobs is not None and not deltas:
+                    deltas = [{}]
+                for k, delta in enumerate(deltas):
+                    yield chunk(c.index, delta, logprobs if k == 0 else None)
+            elif c.new_text or logprobs is not None:
                 yield chunk(c.index, {"content": c.new_text}, logprobs)
             if c.finish_reason is not None:
                 done.add(c.index)
-                yield chunk(c.index, {}, None, c.finish_reason)
+                called = streams is not None and c.index in streams.called
+                yield chunk(c.index, {}, None, finish_reason(c.finish_reason, called))
     if include_usage and final is not None:
         body = {
             "id": gen.id,

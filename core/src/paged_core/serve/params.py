@@ -12,6 +12,7 @@ from paged_core.sampling.params import INT64_MAX, INT64_MIN, MAX_LOGPROBS, Sampl
 from paged_core.serve.errors import APIError, rejected
 from paged_core.serve.protocol import ChatCompletionRequest, CompletionRequest
 from paged_core.serve.settings import ServeConfig
+from paged_core.serve.tools.validate import tool_parser_for
 
 MAX_TEMPLATE_KWARGS_BYTES = 4096
 # apply_chat_template's own parameters and the template's special-token variables (see check_template_kwargs).
@@ -65,8 +66,7 @@ def check_limits(req: CompletionRequest | ChatCompletionRequest, config: ServeCo
         if req.echo and req.logprobs is not None:
             raise APIError(400, "echo with logprobs is not supported (no prompt logprobs)", param="echo")
     else:
-        if req.tools:
-            raise APIError(400, "tools are not supported", param="tools")
+        tool_parser_for(req, config)  # tools and tool_choice, refused here before any rendering
         check_template_kwargs(req.chat_template_kwargs)
         kind = (req.response_format or {}).get("type", "text")
         if kind != "text":

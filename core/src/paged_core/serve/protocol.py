@@ -11,6 +11,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from paged_core.serve.tools.request import MessageToolCall, Tool, ToolChoice
+
 TokenIds = list[int]
 
 
@@ -77,13 +79,16 @@ class TextPart(_Strict):
 
 
 class ChatMessage(BaseModel):
-    """One conversation turn; unknown keys (``tool_calls``...) are tolerated and ignored."""
+    """One conversation turn (an assistant's earlier ``tool_calls``, a ``tool`` result's ``tool_call_id``);
+    unknown keys are tolerated and ignored."""
 
     model_config = ConfigDict(extra="ignore", strict=True)
 
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart] | None = None
     name: str | None = None
+    tool_calls: list[MessageToolCall] | None = None
+    tool_call_id: str | None = None
 
     def text(self) -> str:
         """The content as one string (text parts joined by newlines)."""
@@ -103,7 +108,9 @@ class ChatCompletionRequest(_SamplingFields):
     logprobs: bool = False
     top_logprobs: int | None = None
     response_format: dict[str, Any] | None = None
-    tools: list[dict[str, Any]] | None = None
+    tools: list[Tool] | None = None
+    tool_choice: ToolChoice | None = None
+    parallel_tool_calls: bool = True
     add_generation_prompt: bool = True
     chat_template_kwargs: dict[str, Any] | None = None
 

@@ -30,6 +30,9 @@ class ServeConfig:
     body over ``body_timeout`` seconds (see :mod:`paged_core.serve.timeouts`).
     After SIGTERM or Ctrl-C, requests in flight get ``drain_timeout`` seconds to
     finish; then each ends with an error event (see :mod:`paged_core.serve.drain`).
+
+    Tool calls: ``enable_auto_tool_choice`` lets ``tool_choice: "auto"`` through, its output read by the
+    parser named ``tool_call_parser`` (see :mod:`paged_core.serve.tools`); an unknown name is refused here.
     """
 
     host: str = "127.0.0.1"
@@ -47,6 +50,8 @@ class ServeConfig:
     header_timeout: float = 10.0
     body_timeout: float = 30.0
     drain_timeout: float = 5.0
+    enable_auto_tool_choice: bool = False
+    tool_call_parser: str | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.port, int) or not 0 <= self.port <= 65535:
@@ -67,3 +72,9 @@ class ServeConfig:
             value = getattr(self, name)
             if not isinstance(value, int | float) or isinstance(value, bool) or not 0 < value <= 3600:
                 raise ConfigError(f"{name} must be a number of seconds in (0, 3600], got {value!r}")
+        if self.tool_call_parser is not None:
+            from paged_core.serve.tools.registry import tool_parser_class  # the serve extra's, loaded only when set
+
+            tool_parser_class(self.tool_call_parser)
+        if self.enable_auto_tool_choice and self.tool_call_parser is None:
+            raise ConfigError("enable_auto_tool_choice needs a tool_call_parser (--tool-call-parser NAME)")

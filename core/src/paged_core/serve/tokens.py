@@ -21,6 +21,7 @@ from paged_core.frontend.input_processor import InputError, InputProcessor
 from paged_core.serve.errors import APIError
 from paged_core.serve.protocol import ChatMessage
 from paged_core.serve.tokenizer_facts import control_tokens, max_chars_per_token
+from paged_core.serve.tools.template import message_texts, template_message, tool_texts
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -131,15 +132,19 @@ class Tokens:
         messages: Sequence[ChatMessage],
         add_generation_prompt: bool = True,
         extra: Mapping[str, Any] | None = None,
+        tools: Sequence[Mapping[str, Any]] | None = None,
     ) -> list[int]:
-        """Token ids of a conversation through the model's chat template (blocking: run it through offload)."""
+        """Token ids of a conversation (and the ``tools`` it may call) through the model's chat template (blocking:
+        run it through offload)."""
         tok = self.require("chat")
         if not getattr(tok, "chat_template", None):
             raise APIError(400, "this model has no chat template; use /v1/completions with a plain prompt")
-        # Templates predating the 'developer' role know it as 'system'.
-        conv = [{"role": "system" if m.role == "developer" else m.role, "content": m.text()} for m in messages]
-        self.check_content(((f"messages[{i}].content", m["content"]) for i, m in enumerate(conv)), "messages")
+        conv = [template_message(i, m) for i, m in enumerate(messages)]
+        self.check_content(message_texts(conv), "messages")
         kwargs = dict(extra or {})
+        if tools:
+            self.check_content(tool_texts(tools), "tools")
+            kwargs["tools"] = list(tools)  # after the kwargs check: a client cannot set it through them
         self.check_content(
             ((f"chat_template_kwargs.{k}", v) for k, v in kwargs.items() if isinstance(v, str)), "chat_template_kwargs"
         )
