@@ -18,7 +18,8 @@ The layers, top to bottom:
 8. ``speculative``: draft proposers.
 9. ``runner``, ``parallel``: the model runner; tensor-parallel groups, sharding, plans, rank 0's leader.
 10. ``sched``, ``sampling``, ``graph``: the scheduler and its requests, sampling, graph capture.
-11. ``memory``, ``reference``, ``registry``: KV blocks; the reference backend; the backend registry.
+11. ``memory``, ``reference``, ``registry``, ``structured``: KV blocks; the reference backend; the backend registry;
+    structured outputs (constraints, their compiler and matchers).
 12. ``contract``: what a backend implements.
 13. ``quant``: packed weight formats.
 14. ``engine_config``, ``data_parallel``, ``config``, ``sizes``: configuration.
@@ -53,7 +54,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("speculative",),
     ("runner", "parallel"),
     ("sched", "sampling", "graph"),
-    ("memory", "reference", "registry"),
+    ("memory", "reference", "registry", "structured"),
     ("contract",),
     ("quant",),
     ("engine_config", "data_parallel", "config", "sizes"),

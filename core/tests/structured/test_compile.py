@@ -1,0 +1,137 @@
+"""Every constraint kind compiles and a greedy walk under its masks writes text that validates; bad ones fail alone."""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+import jsonschema
+import pytest
+
+from paged_core.structured import (
+    ConstraintCompileError,
+    ConstraintTimeoutError,
+    GrammarCompiler,
+    StructuredOutputs,
+    allocate_bitmask,
+)
+
+from .helpers import PADDED_VOCAB, allowed, greedy_walk
+
+_CLOSED = {"type": "object", "additionalProperties": False}
+SCHEMAS: list[dict[str, Any]] = [
+    {
+        **_CLOSED,
+        "properties": {"name": {"type": "string", "maxLength": 12}, "age": {"type": "integer", "minimum": 18}},
+        "required": ["name", "age"],
+    },
+    {**_CLOSED, "properties": {"colour": {"enum": ["red", "green", "blue"]}, "ok": {"type": "boolean"}}},
+    {
+        **_CLOSED,
+        "properties": {
+            "tags": {"type": "array", "items": {"enum": ["a", "b"]}, "minItems": 2, "maxItems": 3},
+            "score": {"type": "number", "minimum": -1.5, "maximum": 2.5},
+        },
+        "required": ["tags", "score"],
+    },
+    {
+        **_CLOSED,
+        "properties": {"user": {**_CLOSED, "properties": {"id": {"type": "integer", "maximum": 99}}}},
+        "required": ["user"],
+    },
+]
+
+
+@pytest.mark.parametrize("schema", SCHEMAS, ids=range(len(SCHEMAS)))
+def test_json_schema_walk_validates(compiler: GrammarCompiler, tokenizer: Any, schema: dict[str, Any]) -> None:
+    tokens = greedy_walk(compiler, StructuredOutputs(json=schema))
+    assert all(t < len(tokenizer) for t in tokens), "a padded id past the tokenizer was allowed"
+    text = tokenizer.decode(tokens, skip_special_tokens=True)
+    jsonschema.validate(json.loads(text), schema)
+
+
+def test_regex_walk_fullmatches(compiler: GrammarCompiler, tokenizer: Any) -> None:
+    regex = r"[A-Z]{2}-\d{3}(-[a-z]{1,4})?"
+    text = tokenizer.decode(greedy_walk(compiler, StructuredOutputs(regex=regex)), skip_special_tokens=True)
+    assert re.fullmatch(regex, text), text
+
+
+def test_choice_walk_is_a_member(compiler: GrammarCompiler, tokenizer: Any) -> None:
+    choices = ['say "hi"', "back\\slash", "two\nlines", "café ✓", "plain"]
+    for n in range(1, len(choices) + 1):  # each prefix of the list: the walk must land on a member every time
+        spec = StructuredOutputs(choice=choices[:n])
+        assert tokenizer.decode(greedy_walk(compiler, spec), skip_special_tokens=True) in choices[:n]
+
+
+def test_grammar_walk_is_in_its_language(compiler: GrammarCompiler, tokenizer: Any) -> None:
+    grammar = (
+        'start: item | item "," item | item "," item "," item\n'
+        'item: KEY "=" NUM\nKEY: /[a-c]{1,3}/\nNUM: /[0-9]{1,2}/\n'
+    )
+    text = tokenizer.decode(greedy_walk(compiler, StructuredOutputs(grammar=grammar)), skip_special_tokens=True)
+    assert re.fullmatch(r"[a-c]{1,3}=[0-9]{1,2}(,[a-c]{1,3}=[0-9]{1,2}){0,2}", text), text
+
+
+def test_json_object_takes_objects_only(compiler: GrammarCompiler, tokenizer: Any) -> None:
+    compiled = compiler.compile(StructuredOutputs(json_object=True))
+    matcher = compiled.matcher()
+    assert matcher.accept(tokenizer.encode('{"a": [1, 2], "b": {"c": null}}'))
+    assert matcher.is_accepting()
+    assert not compiled.matcher().accept(tokenizer.encode("[1, 2]"))
+
+
+def test_padded_ids_are_never_allowed(compiler: GrammarCompiler, tokenizer: Any) -> None:
+    matcher = compiler.compile(StructuredOutputs(json_object=True)).matcher()
+    assert matcher.accept(tokenizer.encode('{"k": "'))  # inside a string: nearly every token is allowed
+    bitmask = allocate_bitmask(1, PADDED_VOCAB)
+    matcher.fill(bitmask, 0)
+    ids = allowed(bitmask[0])
+    assert len(ids) > 40_000 and int(ids[-1]) < len(tokenizer)
+
+
+@pytest.mark.parametrize(
+    ("spec", "field"),
+    [
+        (StructuredOutputs(regex="(unclosed"), "regex"),
+        (StructuredOutputs(grammar="start: undefined_rule"), "grammar"),
+        (StructuredOutputs(grammar="this is not lark"), "grammar"),
+        (StructuredOutputs(json={"type": "nonsense"}), "json"),
+        (StructuredOutputs(json={"type": "string", "pattern": "(x"}), "json"),
+    ],
+)
+def test_invalid_constraints_fail_naming_the_field(
+    compiler: GrammarCompiler, spec: StructuredOutputs, field: str
+) -> None:
+    with pytest.raises(ConstraintCompileError) as info:
+        compiler.submit(spec).result()
+    assert info.value.field == field and str(info.value).startswith(f"structured_outputs.{field}:")
+
+
+def _big_schema() -> dict[str, Any]:
+    """~64,000 characters (just under the spec's bound): 300 objects with patterned strings and bounded arrays."""
+    item = {"type": "array", "items": {"type": "integer"}, "maxItems": 5}
+    props = {
+        f"field_{i}": {
+            **_CLOSED,
+            "properties": {"a": {"type": "string", "pattern": f"[a-z]{{{i % 7 + 1},{i % 50 + 20}}}"}, "b": item},
+        }
+        for i in range(300)
+    }
+    return {**_CLOSED, "properties": props}
+
+
+def test_a_slow_compile_times_out_alone(tokenizer: Any) -> None:
+    """The big schema compiles in ~50 ms here, a small regex in ~1 ms: with a 15 ms bound only the big one fails."""
+    with GrammarCompiler(tokenizer, timeout_s=0.015, max_workers=2) as tight:
+        slow = tight.submit(StructuredOutputs(json=_big_schema()))
+        quick = tight.submit(StructuredOutputs(regex="[0-9]{3}"))
+        assert quick.result().field == "regex"
+        with pytest.raises(ConstraintTimeoutError, match=r"within 0\.015 s") as info:
+            slow.result()
+        assert info.value.field == "json"
+
+
+def test_a_vocab_below_the_tokenizers_is_refused(tokenizer: Any) -> None:
+    with pytest.raises(ValueError, match="below the tokenizer"):
+        GrammarCompiler(tokenizer, vocab_size=1000)
