@@ -86,6 +86,8 @@ def check_beam(params: SamplingParams, beam: BeamParams, max_num_seqs: int) -> N
 
 def _unsupported(p: SamplingParams) -> tuple[str, str] | None:
     """The first sampling field beam search cannot honour and what would work; None if it can honour them all."""
+    if p.structured_outputs is not None:
+        return "structured_outputs", ": beams cannot follow a grammar; sample greedily with the constraint instead"
     if not p.is_greedy:
         return "temperature", f"={p.temperature}: beams are ranked by log-probability; set temperature 0 (or unset)"
     if p.top_p != 1.0:

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import cast
 
 from paged_core.errors import RequestRejectedError
+from paged_core.structured.spec import StructuredOutputs
 
 # Below this temperature sampling is treated as greedy: dividing logits by a
 # near-zero temperature only overflows, and the distribution is a one-hot anyway.
@@ -148,6 +149,8 @@ class SamplingParams:
     skip_special_tokens: bool = True
     speculate: bool = True
     """False opts this request out of speculative decoding (where the engine runs it)."""
+    structured_outputs: StructuredOutputs | None = None
+    """What the output must match (a JSON schema, any JSON object, a regex, a choice or a grammar); None: free text."""
 
     def __post_init__(self) -> None:
         _check_int("n", self.n, 1)
@@ -167,6 +170,8 @@ class SamplingParams:
         for name in ("ignore_eos", "include_stop_str_in_output", "skip_special_tokens", "speculate"):
             if not isinstance(getattr(self, name), bool):
                 raise _reject(name, getattr(self, name), "a bool")
+        if self.structured_outputs is not None and not isinstance(self.structured_outputs, StructuredOutputs):
+            raise _reject("structured_outputs", self.structured_outputs, "None or a StructuredOutputs")
         # Frozen dataclass: normalised values are written through object.__setattr__.
         object.__setattr__(self, "stop", _normalise_stop(self.stop))
         object.__setattr__(self, "stop_token_ids", _normalise_token_ids(self.stop_token_ids))
