@@ -61,6 +61,7 @@ modified).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -214,3 +215,19 @@ class FusedOps:
             # row stride exceeds its width when K is not a multiple of 32 (NaN from beyond the view, measured).
             x = x.contiguous()
         return torch.nn.functional.linear(x, packed.weight, packed.bias)
+
+    def apply_token_bitmask(
+        self, logits: torch.Tensor, bitmask: torch.Tensor, rows: Sequence[int] | torch.Tensor
+    ) -> None:
+        """Structured outputs: forbid in place the tokens ``bitmask`` does not allow on rows ``rows`` of ``logits``.
+
+        ``logits`` is a step's ``[batch, vocab]`` on the device; ``bitmask`` ``[len(rows), ceil(vocab / 32)]``
+        int32 on the CPU, bit ``t % 32`` of word ``t // 32`` set when token ``t`` is allowed (llguidance's and
+        xgrammar's layout); a forbidden token's logit becomes ``-inf``, as do columns past the mask. Unlike the
+        layer ops this one runs outside captured steps, between the forward and the sampler, and writes its
+        input. The reference is :func:`paged_core.structured.bitmask.apply_bitmask` (a torch lookup-table add);
+        a backend may override it with an in-place kernel.
+        """
+        from paged_core.structured.bitmask import apply_bitmask  # the structured package loads llguidance lazily
+
+        apply_bitmask(logits, bitmask, rows)

@@ -17,6 +17,7 @@ import torch
 from paged_core.engine_config import EngineConfig
 from paged_core.engine_core.beam import BeamSearch
 from paged_core.engine_core.drafts import Drafts
+from paged_core.engine_core.grammars import Grammars
 from paged_core.engine_core.messages import CoreAbort, CoreFacts, CoreOutputs, CoreRequest, SchedulerStats, SeqDelta
 from paged_core.engine_core.rows import Rows
 from paged_core.engine_core.sampled import SampledGroups
@@ -26,6 +27,7 @@ from paged_core.sampling.sampler import Sampler
 from paged_core.sched.output import SchedulerOutput
 from paged_core.sched.request import RequestStatus
 from paged_core.speculative import SpecStats
+from paged_core.structured import GrammarCompiler
 
 log = logging.getLogger("paged.engine")
 
@@ -55,15 +57,23 @@ class EngineCore:
         """Tensor parallel: the workers this core sends each step's plan to (``None`` on one rank)."""
         self.batch_invariance = parts.batch_invariance
         """The configuration's batch-invariance report (logged at start; in :meth:`facts` and :meth:`stats`)."""
-        self.sampled = SampledGroups(self.scheduler, self.sampler, self.loaded.eos_token_ids)
+        self.grammars = Grammars(self._grammar_compiler, self.loaded.backend.fused_ops().apply_token_bitmask)
+        """Structured outputs (:mod:`paged_core.engine_core.grammars`): compiles in flight, each step's masks."""
+        self.sampled = SampledGroups(self.scheduler, self.sampler, self.loaded.eos_token_ids, self.grammars)
         """Sampled requests (:mod:`paged_core.engine_core.sampled`): ``n`` sequences each, their rows to the sampler."""
         num_drafts = self.config.speculative.num_speculative_tokens
-        self.drafts = Drafts(self.scheduler, self.sampler, parts.proposer, num_drafts)
+        self.drafts = Drafts(self.scheduler, self.sampler, parts.proposer, num_drafts, self.grammars)
         """Speculative decoding (:mod:`paged_core.engine_core.drafts`): drafts proposed, then verified."""
         self.beams = BeamSearch(self.scheduler, self.loaded.eos_token_ids, self.vocab_size)
         """Beam-search requests (:mod:`paged_core.engine_core.beam`): their rows bypass the sampler."""
         self.steps = 0
         torch.manual_seed(self.config.model.seed)
+
+    def _grammar_compiler(self) -> GrammarCompiler:
+        """The compiler for this model's tokenizer and logits width (built on the first constrained request)."""
+        if self.tokenizer is None:
+            raise RequestRejectedError("structured_outputs: this model has no tokenizer to compile grammars for")
+        return GrammarCompiler(self.tokenizer, max(self.vocab_size, len(self.tokenizer)))
 
     def failure(self) -> str | None:
         """Why this core cannot go on (a tensor-parallel worker died), or ``None``; checked between steps."""
@@ -73,6 +83,7 @@ class EngineCore:
         """Release what outlives the object: tensor-parallel workers and the process group (idempotent)."""
         if self.leader is not None:
             self.leader.close()
+        self.grammars.close()
 
     # ---- facts and stats ------------------------------------------------
     def facts(self) -> CoreFacts:
@@ -181,15 +192,23 @@ class EngineCore:
         """
         if self.leader is not None and (dead := self.leader.failure()) is not None:
             raise DistributedError(dead)
+        # Requests whose grammar compiled join the scheduler now; a failed compile ends its request alone.
+        if self.grammars.pending and not self.scheduler.requests:
+            self.grammars.wait(_IDLE_WAIT_S)  # nothing else to run: wait for a compile instead of spinning
+        compiled_failures = self.sampled.admit_compiled()
+        early = self._fail(compiled_failures)
         out = self.scheduler.schedule()
         # Taken before the step runs: a request that finishes mid-step must still be reported if the step fails.
         running = self._request_ids(out.num_scheduled_tokens)
         try:
             deltas, failed = self._run(out)
         except Exception as exc:
-            return self._step_failed(exc, running)
+            failed_out = self._step_failed(exc, running)
+            failed_out.deltas[:0] = early
+            failed_out.failed.update(compiled_failures)
+            return failed_out
         self.steps += 1
-        return CoreOutputs(deltas, self.stats(), failed)
+        return CoreOutputs(early + deltas, self.stats(), compiled_failures | failed)
 
     def _run(self, out: SchedulerOutput) -> tuple[list[SeqDelta], dict[str, str]]:
         """Execute ``out``, hand each consumer its rows, apply their tokens in one scheduler update."""
@@ -239,6 +258,10 @@ class EngineCore:
                 self.abort_requests([rid])
             deltas.append(SeqDelta(rid, 0, [], finish_reason="abort", error=message))
         return deltas
+
+
+_IDLE_WAIT_S = 0.05
+"""How long an idle step waits for a grammar compile (the loop then steps again, so new requests are seen)."""
 
 
 def _has_drafts(seq_id: str, count: int) -> bool:

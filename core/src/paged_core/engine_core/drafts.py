@@ -10,9 +10,11 @@ scheduler's update rolls the rejected drafts back.
 
 from __future__ import annotations
 
+import itertools
 import logging
 from collections.abc import Mapping
 
+from paged_core.engine_core.grammars import Grammars
 from paged_core.engine_core.rows import Rows
 from paged_core.engine_core.sampled import Seq
 from paged_core.sampling.sampler import Sampler, SamplingState
@@ -38,8 +40,17 @@ class Verified:
 class Drafts:
     """The drafts of sampled sequences: proposed for the next step, verified against the rows that ran them."""
 
-    def __init__(self, scheduler: Scheduler, sampler: Sampler, proposer: Proposer | None, num_tokens: int) -> None:
+    def __init__(
+        self,
+        scheduler: Scheduler,
+        sampler: Sampler,
+        proposer: Proposer | None,
+        num_tokens: int,
+        grammars: Grammars | None = None,
+    ) -> None:
         self.scheduler = scheduler
+        self.grammars = grammars
+        """Structured outputs: a constrained sequence's verify rows are masked along its draft."""
         self.sampler = sampler
         self.proposer = proposer
         """Who proposes drafts (``None`` when speculation is off: no row ever has drafts)."""
@@ -60,6 +71,8 @@ class Drafts:
             p.probs[: len(d)] if (p := proposals.pop(s.seq_id, None)) is not None and p.probs is not None else None
             for s, d in zip(spec_seqs, drafts, strict=True)
         ]
+        if self.grammars is not None:
+            self._mask(rows, spec_seqs, drafts)
         kept, errors = verify_isolated(
             self.sampler,
             rows.logits,
@@ -75,6 +88,19 @@ class Drafts:
             verified.token_ids[seq.seq_id] = toks
             self.stats.record(len(drafts[i]), len(toks) - 1)
         return verified
+
+    def _mask(self, rows: Rows, spec_seqs: list[Seq], drafts: list[list[int]]) -> None:
+        """Mask the verify rows of constrained sequences: a draft token the grammar refuses is rejected for sure."""
+        assert self.grammars is not None and rows.logits is not None
+        starts = list(itertools.accumulate(rows.counts, initial=0))
+        which = [i for i, s in enumerate(spec_seqs) if s.matcher is not None]
+        if which:
+            self.grammars.mask_drafts(
+                rows.logits,
+                [starts[i] for i in which],
+                [m for i in which if (m := spec_seqs[i].matcher) is not None],
+                [drafts[i] for i in which],
+            )
 
     def propose(self, seqs: Mapping[str, Seq]) -> None:
         """Drafts for the next step, for every sampled sequence that is about to decode and may speculate."""

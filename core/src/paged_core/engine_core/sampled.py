@@ -14,6 +14,7 @@ import logging
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from paged_core.engine_core.grammars import Grammars
 from paged_core.engine_core.messages import CoreRequest, SeqDelta
 from paged_core.engine_core.rows import Rows
 from paged_core.errors import RequestRejectedError
@@ -23,6 +24,7 @@ from paged_core.sampling.sampler import Sampler, SamplingState
 from paged_core.sched.output import RequestUpdate
 from paged_core.sched.request import Request, RequestStatus
 from paged_core.sched.scheduler import Scheduler
+from paged_core.structured import GrammarMatcher
 
 log = logging.getLogger("paged.engine")
 
@@ -45,15 +47,17 @@ class Group:
 class Seq:
     """One sampled sequence, scheduled under ``seq_id``."""
 
-    __slots__ = ("first", "group", "index", "seq_id", "state")
+    __slots__ = ("first", "group", "index", "matcher", "seq_id", "state")
 
-    def __init__(self, group: Group, index: int, state: SamplingState) -> None:
+    def __init__(self, group: Group, index: int, state: SamplingState, matcher: GrammarMatcher | None = None) -> None:
         rid = group.request.request_id
         self.group = group
         self.index = index
         self.seq_id = rid if group.request.params.n == 1 else f"{rid}#{index}"
         self.state = state
         self.first = True  # no token reported yet: the first delta carries the prefix-cache hit
+        self.matcher = matcher
+        """Its place in its grammar (structured outputs), or ``None`` when unconstrained."""
 
     @property
     def request_id(self) -> str:
@@ -87,10 +91,14 @@ class SampledGroups:
     forks the siblings of ``n > 1`` requests.
     """
 
-    def __init__(self, scheduler: Scheduler, sampler: Sampler, eos_token_ids: Iterable[int]) -> None:
+    def __init__(
+        self, scheduler: Scheduler, sampler: Sampler, eos_token_ids: Iterable[int], grammars: Grammars | None = None
+    ) -> None:
         self.scheduler = scheduler
         self.sampler = sampler
         self.eos_token_ids = tuple(eos_token_ids)
+        self.grammars = grammars
+        """Structured outputs: compiles in flight and masks (``None``: constrained requests are refused)."""
         self.groups: dict[str, Group] = {}
         self.seqs: dict[str, Seq] = {}  # scheduler request id -> live sequence
 
@@ -106,10 +114,37 @@ class SampledGroups:
         group = Group(request)
         state = SamplingState(request.params, request.prompt_token_ids, index=0, eos_token_ids=self.eos_token_ids)
         seq = Seq(group, 0, state)
-        self.scheduler.add_request(self._request(seq))
+        spec = request.params.structured_outputs
+        if spec is not None:
+            if self.grammars is None:
+                raise RequestRejectedError("structured_outputs: this engine has no grammar compiler")
+            self.scheduler.check_admissible(self._request(seq))
+            # Held out of the scheduler until its grammar compiles (:meth:`admit_compiled`).
+            self.grammars.submit(request.request_id, spec)
+        else:
+            self.scheduler.add_request(self._request(seq))
+            self.seqs[seq.seq_id] = seq
         group.seqs[0] = seq
         self.groups[request.request_id] = group
-        self.seqs[seq.seq_id] = seq
+
+    def admit_compiled(self) -> dict[str, str]:
+        """Schedule the requests whose grammar compiled since the last step; the failures, by request."""
+        if self.grammars is None or not self.grammars.pending:
+            return {}
+        grammars, failures = self.grammars.ready()
+        for rid, grammar in grammars.items():
+            group = self.groups.get(rid)
+            if group is None:
+                continue
+            seq = group.seqs[0]
+            seq.matcher = grammar.matcher()
+            try:
+                self.scheduler.add_request(self._request(seq))
+            except RequestRejectedError as exc:
+                failures[rid] = str(exc)
+                continue
+            self.seqs[seq.seq_id] = seq
+        return failures
 
     def _request(self, seq: Seq) -> Request:
         """The scheduler's view of one sequence (prompt, limits, stop ids, cache keys)."""
@@ -136,6 +171,8 @@ class SampledGroups:
         group = self.groups.pop(request_id, None)
         if group is None:
             return False
+        if self.grammars is not None:
+            self.grammars.cancel(request_id)
         for seq in group.seqs.values():
             self.scheduler.abort([seq.seq_id], status=status)
             self.seqs.pop(seq.seq_id, None)
@@ -162,6 +199,9 @@ class SampledGroups:
         assert rows.logits is not None
         seqs = [self.seqs[rid] for rid in rows.req_ids]
         counts = [1 if s.group.forked else s.group.request.params.n for s in seqs]
+        constrained = [i for i, s in enumerate(seqs) if s.matcher is not None]
+        if constrained and self.grammars is not None:
+            self.grammars.mask(rows.logits, constrained, [m for i in constrained if (m := seqs[i].matcher)])
         result, errors = sample_isolated(self.sampler, rows.logits, [s.state for s in seqs], counts)
         for i, exc in errors.items():
             rid = seqs[i].request_id
@@ -177,7 +217,9 @@ class SampledGroups:
                 group = seq.group
                 group.forked = True
                 for j in range(1, len(toks)):
-                    group.seqs[j] = Seq(group, j, seq.state.fork(j))
+                    # Each child starts from the parent's grammar state before its first token.
+                    matcher = seq.matcher.fork() if seq.matcher is not None else None
+                    group.seqs[j] = Seq(group, j, seq.state.fork(j), matcher)
                 out.forks.append(_Fork(seq, toks[1:], [as_dict(x) for x in lps[1:]] if lps is not None else None))
         return out
 
@@ -200,13 +242,31 @@ class SampledGroups:
             seq.first = False
             delta.num_cached_tokens = update.num_cached_tokens
         if update.finish_reason is not None:
-            self._finish(seq, delta, update)
+            self._finish(seq, delta, update.finish_reason)
+        if seq.matcher is not None and seq.seq_id in self.seqs:
+            self._advance_grammar(seq, delta)
         return delta
 
-    def _finish(self, seq: Seq, delta: SeqDelta, update: RequestUpdate) -> None:
-        delta.finish_reason = update.finish_reason
-        toks = update.new_token_ids
-        delta.stop_reason = toks[-1] if update.finish_reason == "stop" and toks else None
+    def _advance_grammar(self, seq: Seq, delta: SeqDelta) -> None:
+        """Accept the sequence's new tokens into its matcher; end it (``stop``) once the grammar has ended."""
+        matcher = seq.matcher
+        assert matcher is not None
+        if not matcher.accept(delta.new_token_ids):
+            # The mask forbids this; reaching it means a backend's mask or a sampler let a token through.
+            log.error("request %s: token outside its grammar %s; ending it", seq.request_id, delta.new_token_ids)
+            self.scheduler.abort([seq.seq_id], status=RequestStatus.FINISHED_ABORTED)
+            delta.error = f"structured_outputs.{matcher.field}: a sampled token was outside the grammar"
+            self._finish(seq, delta, RequestStatus.FINISHED_ABORTED.value)
+        elif matcher.is_terminated():
+            self.scheduler.abort([seq.seq_id], status=RequestStatus.FINISHED_STOPPED)
+            # Ended by the grammar (nothing may follow), not by a stop token.
+            self._finish(seq, delta, RequestStatus.FINISHED_STOPPED.value, stop_token=False)
+
+    def _finish(self, seq: Seq, delta: SeqDelta, reason: str, stop_token: bool = True) -> None:
+        """End ``seq`` with ``reason``; a ``stop`` by a stop token reports that token as ``stop_reason``."""
+        delta.finish_reason = reason
+        toks = delta.new_token_ids
+        delta.stop_reason = toks[-1] if reason == "stop" and stop_token and toks else None
         self._seq_done(seq)
         del self.seqs[seq.seq_id]
 
