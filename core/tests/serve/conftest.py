@@ -8,6 +8,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from paged_core.serve import ServeConfig, build_app
+from paged_core.structured.compiler import GrammarCompiler
 
 from .fake_engine import FakeEngine
 
@@ -21,3 +22,12 @@ def engine() -> FakeEngine:
 def client(engine: FakeEngine) -> Iterator[TestClient]:
     with TestClient(build_app(engine, ServeConfig(max_n=4, max_tokens_limit=50))) as c:
         yield c
+
+
+@pytest.fixture(scope="session")
+def grammar_compiler() -> Iterator[GrammarCompiler]:
+    """A compiler for the embedded model's tokenizer (the fake engines' own tokenizers are not HF ones)."""
+    from paged_core.loading.loader import load_tokenizer, resolve_source
+
+    with GrammarCompiler(load_tokenizer(resolve_source(None))) as compiler:
+        yield compiler

@@ -53,6 +53,7 @@ def build_app(engine: AsyncEngine | Any, config: ServeConfig | None = None) -> F
         finally:
             aengine.stop()
             state.tokens.close()
+            state.grammar.close()
 
     app = FastAPI(title="paged", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.paged = state

@@ -14,6 +14,7 @@ from paged_core.sampling.params import SamplingParams
 from paged_core.serve import openapi
 from paged_core.serve.admission import admit
 from paged_core.serve.body import parse_body
+from paged_core.serve.constraints import request_constraint
 from paged_core.serve.generation import ClientGone, Generation
 from paged_core.serve.logprobs import chat_logprobs
 from paged_core.serve.params import (
@@ -40,7 +41,7 @@ async def create_chat_completion(request: Request) -> Response:
     state = get_state(request)
     req = await parse_body(request, ChatCompletionRequest, state.config.max_body_bytes)
     ids, params = await prepare_chat(state, req)
-    parser = tool_parser_for(req, state.config)  # checked in prepare_chat already: None unless "auto"
+    parser = tool_parser_for(req, state.config)  # checked in prepare_chat already: None under "none"
     gen = Generation(state, request, "chatcmpl")
     gen.start([ids], [params], req.cache_salt, req.priority)
     if req.stream:
@@ -72,7 +73,10 @@ async def prepare_chat(
     check_limits(req, state.config)
     limit = state.config.max_tokens_limit
     vocab_size = state.engine.facts.vocab_size
-    sampling_params(req, placeholder_max_tokens(req, limit), vocab_size)  # refuse bad fields before the template
+    constraint = request_constraint(req)
+    # Refuse bad fields, then constraints the grammar engine refuses, before rendering the template.
+    sampling_params(req, placeholder_max_tokens(req, limit), vocab_size, constraint)
+    await state.grammar.check(constraint)
     # The template only adds text around the contents, so their length alone can prove the chat cannot fit.
     state.tokens.refuse_oversize(sum(len(m.text()) for m in req.messages), state.max_model_len, "messages")
     kwargs = req.chat_template_kwargs
@@ -89,7 +93,7 @@ async def prepare_chat(
         limit=limit,
         max_tokens_param=max_tokens_param(req),
     )
-    return ids, sampling_params(req, max_tokens, vocab_size)
+    return ids, sampling_params(req, max_tokens, vocab_size, constraint)
 
 
 def _top(req: ChatCompletionRequest) -> int:

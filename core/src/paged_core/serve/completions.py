@@ -14,6 +14,7 @@ from paged_core.frontend.outputs import CompletionOutput, RequestOutput
 from paged_core.serve import openapi
 from paged_core.serve.admission import admit
 from paged_core.serve.body import parse_body
+from paged_core.serve.constraints import request_constraint
 from paged_core.serve.errors import APIError
 from paged_core.serve.generation import ClientGone, Generation
 from paged_core.serve.logprobs import completion_logprobs
@@ -80,8 +81,10 @@ async def create_completion(request: Request) -> Response:
     # Validates every field once, before paying for tokenization or computing any token budget.
     limit = state.config.max_tokens_limit
     facts = state.engine.facts
-    first = sampling_params(req, placeholder_max_tokens(req, limit), facts.vocab_size)
+    constraint = request_constraint(req)
+    first = sampling_params(req, placeholder_max_tokens(req, limit), facts.vocab_size, constraint)
     beam = beam_params(req, first, facts.max_num_seqs)
+    await state.grammar.check(constraint)
     prompts = await state.tokens.offload(_prompts, req, state)
     asked = requested_max_tokens(req, limit)
     budgets = [check_context(len(ids), asked, state.max_model_len, "prompt", limit=limit) for ids in prompts]

@@ -9,6 +9,7 @@ from typing import Any
 from paged_core.engine_core.beam_params import BeamParams, BeamRequestError, check_beam
 from paged_core.errors import RequestRejectedError
 from paged_core.sampling.params import INT64_MAX, INT64_MIN, MAX_LOGPROBS, SamplingParams
+from paged_core.serve.constraints import Constraint, constraint_source
 from paged_core.serve.errors import APIError, rejected
 from paged_core.serve.protocol import ChatCompletionRequest, CompletionRequest
 from paged_core.serve.settings import ServeConfig
@@ -68,11 +69,6 @@ def check_limits(req: CompletionRequest | ChatCompletionRequest, config: ServeCo
     else:
         tool_parser_for(req, config)  # tools and tool_choice, refused here before any rendering
         check_template_kwargs(req.chat_template_kwargs)
-        kind = (req.response_format or {}).get("type", "text")
-        if kind != "text":
-            raise APIError(
-                400, f"response_format type {kind!r} is not supported (only 'text')", param="response_format"
-            )
 
 
 def beam_params(req: CompletionRequest, params: SamplingParams, max_num_seqs: int) -> BeamParams | None:
@@ -86,6 +82,14 @@ def beam_params(req: CompletionRequest, params: SamplingParams, max_num_seqs: in
             if name in req.model_fields_set:
                 raise APIError(400, f"{name} applies to beam search only; set use_beam_search true", param=name)
         return None
+    if params.structured_outputs is not None:
+        source = constraint_source(req)
+        raise APIError(
+            400,
+            f"{source} cannot be used with use_beam_search: beams cannot follow a grammar; "
+            "sample with the constraint instead",
+            param=source,
+        )
     if req.stream:
         raise APIError(
             400,
@@ -222,9 +226,15 @@ def placeholder_max_tokens(req: CompletionRequest | ChatCompletionRequest, limit
     return max(1, req.min_tokens)
 
 
-def sampling_params(req: CompletionRequest | ChatCompletionRequest, max_tokens: int, vocab_size: int) -> SamplingParams:
+def sampling_params(
+    req: CompletionRequest | ChatCompletionRequest,
+    max_tokens: int,
+    vocab_size: int,
+    constraint: Constraint | None = None,
+) -> SamplingParams:
     """The engine's :class:`SamplingParams`, bounded by the vocabulary (stop ids inside it, ``top_k`` clamped to it:
-    see :meth:`SamplingParams.for_vocabulary`); a bad value becomes a 400 naming the field.
+    see :meth:`SamplingParams.for_vocabulary`); a bad value becomes a 400 naming the field. ``constraint`` (from
+    :func:`~paged_core.serve.constraints.request_constraint`) becomes ``structured_outputs``.
 
     The server's one check of these fields: neither the engine nor an in-process core checks them again.
     """
@@ -251,6 +261,7 @@ def sampling_params(req: CompletionRequest | ChatCompletionRequest, max_tokens: 
         "skip_special_tokens": req.skip_special_tokens,
         "include_stop_str_in_output": req.include_stop_str_in_output,
         "speculate": req.speculate,
+        "structured_outputs": None if constraint is None else constraint.spec,
     }
     if isinstance(req, CompletionRequest) and req.use_beam_search and req.temperature is None:
         fields["temperature"] = 0.0  # beam search is deterministic: an unset temperature is no conflict

@@ -26,6 +26,37 @@ class StreamOptions(_Strict):
     include_usage: bool = False
 
 
+class JsonSchemaFormat(_Strict):
+    """``response_format.json_schema``: the schema the output must match (``strict`` is accepted; the grammar
+    always enforces the schema)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, populate_by_name=True)
+
+    name: str = Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")
+    description: str | None = None
+    schema_: dict[str, Any] = Field(alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(_Strict):
+    """``response_format``: ``text`` (no constraint), ``json_object`` (any JSON object) or ``json_schema``."""
+
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+
+class StructuredOutputsField(_Strict):
+    """vLLM's ``structured_outputs`` body field: set exactly one constraint."""
+
+    json_: dict[str, Any] | str | None = Field(default=None, alias="json")
+    json_object: bool | None = None
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
+
+    model_config = ConfigDict(extra="forbid", strict=True, populate_by_name=True)
+
+
 class _SamplingFields(_Strict):
     """Fields shared by completions and chat completions."""
 
@@ -54,6 +85,13 @@ class _SamplingFields(_Strict):
     """False: no speculative drafts for this request (where the server runs speculative decoding)."""
     cache_salt: str | None = Field(default=None, min_length=1)
     priority: int = 0
+    # Structured outputs: at most one of these (see paged_core.serve.constraints).
+    response_format: ResponseFormat | None = None
+    structured_outputs: StructuredOutputsField | None = None
+    guided_json: dict[str, Any] | str | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
 
 
 class CompletionRequest(_SamplingFields):
@@ -107,7 +145,6 @@ class ChatCompletionRequest(_SamplingFields):
     max_completion_tokens: int | None = None
     logprobs: bool = False
     top_logprobs: int | None = None
-    response_format: dict[str, Any] | None = None
     tools: list[Tool] | None = None
     tool_choice: ToolChoice | None = None
     parallel_tool_calls: bool = True

@@ -8,9 +8,8 @@ from paged_core.serve.errors import APIError
 from paged_core.serve.protocol import ChatCompletionRequest
 from paged_core.serve.settings import ServeConfig
 from paged_core.serve.tools.base import ToolParser
+from paged_core.serve.tools.forced import NamedToolParser, RequiredToolParser, parameters_schema, required_schema
 from paged_core.serve.tools.registry import create_tool_parser
-
-NOT_YET = "needs structured outputs (not yet): this server cannot constrain the output to a call"
 
 
 def effective_choice(req: ChatCompletionRequest) -> Any:
@@ -23,7 +22,8 @@ def effective_choice(req: ChatCompletionRequest) -> Any:
 def tool_parser_for(req: ChatCompletionRequest, config: ServeConfig) -> ToolParser | None:
     """The parser for this request's output (None: its text is plain content); refuses what cannot be honoured.
 
-    ``required`` and a named function are where a grammar over the tools' schemas plugs in (structured outputs).
+    ``required`` and a named function get a parser of the output that :func:`tool_schema` constrains (see
+    :mod:`.forced`): they need no server flags, since the grammar, not the model's format, makes the calls.
     """
     tools = req.tools or []
     choice = effective_choice(req)
@@ -36,7 +36,7 @@ def tool_parser_for(req: ChatCompletionRequest, config: ServeConfig) -> ToolPars
     if choice == "none":
         return None
     if choice == "required":
-        raise APIError(400, f"tool_choice 'required' {NOT_YET}", param="tool_choice")
+        return RequiredToolParser(template_tools(req) or ())
     if choice != "auto":
         name = choice.function.name
         if name not in names:
@@ -45,7 +45,7 @@ def tool_parser_for(req: ChatCompletionRequest, config: ServeConfig) -> ToolPars
                 f"tool_choice names the function {name!r}, which is not in tools ({', '.join(names)})",
                 param="tool_choice",
             )
-        raise APIError(400, f"a named tool_choice {NOT_YET}", param="tool_choice")
+        return NamedToolParser(name, template_tools(req) or ())
     if not config.enable_auto_tool_choice or config.tool_call_parser is None:
         raise APIError(
             400,
@@ -54,6 +54,20 @@ def tool_parser_for(req: ChatCompletionRequest, config: ServeConfig) -> ToolPars
             param="tool_choice",
         )
     return create_tool_parser(config.tool_call_parser, template_tools(req) or ())
+
+
+def tool_schema(req: ChatCompletionRequest) -> tuple[dict[str, Any], str] | None:
+    """The JSON schema a ``required`` or named ``tool_choice`` constrains the output to, and the request field
+    that schema comes from (named in errors); None for ``none`` and ``auto``. Call after :func:`tool_parser_for`.
+    """
+    choice = effective_choice(req)
+    tools = req.tools or []
+    if choice == "required":
+        return required_schema(tools, req.parallel_tool_calls), "tools"
+    if choice in ("none", "auto"):
+        return None
+    (k, tool) = next((k, t) for k, t in enumerate(tools) if t.function.name == choice.function.name)
+    return parameters_schema(tool), f"tools.{k}.function.parameters"
 
 
 def template_tools(req: ChatCompletionRequest) -> list[dict[str, Any]] | None:
