@@ -154,3 +154,10 @@ def test_a_timed_out_compile_is_a_400(
     schema = {"type": "object", "properties": properties}
     says = _error(client.post("/v1/chat/completions", json={**CHAT, "guided_json": schema}), "guided_json")
     assert "did not compile within" in says
+
+
+def test_a_tokenizer_the_grammar_engine_cannot_use_is_a_400(engine: RecordingEngine) -> None:
+    with TestClient(build_app(engine, ServeConfig())) as c:  # the fake engine's own character tokenizer
+        for _ in range(2):  # the failure is remembered, and said the same way
+            says = _error(c.post("/v1/completions", json={**COMPLETION, "guided_regex": "a+"}), "guided_regex")
+            assert "structured outputs are not available on this server" in says

@@ -12,6 +12,7 @@ trusts the server, never sees it.
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -25,6 +26,8 @@ from paged_core.structured.spec import StructuredOutputs
 
 if TYPE_CHECKING:  # the compiler imports llguidance, which the server loads on the first constraint
     from paged_core.structured.compiler import GrammarCompiler
+
+log = logging.getLogger(__name__)
 
 GUIDED = ("guided_json", "guided_regex", "guided_choice", "guided_grammar")
 
@@ -117,19 +120,19 @@ class RouteCompiler:
     def __init__(self, factory: Callable[[], GrammarCompiler]) -> None:
         self._factory = factory
         self._compiler: GrammarCompiler | None = None
+        self._unavailable: str | None = None  # why the compiler cannot be built (remembered: each try costs seconds)
         self._lock = threading.Lock()
 
-    def _get(self) -> GrammarCompiler:
+    def _get(self) -> GrammarCompiler | None:
         with self._lock:
-            if self._compiler is None:
+            if self._compiler is None and self._unavailable is None:
                 try:
                     self._compiler = self._factory()
                 except ImportError as exc:
-                    raise APIError(
-                        400,
-                        f"structured outputs need llguidance (install paged-core[models]): {exc}",
-                        param="response_format",
-                    ) from None
+                    self._unavailable = f"they need llguidance (install paged-core[models]): {exc}"
+                except Exception as exc:  # a tokenizer llguidance cannot wrap: a limit of this server, said once
+                    log.warning("structured outputs are unavailable: %r", exc)
+                    self._unavailable = f"this model's tokenizer cannot be used by the grammar engine ({exc})"
             return self._compiler
 
     async def check(self, constraint: Constraint | None) -> None:
@@ -137,6 +140,11 @@ class RouteCompiler:
         if constraint is None:
             return
         compiler = self._compiler or await asyncio.to_thread(self._get)
+        if compiler is None:
+            param = next(iter(constraint.params.values()))
+            raise APIError(
+                400, f"structured outputs are not available on this server: {self._unavailable}", param=param
+            )
         try:
             await asyncio.wrap_future(compiler.submit(constraint.spec))
         except ConstraintError as exc:
