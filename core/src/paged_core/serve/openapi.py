@@ -73,7 +73,8 @@ class AssistantMessage(BaseModel):
     role: Literal["assistant"]
     content: str | None = None
     tool_calls: list[dict[str, Any]] | None = None
-    """Calls read from the text by the server's tool-call parser (``tool_choice: "auto"``), in OpenAI's shape."""
+    """Calls read from the text (the tool-call parser's under ``auto``, the grammar's under ``required`` or a named
+    function), in OpenAI's shape."""
 
 
 class ChatChoice(BaseModel):

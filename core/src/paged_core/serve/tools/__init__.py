@@ -4,8 +4,9 @@
 ``--tool-call-parser``: the model writes calls in its own format and a parser (:mod:`.hermes`,
 :mod:`.llama3_json`, or one registered by a third party, see :mod:`.registry`) turns them into OpenAI's
 ``tool_calls``, whole or as streamed deltas. ``"none"`` shows the tools to the template and parses nothing.
-``"required"`` and a named function are refused until grammar-constrained decoding (structured outputs) lands:
-:func:`~paged_core.serve.tools.validate.tool_parser_for` is the seam where they will get a grammar instead.
+``"required"`` and a named function are enforced by a grammar over the tools' schemas (:mod:`.forced`):
+:func:`~paged_core.serve.tools.validate.tool_parser_for` picks their parser and
+:func:`~paged_core.serve.tools.validate.tool_schema` their constraint.
 """
 
 from paged_core.serve.tools.base import (
