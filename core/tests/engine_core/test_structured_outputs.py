@@ -110,3 +110,22 @@ def test_preempted_constrained_requests_still_fit(tiny_loaded: Any) -> None:
         comp = out[rid].outputs[0]
         assert re.fullmatch(long_regex, comp.text), (rid, comp.text)
     assert all_blocks_free(small)
+
+
+def test_masks_go_through_the_backends_hook(engine: LLMEngine) -> None:
+    apply = engine.core.grammars._apply
+    ops_class = type(engine.core.loaded.backend.fused_ops())
+    assert getattr(apply, "__func__", None) is ops_class.apply_token_bitmask
+
+
+def test_drafts_are_checked_against_the_grammar(tiny_loaded: Any) -> None:
+    # A repetitive regex gives the n-gram proposer drafts; greedy output must equal the undrafted one and fit.
+    spec = StructuredOutputs(regex=r"(ab|abc){4,8}!")
+    params = {f"g{i}": _params(temperature=0.0, max_tokens=30, structured_outputs=spec) for i in range(3)}
+    plain = _run(make_engine(tiny_loaded), params, prompt="abcabcab")
+    drafted_engine = make_engine(tiny_loaded, speculative="ngram", num_speculative_tokens=3)
+    drafted = _run(drafted_engine, params, prompt="abcabcab")
+    assert drafted_engine.core.spec_stats.verify_rows > 0
+    for rid in params:
+        assert drafted[rid].outputs[0].token_ids == plain[rid].outputs[0].token_ids
+        assert re.fullmatch(r"(ab|abc){4,8}!", drafted[rid].outputs[0].text)
