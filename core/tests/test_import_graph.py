@@ -18,10 +18,9 @@ The layers, top to bottom:
 8. ``speculative``: draft proposers.
 9. ``runner``, ``parallel``: the model runner; tensor-parallel groups, sharding, plans, rank 0's leader.
 10. ``sched``, ``sampling``, ``graph``: the scheduler and its requests, sampling, graph capture.
-11. ``memory``, ``reference``, ``registry``, ``structured``: KV blocks; the reference backend; the backend registry;
-    structured outputs (constraints, their compiler and matchers).
-12. ``contract``: what a backend implements.
-13. ``quant``: packed weight formats.
+11. ``memory``, ``reference``, ``registry``: KV blocks; the reference backend; the backend registry.
+12. ``contract``: what a backend implements (its token-bitmask hook defaults to ``structured``'s).
+13. ``quant``, ``structured``: packed weight formats; structured outputs (constraints, compiler, matchers).
 14. ``engine_config``, ``data_parallel``, ``config``, ``sizes``: configuration.
 15. ``errors``, ``extras``, ``_lazy``, ``_version``, ``text``, ``process``: foundations.
 
@@ -54,9 +53,9 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("speculative",),
     ("runner", "parallel"),
     ("sched", "sampling", "graph"),
-    ("memory", "reference", "registry", "structured"),
+    ("memory", "reference", "registry"),
     ("contract",),
-    ("quant",),
+    ("quant", "structured"),
     ("engine_config", "data_parallel", "config", "sizes"),
     ("errors", "extras", "_lazy", "_version", "text", "process"),
 )
