@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 from typing import Any
 
 import jsonschema
@@ -121,13 +122,21 @@ def _big_schema() -> dict[str, Any]:
     return {**_CLOSED, "properties": props}
 
 
-def test_a_slow_compile_times_out_alone(tokenizer: Any) -> None:
-    """The big schema compiles in ~50 ms here, a small regex in ~1 ms: with a 15 ms bound only the big one fails."""
-    with GrammarCompiler(tokenizer, timeout_s=0.015, max_workers=2) as tight:
+def test_a_slow_compile_times_out_alone(tokenizer: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A compile held past the bound fails alone; a quick one submitted beside it compiles (a wide margin for load)."""
+    with GrammarCompiler(tokenizer, timeout_s=0.3, max_workers=2) as tight:
+        real = tight._compile
+
+        def compile_held_for_json(spec: StructuredOutputs) -> Any:
+            if spec.kind == "json":
+                time.sleep(1.5)
+            return real(spec)
+
+        monkeypatch.setattr(tight, "_compile", compile_held_for_json)
         slow = tight.submit(StructuredOutputs(json=_big_schema()))
         quick = tight.submit(StructuredOutputs(regex="[0-9]{3}"))
         assert quick.result().field == "regex"
-        with pytest.raises(ConstraintTimeoutError, match=r"within 0\.015 s") as info:
+        with pytest.raises(ConstraintTimeoutError, match=r"within 0\.3 s") as info:
             slow.result()
         assert info.value.field == "json"
 
