@@ -1,21 +1,48 @@
-"""The official ``anthropic`` client against a live server: messages, streaming, stops, count_tokens, auth, errors."""
+"""The official ``anthropic`` client against a live server: messages, streaming, stops, count_tokens, auth, errors,
+and tool use: ``any`` and a named ``tool`` (enforced by the grammar, so the random model's input validates against
+the tool's schema, whole and streamed) and a round trip whose ``tool_result`` reaches the chat template.
+
+Tool schemas bound every string and array: an unbounded one would let a random model write until ``max_tokens``.
+"""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import anthropic
+import jsonschema
 import pytest
 from anthropic import Anthropic
 
 from .serve_helpers import API_KEY, MODEL_NAME, ServerThread, serve
+from .test_tool_calls import TOOLS_TEMPLATE
 
 USER = [{"role": "user", "content": "Tell me about paged memory."}]
 # This client no longer has parameters for the sampling fields (newer Claude models fix them); the API, and this
 # server, still take them, so they go in the body as extras. Greedy, so that runs can be compared.
 GREEDY = {"temperature": 0}
+WEATHER = {
+    "type": "object",
+    "properties": {"city": {"type": "string", "maxLength": 12}, "unit": {"enum": ["C", "F"]}},
+    "required": ["city", "unit"],
+    "additionalProperties": False,
+}
+PICK = {
+    "type": "object",
+    "properties": {
+        "tags": {"type": "array", "items": {"enum": ["red", "green", "blue"]}, "minItems": 1, "maxItems": 3}
+    },
+    "required": ["tags"],
+    "additionalProperties": False,
+}
+TOOLS: list[Any] = [
+    {"name": "get_weather", "description": "Current weather of a city", "input_schema": WEATHER},
+    {"name": "pick", "input_schema": PICK},
+]
+SCHEMAS = {t["name"]: t["input_schema"] for t in TOOLS}
 
 
 @pytest.fixture(scope="module")
@@ -24,6 +51,25 @@ def server(loaded: Any) -> Iterator[ServerThread]:
 
     with serve(loaded, ServeConfig(served_model_name=MODEL_NAME, api_key=API_KEY)) as s:
         yield s
+
+
+@pytest.fixture(scope="module")
+def tool_client(loaded: Any, tiny_model_dir: Path) -> Iterator[Anthropic]:
+    """A server over the same weights whose tokenizer's chat template offers tools and renders tool calls and
+    results (a copy: the shared model's tokenizer keeps its own template), with the hermes parser."""
+    import dataclasses
+
+    from transformers import AutoTokenizer
+
+    from paged_core.serve import ServeConfig
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    tokenizer.chat_template = TOOLS_TEMPLATE
+    config = ServeConfig(
+        served_model_name=MODEL_NAME, api_key=API_KEY, enable_auto_tool_choice=True, tool_call_parser="hermes"
+    )
+    with serve(dataclasses.replace(loaded, tokenizer=tokenizer), config) as s:
+        yield _client(s, api_key=API_KEY)
 
 
 def _client(server: ServerThread, **auth: Any) -> Anthropic:
@@ -137,7 +183,20 @@ def test_api_key_headers(server: ServerThread) -> None:
             {"tools": [{"name": "f", "input_schema": {"type": "object"}}]},
             anthropic.BadRequestError,
             "invalid_request_error",
-            "tools are not supported yet",
+            "--enable-auto-tool-choice",  # tools without tool_choice mean "auto", which this server does not run
+        ),
+        (
+            {"tools": TOOLS, "tool_choice": {"type": "tool", "name": "nope"}},
+            anthropic.BadRequestError,
+            "invalid_request_error",
+            "tool_choice.name names the tool 'nope'",
+        ),
+        (
+            {"tools": [{"name": "f", "input_schema": {"type": "object", "properties": {"a": {"type": "nope"}}}}]}
+            | {"tool_choice": {"type": "tool", "name": "f"}},
+            anthropic.BadRequestError,
+            "invalid_request_error",
+            "tools.0.input_schema",
         ),
         (
             {"messages": [{"role": "user", "content": [{"type": "image", "source": {"type": "url", "url": "x"}}]}]},
@@ -152,3 +211,102 @@ def test_errors(client: Anthropic, fields: dict[str, Any], error: type[Exception
         _create(client, **fields)
     body = info.value.body  # type: ignore[attr-defined]
     assert body["type"] == "error" and body["error"]["type"] == kind and words in body["error"]["message"], body
+
+
+def _tool_uses(message: Any) -> list[Any]:
+    return [b for b in message.content if b.type == "tool_use"]
+
+
+@pytest.mark.parametrize(
+    "choice",
+    [{"type": "tool", "name": "pick"}, {"type": "any", "disable_parallel_tool_use": True}],
+    ids=["tool", "any"],
+)
+def test_forced_tool_use_whole_and_streamed(tool_client: Anthropic, choice: dict[str, Any]) -> None:
+    args: dict[str, Any] = {"max_tokens": 200, "tools": TOOLS, "tool_choice": choice}
+    whole = _create(tool_client, **args)
+    assert whole.stop_reason == "tool_use" and [b.type for b in whole.content] == ["tool_use"]
+    (call,) = _tool_uses(whole)
+    assert call.id.startswith("toolu_") and call.name in SCHEMAS
+    assert choice["type"] == "any" or call.name == choice["name"]
+    jsonschema.validate(call.input, SCHEMAS[call.name])
+    stream_args = {"model": MODEL_NAME, "messages": USER, "extra_body": GREEDY, **args}
+    with tool_client.messages.stream(**stream_args) as stream:
+        partial = "".join(e.partial_json for e in stream if e.type == "input_json")
+        final = stream.get_final_message()
+    (streamed,) = _tool_uses(final)
+    assert final.stop_reason == "tool_use" and final.usage == whole.usage
+    assert (streamed.name, streamed.input) == (call.name, call.input)  # greedy: the same call, joined from deltas
+    assert json.loads(partial) == call.input
+
+
+def test_tool_use_round_trip(tool_client: Anthropic, tiny_model_dir: Path) -> None:
+    from transformers import AutoTokenizer
+
+    first = _create(tool_client, max_tokens=200, tools=TOOLS, tool_choice={"type": "tool", "name": "get_weather"})
+    (call,) = _tool_uses(first)
+    result = "21 degrees and sunny"
+    messages: list[Any] = [
+        *USER,
+        {"role": "assistant", "content": first.content},  # the client's own blocks, sent back
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": call.id, "content": result}]},
+    ]
+    reply = _create(tool_client, messages=messages, tools=TOOLS, max_tokens=8)
+    assert reply.stop_reason in ("end_turn", "max_tokens", "tool_use") and reply.usage.output_tokens > 0
+    # The prompt the server rendered is the template's rendering of the same conversation in OpenAI's form:
+    # the call with its input, then the tool's result.
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    conversation = [
+        *USER,
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [
+                {"id": call.id, "type": "function", "function": {"name": call.name, "arguments": call.input}}
+            ],
+        },
+        {"role": "tool", "tool_call_id": call.id, "content": result},
+    ]
+    tools = [
+        {"type": "function", "function": {k if k != "input_schema" else "parameters": v for k, v in t.items()}}
+        for t in TOOLS
+    ]
+    kwargs: dict[str, Any] = {"tools": tools, "chat_template": TOOLS_TEMPLATE, "add_generation_prompt": True}
+    text = tok.apply_chat_template(conversation, tokenize=False, **kwargs)
+    assert f"<tool_response>{result}</tool_response>" in text and json.dumps(call.input, ensure_ascii=False) in text
+    expected = tok.apply_chat_template(conversation, tokenize=True, return_dict=False, **kwargs)
+    assert reply.usage.input_tokens == len(expected)
+    counted = tool_client.messages.count_tokens(model=MODEL_NAME, messages=messages, tools=TOOLS)
+    assert counted.input_tokens == len(expected)
+    # A longer result is more prompt: the result is in it, not dropped.
+    longer = [
+        *messages[:2],
+        {
+            "role": "user",
+            "content": [
+                {
+                    "type": "tool_result",
+                    "tool_use_id": call.id,
+                    "content": [{"type": "text", "text": result + ", light wind"}],
+                }
+            ],
+        },
+    ]
+    assert tool_client.messages.count_tokens(model=MODEL_NAME, messages=longer, tools=TOOLS).input_tokens > len(
+        expected
+    )
+
+
+def test_count_tokens_counts_the_tools(tool_client: Anthropic) -> None:
+    bare = tool_client.messages.count_tokens(model=MODEL_NAME, messages=USER).input_tokens
+    with_tools = tool_client.messages.count_tokens(model=MODEL_NAME, messages=USER, tools=TOOLS).input_tokens
+    one_tool = tool_client.messages.count_tokens(model=MODEL_NAME, messages=USER, tools=TOOLS[:1]).input_tokens
+    assert bare < one_tool < with_tools
+    m = _create(tool_client, max_tokens=1, tools=TOOLS, tool_choice={"type": "none"})
+    assert m.usage.input_tokens == with_tools and m.stop_reason == "max_tokens" and not _tool_uses(m)
+
+
+def test_auto_on_a_server_with_a_parser(tool_client: Anthropic) -> None:
+    # A random model almost never writes a <tool_call>; whatever it writes comes back as blocks the client reads.
+    m = _create(tool_client, max_tokens=8, tools=TOOLS, tool_choice={"type": "auto"})
+    assert m.stop_reason in ("max_tokens", "end_turn", "tool_use") and m.usage.output_tokens > 0

@@ -89,9 +89,9 @@ def test_errors_are_in_anthropic_shape(client: TestClient) -> None:
     stops = {**BODY, "stop_sequences": [""]}
     assert _error(client.post("/v1/messages", json=stops), 400, "invalid_request_error").startswith("stop_sequences")
     tools = {**BODY, "tools": [{"name": "f", "input_schema": {"type": "object"}}]}
-    assert "tools are not supported yet" in _error(
-        client.post("/v1/messages", json=tools), 400, "invalid_request_error"
-    )
+    # Tools without tool_choice mean "auto", which needs the server's tool-call parser (as chat completions do).
+    auto = _error(client.post("/v1/messages", json=tools), 400, "invalid_request_error")
+    assert auto.startswith('tool_choice {"type": "auto"}') and "--enable-auto-tool-choice" in auto
     assert "max_tokens" in _error(
         client.post("/v1/messages", json={**BODY, "max_tokens": 51}), 400, "invalid_request_error"
     )

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from paged_core.frontend.outputs import CompletionOutput
-from paged_core.serve.anthropic.convert import chat_messages, chat_request, content_blocks, renamed, stop_reason
+from paged_core.serve.anthropic.convert import content_blocks, convert, stop_reason
 from paged_core.serve.anthropic.errors import anthropic_body
 from paged_core.serve.anthropic.protocol import MessagesRequest
 from paged_core.serve.anthropic.stream import MessageEvents, sse_event
@@ -29,14 +29,14 @@ def test_system_and_text_blocks_become_chat_turns() -> None:
             {"role": "user", "content": "d"},
         ],
     )
-    turns = [(m.role, m.text()) for m in chat_messages(req)]
+    turns = [(m.role, m.text()) for m in convert(req).chat.messages]
     assert turns == [("system", "Be terse.\nBe kind."), ("user", "a\nb"), ("assistant", "c"), ("user", "d")]
 
 
 def test_sampling_fields_carry_over_to_the_chat_request() -> None:
-    chat = chat_request(
+    chat = convert(
         _request(stop_sequences=["\n\n"], temperature=0.5, top_p=0.9, top_k=40, stream=True, metadata={"user_id": "u"})
-    )
+    ).chat
     assert (chat.max_tokens, chat.stop, chat.temperature, chat.top_p, chat.top_k, chat.stream) == (
         8,
         ["\n\n"],
@@ -46,13 +46,12 @@ def test_sampling_fields_carry_over_to_the_chat_request() -> None:
         True,
     )
     assert chat.n == 1 and chat.max_completion_tokens is None
+    assert (chat.tools, chat.tool_choice, chat.parallel_tool_calls) == (None, None, True)
 
 
 @pytest.mark.parametrize(
     ("fields", "param", "words"),
     [
-        ({"tools": [{"name": "f", "input_schema": {}}]}, "tools", "not supported yet"),
-        ({"tool_choice": {"type": "auto"}}, "tool_choice", "not supported yet"),
         (
             {"messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}]},
             "messages.0.content.0.type",
@@ -60,8 +59,8 @@ def test_sampling_fields_carry_over_to_the_chat_request() -> None:
         ),
         (
             {"messages": [{"role": "assistant", "content": [{"type": "tool_use", "id": "t", "name": "f"}]}]},
-            "messages.0.content.0.type",
-            "tool_use content blocks are not supported yet",
+            "messages.0.content.0.input",
+            "missing required parameter",
         ),
         (
             {"messages": [{"role": "user", "content": [{"type": "text"}]}]},
@@ -73,25 +72,29 @@ def test_sampling_fields_carry_over_to_the_chat_request() -> None:
             "messages.0.content.0.extra",
             "unrecognized",
         ),
-        ({"system": [{"type": "tool_result"}]}, "system.0.type", "expected 'text'"),
+        ({"system": [{"type": "tool_result"}]}, "system.0.type", "go in user messages, not in the system prompt"),
+        ({"system": [{"type": "sticker"}]}, "system.0.type", "expected 'text'"),
         ({"messages": [{"role": "user", "content": [{"type": "sticker"}]}]}, "messages.0.content.0.type", "sticker"),
     ],
 )
 def test_unsupported_and_malformed_blocks_are_refused_by_name(fields: dict[str, Any], param: str, words: str) -> None:
     with pytest.raises(APIError) as info:
-        chat_messages(_request(**fields))
+        convert(_request(**fields))
     assert info.value.status == 400 and info.value.param == param
     assert words in info.value.message and param in info.value.message
 
 
 def test_chat_errors_are_renamed_to_the_anthropic_fields() -> None:
-    stop = renamed(APIError(400, "stop must be at most 4 strings", param="stop"), has_system=False)
+    plain = convert(_request(messages=[{"role": "user", "content": "a"}] * 3))
+    with_system = convert(_request(system="s", messages=[{"role": "user", "content": "a"}] * 2))
+    stop = plain.renamed(APIError(400, "stop must be at most 4 strings", param="stop"))
     assert (stop.param, stop.message) == ("stop_sequences", "stop_sequences must be at most 4 strings")
     content = "messages[0].content contains the control token '<|im_start|>'"
-    assert renamed(APIError(400, content, param="messages"), has_system=True).message.startswith("system contains")
-    shifted = renamed(APIError(400, "messages[2].content contains x", param="messages"), has_system=True)
+    assert with_system.renamed(APIError(400, content, param="messages")).message.startswith("system contains")
+    shifted = with_system.renamed(APIError(400, "messages[2].content contains x", param="messages"))
     assert shifted.message == "messages.1.content contains x"
-    assert renamed(APIError(400, "messages[2].content x"), has_system=False).message == "messages.2.content x"
+    assert plain.renamed(APIError(400, "messages[2].content x")).message == "messages.2.content x"
+    assert plain.renamed(APIError(400, "x", param="max_completion_tokens")).param == "max_tokens"
 
 
 @pytest.mark.parametrize(

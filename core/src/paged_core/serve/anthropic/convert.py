@@ -1,83 +1,81 @@
 """From an Anthropic Messages body to the chat route's request, and from the engine's output back to Anthropic's.
 
-The seam for tool calls: :func:`_blocks` is where ``tool_use``/``tool_result`` blocks will become the chat
-template's ``tool_calls`` and ``tool`` turns, and :func:`content_blocks` is where a tool-call parser will split
-the generated text into ``text`` and ``tool_use`` blocks (with ``stop_reason`` ``tool_use``).
+The conversation goes through :mod:`.blocks` and the tool fields through :mod:`.tools`; the chat request then
+takes the chat route's own checks, template and tool-call parsing, and :func:`content_blocks` turns what the
+parser found into ``text`` and ``tool_use`` blocks.
 """
 
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from typing import Any
 
-from pydantic import ValidationError
-
 from paged_core.frontend.outputs import CompletionOutput
-from paged_core.serve.anthropic.protocol import Blocks, CountTokensRequest, MessagesRequest, TextBlock
-from paged_core.serve.body import describe_errors
+from paged_core.serve.anthropic.blocks import conversation
+from paged_core.serve.anthropic.protocol import CountTokensRequest, MessagesRequest
+from paged_core.serve.anthropic.tools import chat_tool_choice, chat_tools, parallel, tool_blocks
 from paged_core.serve.errors import APIError
-from paged_core.serve.protocol import ChatCompletionRequest, ChatMessage, TextPart
+from paged_core.serve.protocol import ChatCompletionRequest
+from paged_core.serve.tools.base import ToolParser
+from paged_core.serve.tools.choices import ChoiceStreams
 
-# Block types of Anthropic's API this server does not take yet (refused by name, never silently dropped).
-NOT_YET = frozenset(
-    {
-        "tool_use",
-        "tool_result",
-        "server_tool_use",
-        "image",
-        "document",
-        "search_result",
-        "thinking",
-        "redacted_thinking",
-        "container_upload",
-    }
-)
 _MESSAGE_INDEX = re.compile(r"messages\[(\d+)\](\.content)?")
+_PARAMETERS = re.compile(r"tools\.(\d+)\.function\.parameters")
+# Chat's spelling of tool choices in its error messages, and Anthropic's.
+_CHOICE_WORDS = {'"auto" tool choice': 'tool_choice {"type": "auto"}', "'none'": '{"type": "none"}'}
 
 
-def check_supported(req: CountTokensRequest) -> None:
-    """Refuse (400, naming the field) what a later version will take: tools and tool choice."""
-    if req.tools:
-        raise APIError(400, "tools are not supported yet on this server", param="tools")
-    if req.tool_choice is not None:
-        raise APIError(400, "tool_choice is not supported yet on this server", param="tool_choice")
+@dataclass(frozen=True)
+class Converted:
+    """The chat request of an Anthropic body, and for each chat message the body field it came from."""
+
+    chat: ChatCompletionRequest
+    origins: list[str]
+
+    def renamed(self, error: APIError) -> APIError:
+        """``error`` (raised by the chat checks) naming the Anthropic body's fields: the message the client sent,
+        ``stop_sequences`` for ``stop``, ``max_tokens``, a tool's ``input_schema``, Anthropic's tool choices."""
+
+        def index(match: re.Match[str]) -> str:
+            origin = self.origins[int(match.group(1))]
+            return origin if origin == "system" else origin + (match.group(2) or "")
+
+        error.message = _MESSAGE_INDEX.sub(index, error.message)
+        if error.param == "stop":
+            error.param = "stop_sequences"
+            error.message = re.sub(r"^stop\b", "stop_sequences", error.message)
+        elif error.param == "max_completion_tokens":
+            error.param = "max_tokens"
+        elif error.param is not None and _PARAMETERS.fullmatch(error.param):
+            error.param = _PARAMETERS.sub(r"tools.\1.input_schema", error.param)
+            error.message = _PARAMETERS.sub(r"tools.\1.input_schema", error.message)
+        elif error.param == "tool_choice":
+            for chat, anthropic in _CHOICE_WORDS.items():
+                error.message = error.message.replace(chat, anthropic)
+        return error
 
 
-def _blocks(content: Blocks, where: str, system: bool = False) -> list[TextPart]:
-    """The text blocks of ``content`` as chat text parts; any other block is a 400 naming it."""
-    parts = []
-    for i, block in enumerate(content):
-        path = f"{where}.{i}"
-        kind = block.get("type")
-        if kind == "text":
-            try:
-                text = TextBlock.model_validate(block).text
-            except ValidationError as exc:
-                message, param = describe_errors(TextBlock, exc)
-                field = f"{path}.{param}" if param else path
-                raise APIError(400, f"{field}: {message}", param=field) from None
-            parts.append(TextPart(type="text", text=text))
-        elif kind in NOT_YET and not system:
-            field = f"{path}.type"
-            raise APIError(400, f"{field}: {kind} content blocks are not supported yet on this server", param=field)
-        else:
-            expected = "'text'" if system else "'text' (tool_use, tool_result and images are not supported yet)"
-            field = f"{path}.type"
-            raise APIError(400, f"{field}: block type {kind!r} is not accepted here; expected {expected}", param=field)
-    return parts
-
-
-def chat_messages(req: CountTokensRequest) -> list[ChatMessage]:
-    """The conversation as chat turns: ``system`` (a string or text blocks) first, then every message."""
-    check_supported(req)
-    turns = []
-    if req.system is not None:
-        system = req.system if isinstance(req.system, str) else _blocks(req.system, "system", system=True)
-        turns.append(ChatMessage(role="system", content=system))
-    for i, m in enumerate(req.messages):
-        content = m.content if isinstance(m.content, str) else _blocks(m.content, f"messages.{i}.content")
-        turns.append(ChatMessage(role=m.role, content=content))
-    return turns
+def convert(req: CountTokensRequest) -> Converted:
+    """The chat completion request with the same conversation, tools and (for a message) sampling fields."""
+    turns = conversation(req)
+    fields: dict[str, Any] = {
+        "model": req.model,
+        "messages": [m for _, m in turns],
+        "tools": chat_tools(req),
+        "tool_choice": chat_tool_choice(req),
+        "parallel_tool_calls": parallel(req),
+    }
+    if isinstance(req, MessagesRequest):
+        fields |= {
+            "max_tokens": req.max_tokens,
+            "stop": req.stop_sequences,
+            "temperature": req.temperature,
+            "top_p": req.top_p,
+            "top_k": req.top_k,
+            "stream": req.stream,
+        }
+    return Converted(ChatCompletionRequest(**fields), [origin for origin, _ in turns])
 
 
 def continues(req: CountTokensRequest) -> bool:
@@ -85,49 +83,24 @@ def continues(req: CountTokensRequest) -> bool:
     return req.messages[-1].role == "assistant"
 
 
-def chat_request(req: MessagesRequest) -> ChatCompletionRequest:
-    """The chat completion request with the same conversation and sampling fields."""
-    return ChatCompletionRequest(
-        model=req.model,
-        messages=chat_messages(req),
-        max_tokens=req.max_tokens,
-        stop=req.stop_sequences,
-        temperature=req.temperature,
-        top_p=req.top_p,
-        top_k=req.top_k,
-        stream=req.stream,
-    )
-
-
-def renamed(error: APIError, has_system: bool) -> APIError:
-    """``error`` (raised by the chat checks) naming the Anthropic body's fields: ``stop_sequences`` for ``stop``,
-    and the message index the client sent (the system prompt is the chat's first turn)."""
-
-    def index(match: re.Match[str]) -> str:
-        i = int(match.group(1)) - has_system
-        return "system" if i < 0 else f"messages.{i}{match.group(2) or ''}"
-
-    error.message = _MESSAGE_INDEX.sub(index, error.message)
-    if error.param == "stop":
-        error.param = "stop_sequences"
-        error.message = re.sub(r"^stop\b", "stop_sequences", error.message)
-    elif error.param == "max_completion_tokens":
-        error.param = "max_tokens"
-    return error
-
-
-def stop_reason(c: CompletionOutput) -> tuple[str, str | None]:
-    """Anthropic's ``stop_reason`` and ``stop_sequence`` of a finished sequence."""
+def stop_reason(c: CompletionOutput, called: bool = False) -> tuple[str, str | None]:
+    """Anthropic's ``stop_reason`` and ``stop_sequence`` of a finished sequence (``tool_use`` when it made calls
+    and stopped by itself)."""
     if c.finish_reason == "length":
         return "max_tokens", None
+    if called:
+        return "tool_use", None
     if isinstance(c.stop_reason, str):  # a stop string; a stop token id (the end of turn) is no sequence of text
         return "stop_sequence", c.stop_reason
     return "end_turn", None
 
 
-def content_blocks(text: str) -> list[dict[str, Any]]:
-    """The response's content blocks: one text block, none for empty text (a tool-call parser plugs in here)."""
-    return [{"type": "text", "text": text}] if text else []
+def content_blocks(text: str, parser: ToolParser | None = None, parallel_calls: bool = True) -> list[dict[str, Any]]:
+    """The response's content blocks: the text (none when empty) or, with a tool-call ``parser``, its text and
+    calls in the order the model wrote them, as the streamed events of the same text build them."""
+    if parser is None:
+        return [{"type": "text", "text": text}] if text else []
+    return tool_blocks(ChoiceStreams(parser, parallel_calls).pieces(0, text, finished=True))
 
 
 def usage(input_tokens: int, output_tokens: int) -> dict[str, int]:

@@ -1,7 +1,8 @@
 """``POST /v1/messages`` and ``POST /v1/messages/count_tokens``: Anthropic's Messages API over the chat route's pieces.
 
-The body becomes a chat completion request (:func:`.convert.chat_request`) that goes through the chat route's own
-checks and template (:func:`~paged_core.serve.chat.prepare_chat`) and runs as one
+The body becomes a chat completion request (:func:`.convert.convert`) that goes through the chat route's own
+checks, template and tool-call parser choice (:func:`~paged_core.serve.chat.prepare_chat`,
+:func:`~paged_core.serve.tools.validate.tool_parser_for`) and runs as one
 :class:`~paged_core.serve.generation.Generation`; errors come back in Anthropic's shape (:mod:`.errors`).
 """
 
@@ -13,15 +14,7 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from paged_core.serve.admission import admit
-from paged_core.serve.anthropic.convert import (
-    chat_messages,
-    chat_request,
-    content_blocks,
-    continues,
-    message_body,
-    renamed,
-    stop_reason,
-)
+from paged_core.serve.anthropic.convert import content_blocks, continues, convert, message_body, stop_reason
 from paged_core.serve.anthropic.errors import PATH, anthropic_body
 from paged_core.serve.anthropic.protocol import CountTokensRequest, MessagesRequest
 from paged_core.serve.anthropic.stream import MessageEvents, sse_event
@@ -31,6 +24,8 @@ from paged_core.serve.errors import APIError, internal_error
 from paged_core.serve.generation import ClientGone, Generation
 from paged_core.serve.responses import collect
 from paged_core.serve.state import get_state
+from paged_core.serve.tools.choices import ChoiceStreams
+from paged_core.serve.tools.validate import template_tools, tool_parser_for
 
 router = APIRouter()
 
@@ -38,55 +33,69 @@ router = APIRouter()
 # Not in the OpenAPI document yet: its schema test holds every documented route to OpenAI's error shape.
 @router.post(PATH, dependencies=[Depends(admit)], include_in_schema=False)
 async def create_message(request: Request) -> Response:
-    """Anthropic's Messages endpoint: text in, one assistant message out, whole or as an event stream."""
+    """Anthropic's Messages endpoint: a conversation in, one assistant message (text and tool calls) out, whole or
+    as an event stream."""
     state = get_state(request)
     req = await parse_body(request, MessagesRequest, state.config.max_body_bytes)
+    converted = convert(req)
     try:
-        ids, params = await prepare_chat(state, chat_request(req), continue_final_message=continues(req))
+        ids, params = await prepare_chat(state, converted.chat, continue_final_message=continues(req))
+        parser = tool_parser_for(converted.chat, state.config)  # checked in prepare_chat: None under "none"
     except APIError as exc:
-        raise renamed(exc, req.system is not None) from None
+        raise converted.renamed(exc) from None
+    parallel = converted.chat.parallel_tool_calls
     gen = Generation(state, request, "msg")
     message_id = "msg_" + gen.id.removeprefix("msg-")
     gen.start([ids], [params], None)
     if req.stream:
-        return _stream(gen, _events(gen, MessageEvents(message_id, state.model_name, len(ids))))
+        streams = ChoiceStreams(parser, parallel) if parser is not None else None
+        return _stream(gen, _events(gen, MessageEvents(message_id, state.model_name, len(ids)), streams))
     try:
         (out,) = await collect(gen, 1)
     except ClientGone:
         return Response(status_code=499)
     c = out.outputs[0]
-    body = message_body(
-        message_id, state.model_name, content_blocks(c.text), stop_reason(c), len(ids), len(c.token_ids)
-    )
+    blocks = content_blocks(c.text, parser, parallel)
+    called = any(b["type"] == "tool_use" for b in blocks)
+    body = message_body(message_id, state.model_name, blocks, stop_reason(c, called), len(ids), len(c.token_ids))
     return JSONResponse(body)
 
 
 @router.post(f"{PATH}/count_tokens", include_in_schema=False)
 async def count_tokens(request: Request) -> JSONResponse:
-    """``{"input_tokens": N}``: the prompt's length through the chat template, as ``/v1/messages`` would send it."""
+    """``{"input_tokens": N}``: the prompt's length through the chat template (tools included), as
+    ``/v1/messages`` would send it."""
     state = get_state(request)
     req = await parse_body(request, CountTokensRequest, state.config.max_body_bytes)
     state.check_model(req.model)
-    messages = chat_messages(req)
+    converted = convert(req)
+    messages = converted.chat.messages
     state.tokens.refuse_oversize(sum(len(m.text()) for m in messages), state.max_model_len, "messages")
     prefill = continues(req)
     extra = {"continue_final_message": True} if prefill else None
+    tools = template_tools(converted.chat)
     try:
-        ids = await state.tokens.offload(state.tokens.render_chat, messages, not prefill, extra)
+        ids = await state.tokens.offload(state.tokens.render_chat, messages, not prefill, extra, tools)
     except APIError as exc:
-        raise renamed(exc, req.system is not None) from None
+        raise converted.renamed(exc) from None
     return JSONResponse({"input_tokens": len(ids)})
 
 
-async def _events(gen: Generation, events: MessageEvents) -> AsyncIterator[str]:
+async def _events(gen: Generation, events: MessageEvents, streams: ChoiceStreams | None) -> AsyncIterator[str]:
+    """The message's events; with tool calls, the parser decides what is text and holds back what may be a call."""
     for event in events.start():
         yield sse_event(event)
     async for _, out in gen.events():
         c = out.outputs[0]
-        for event in events.text(c.new_text):
+        finished = c.finish_reason is not None
+        if streams is None:
+            new = events.text(c.new_text)
+        else:
+            new = events.pieces(streams.pieces(0, c.new_text, finished))
+        for event in new:
             yield sse_event(event)
-        if c.finish_reason is not None:
-            reason, sequence = stop_reason(c)
+        if finished:
+            reason, sequence = stop_reason(c, events.called)
             for event in events.finish(reason, sequence, len(c.token_ids)):
                 yield sse_event(event)
 
