@@ -26,7 +26,10 @@ FORMATS = jsonschema.Draft202012Validator.FORMAT_CHECKER
 
 
 def random_allowed(bitmask_row: torch.Tensor, rng: random.Random) -> int:
-    """A uniformly random token id among those a bitmask row allows (numpy: ~100x faster than ``helpers.allowed``)."""
+    """A uniformly random token id among those a bitmask row allows.
+
+    numpy: ``helpers.allowed`` took ~15 ms a row on this 49k vocabulary, most of the walk's time.
+    """
     bits = np.unpackbits(bitmask_row.numpy().view(np.uint8), bitorder="little")  # little-endian int32 words
     ids = np.flatnonzero(bits)
     return int(ids[rng.randrange(len(ids))])
