@@ -88,6 +88,13 @@ def register(subparsers: Any) -> None:
         metavar="NAME",
         help="how the model writes tool calls: hermes (<tool_call> blocks), llama3_json, or a plugin's parser",
     )
+    g.add_argument(
+        "--chat-template",
+        default=None,
+        metavar="FILE_OR_TEXT",
+        help="the chat template to use instead of the model's: a file, the template's text, or a bundled one "
+        "(chatml-tools: ChatML offering tools, calls read by --tool-call-parser hermes)",
+    )
     g.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"))
     add_engine_args(parser)
     parser.set_defaults(func=run)
@@ -96,6 +103,7 @@ def register(subparsers: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     """Load the engine and serve until interrupted."""
     from paged_core.errors import ConfigError
+    from paged_core.serve.chat_template import chat_template_text
     from paged_core.serve.server import run_server
     from paged_core.serve.settings import ServeConfig
 
@@ -121,5 +129,6 @@ def run(args: argparse.Namespace) -> int:
         drain_timeout=args.drain_timeout,
         enable_auto_tool_choice=args.enable_auto_tool_choice,
         tool_call_parser=args.tool_call_parser,
+        chat_template=None if args.chat_template is None else chat_template_text(args.chat_template),
     )
     return run_server(engine_config_from(args), config, in_process=args.engine_in_process)

@@ -40,7 +40,11 @@ def build_app(engine: AsyncEngine | Any, config: ServeConfig | None = None) -> F
         config=config,
         engine=aengine,
         metrics=metrics,
-        tokens=Tokens(aengine.input, allow_special_in_content=config.allow_special_tokens_in_content),
+        tokens=Tokens(
+            aengine.input,
+            allow_special_in_content=config.allow_special_tokens_in_content,
+            chat_template=config.chat_template,
+        ),
         model_name=config.served_model_name or facts.model_name,
         max_model_len=facts.max_model_len,
     )

@@ -33,6 +33,8 @@ class ServeConfig:
 
     Tool calls: ``enable_auto_tool_choice`` lets ``tool_choice: "auto"`` through, its output read by the
     parser named ``tool_call_parser`` (see :mod:`paged_core.serve.tools`); an unknown name is refused here.
+    ``chat_template`` (Jinja text) replaces the model's own chat template for every chat request, e.g. one
+    that offers tools where the model's does not.
     """
 
     host: str = "127.0.0.1"
@@ -52,6 +54,7 @@ class ServeConfig:
     drain_timeout: float = 5.0
     enable_auto_tool_choice: bool = False
     tool_call_parser: str | None = None
+    chat_template: str | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.port, int) or not 0 <= self.port <= 65535:

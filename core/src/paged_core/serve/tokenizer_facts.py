@@ -35,7 +35,7 @@ def max_chars_per_token(tokenizer: Any | None, byte_level: bool) -> int | None:
     return NORMALISER_SAFETY * max(1, longest)
 
 
-def control_tokens(tokenizer: Any | None) -> tuple[str, ...]:
+def control_tokens(tokenizer: Any | None, chat_template: str | None = None) -> tuple[str, ...]:
     """The strings that encode as control tokens: the special tokens, and added tokens the chat template writes.
 
     Text containing one of them in a user's message would be encoded as that token, letting the user end their
@@ -44,7 +44,7 @@ def control_tokens(tokenizer: Any | None) -> tuple[str, ...]:
     if tokenizer is None:
         return ()
     found = {t for t in getattr(tokenizer, "all_special_tokens", None) or () if isinstance(t, str)}
-    template = getattr(tokenizer, "chat_template", None) or ""
+    template = chat_template or getattr(tokenizer, "chat_template", None) or ""
     template_text = template if isinstance(template, str) else str(template)  # a dict of named templates
     added = getattr(tokenizer, "added_tokens_decoder", None) or {}
     for token in added.values():

@@ -51,15 +51,19 @@ def _as_api_error(exc: InputError) -> APIError:
 class Tokens:
     """The server's use of the front end's :class:`InputProcessor` (refusals become 400s), plus logprob pieces."""
 
-    def __init__(self, inputs: InputProcessor, *, allow_special_in_content: bool = False) -> None:
+    def __init__(
+        self, inputs: InputProcessor, *, allow_special_in_content: bool = False, chat_template: str | None = None
+    ) -> None:
         tokenizer = inputs.tokenizer
+        self.chat_template = chat_template
+        """The server's chat template (``--chat-template``) in place of the model's; None keeps the model's."""
         self.inputs = inputs
         self.tokenizer = tokenizer
         self.vocab_size = inputs.vocab_size
         self._text: dict[int, tuple[str, list[int]]] = {}
         self._byte_level = _is_byte_level(tokenizer)
         self.chars_per_token = max_chars_per_token(tokenizer, self._byte_level)
-        self.control_tokens = () if allow_special_in_content else control_tokens(tokenizer)
+        self.control_tokens = () if allow_special_in_content else control_tokens(tokenizer, chat_template)
         self._control = re.compile("|".join(map(re.escape, self.control_tokens))) if self.control_tokens else None
         self._pool: ThreadPoolExecutor | None = None  # made on first use, so an app can start again after close
 
@@ -137,7 +141,7 @@ class Tokens:
         """Token ids of a conversation (and the ``tools`` it may call) through the model's chat template (blocking:
         run it through offload)."""
         tok = self.require("chat")
-        if not getattr(tok, "chat_template", None):
+        if not (self.chat_template or getattr(tok, "chat_template", None)):
             raise APIError(400, "this model has no chat template; use /v1/completions with a plain prompt")
         conv = [template_message(i, m) for i, m in enumerate(messages)]
         self.check_content(message_texts(conv), "messages")
@@ -148,6 +152,8 @@ class Tokens:
         self.check_content(
             ((f"chat_template_kwargs.{k}", v) for k, v in kwargs.items() if isinstance(v, str)), "chat_template_kwargs"
         )
+        if self.chat_template:  # the server's own (clients cannot set it: see params.check_template_kwargs)
+            kwargs["chat_template"] = self.chat_template
         try:
             return self.inputs.render_chat(conv, add_generation_prompt, kwargs)
         except InputError as exc:
