@@ -82,3 +82,33 @@ def test_counters_move_as_requests_complete(server: ServerThread) -> None:
     # The test server steps eagerly, so every step is counted as eager and none as a replay.
     assert delta("paged_eager_steps_total") == delta("paged_engine_steps_total")
     assert delta("paged_graph_replays_total{graph_mode=eager}") == 0
+
+
+def test_structured_series_move_with_a_constrained_request(server: ServerThread) -> None:
+    before = _metrics(server)
+    for name in ("paged_structured_compile_seconds", "paged_structured_mask_seconds"):
+        assert f"{name}_bucket{{le=+Inf}}" in before and f"{name}_sum" in before, name
+    plain = {"model": MODEL_NAME, "prompt": "An answer:", "max_tokens": 3}
+    assert httpx.post(f"{server.url}/v1/completions", json=plain, timeout=60).status_code == 200
+    middle = _metrics(server)
+    body = {**plain, "max_tokens": 20, "structured_outputs": {"regex": "(yes|no)-[0-9]{3}"}}
+    r = httpx.post(f"{server.url}/v1/completions", json=body, timeout=60)
+    assert r.status_code == 200, r.text
+    tokens = r.json()["usage"]["completion_tokens"]
+    after = _metrics(server)
+
+    def delta(name: str, start: dict[str, float] = middle) -> float:
+        return after[name] - start.get(name, 0.0)
+
+    assert middle["paged_structured_requests_total"] == before["paged_structured_requests_total"]  # plain: not counted
+    assert middle["paged_structured_mask_seconds_count"] == before["paged_structured_mask_seconds_count"]
+    assert delta("paged_structured_requests_total") == 1
+    assert delta("paged_structured_compile_seconds_count") == 1
+    assert delta("paged_structured_compile_seconds_bucket{le=+Inf}") == 1
+    assert delta("paged_structured_compile_seconds_sum") > 0
+    # One masked step per sampled token (no speculation here), each of one row.
+    assert delta("paged_structured_mask_seconds_count") == tokens
+    assert delta("paged_structured_mask_rows_total") == tokens
+    assert delta("paged_structured_mask_seconds_sum") > 0
+    assert delta("paged_structured_compile_failures_total{reason=error}") == 0
+    assert delta("paged_structured_compile_failures_total{reason=timeout}") == 0

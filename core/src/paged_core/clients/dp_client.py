@@ -31,7 +31,14 @@ from paged_core.clients.dp_router import Router
 from paged_core.clients.event_loop import EventLoopClient
 from paged_core.clients.interface import AsyncCoreClient, OnDead, OnFailed, OnOutputs
 from paged_core.engine_config import EngineConfig
-from paged_core.engine_core.messages import CoreAbort, CoreFacts, CoreOutputs, CoreRequest, SchedulerStats
+from paged_core.engine_core.messages import (
+    CoreAbort,
+    CoreFacts,
+    CoreOutputs,
+    CoreRequest,
+    GrammarStats,
+    SchedulerStats,
+)
 from paged_core.errors import EngineDeadError
 from paged_core.parallel.placement import dp_environ
 
@@ -108,6 +115,24 @@ def sum_stats(live: list[SchedulerStats], every: list[SchedulerStats]) -> Schedu
         spec_draft_tokens=sum(s.spec_draft_tokens for s in every),
         spec_accepted_tokens=sum(s.spec_accepted_tokens for s in every),
         batch_invariant=bool(every) and all(s.batch_invariant for s in every),
+        grammar=sum_grammar_stats([s.grammar for s in every]),
+    )
+
+
+def sum_grammar_stats(every: list[GrammarStats]) -> GrammarStats:
+    """Structured outputs' counters and histogram buckets summed over cores."""
+    seen = [g for g in every if g.requests]
+    if not seen:
+        return GrammarStats()
+    return GrammarStats(
+        requests=sum(g.requests for g in seen),
+        compile_errors=sum(g.compile_errors for g in seen),
+        compile_timeouts=sum(g.compile_timeouts for g in seen),
+        compile_buckets=[sum(c) for c in zip(*(g.compile_buckets for g in seen), strict=True)],
+        compile_seconds=sum(g.compile_seconds for g in seen),
+        mask_buckets=[sum(c) for c in zip(*(g.mask_buckets for g in seen), strict=True)],
+        mask_seconds=sum(g.mask_seconds for g in seen),
+        mask_rows=sum(g.mask_rows for g in seen),
     )
 
 

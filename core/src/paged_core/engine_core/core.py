@@ -136,6 +136,7 @@ class EngineCore:
             spec_draft_tokens=self.spec_stats.draft_tokens,
             spec_accepted_tokens=self.spec_stats.accepted_tokens,
             batch_invariant=self._invariant(),
+            grammar=self.grammars.stats.snapshot(),
         )
 
     def call(self, method: str) -> Any:

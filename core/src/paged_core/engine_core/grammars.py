@@ -12,15 +12,18 @@ grammar-valid prefix, then rolled back).
 
 from __future__ import annotations
 
+import bisect
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, wait
 
 import torch
 
+from paged_core.engine_core.messages import GRAMMAR_COMPILE_BUCKETS, GRAMMAR_MASK_BUCKETS, GrammarStats
 from paged_core.structured import (
     CompiledGrammar,
     ConstraintError,
+    ConstraintTimeoutError,
     GrammarCompiler,
     GrammarMatcher,
     StructuredOutputs,
@@ -33,9 +36,20 @@ ApplyBitmask = Callable[[torch.Tensor, torch.Tensor, Sequence[int]], None]
 
 
 class MaskStats:
-    """Time spent masking: per step that had constrained rows, fill and apply together."""
+    """Time spent masking: per step that had constrained rows, fill and apply together; and the compiles."""
 
-    __slots__ = ("compile_s", "rows", "seconds", "steps")
+    __slots__ = (
+        "compile_buckets",
+        "compile_errors",
+        "compile_s",
+        "compile_seconds",
+        "compile_timeouts",
+        "mask_buckets",
+        "requests",
+        "rows",
+        "seconds",
+        "steps",
+    )
 
     def __init__(self) -> None:
         self.steps = 0
@@ -43,6 +57,27 @@ class MaskStats:
         self.seconds = 0.0
         self.compile_s: list[float] = []
         """Each grammar's compile time on its worker (:attr:`CompiledGrammar.compile_s`), in arrival order."""
+        self.requests = 0
+        self.compile_errors = 0
+        self.compile_timeouts = 0
+        self.compile_seconds = 0.0
+        self.compile_buckets = [0] * (len(GRAMMAR_COMPILE_BUCKETS) + 1)
+        self.mask_buckets = [0] * (len(GRAMMAR_MASK_BUCKETS) + 1)
+
+    def snapshot(self) -> GrammarStats:
+        """The counters for the wire (:class:`~paged_core.engine_core.messages.GrammarStats`)."""
+        if not self.requests:
+            return GrammarStats()
+        return GrammarStats(
+            self.requests,
+            self.compile_errors,
+            self.compile_timeouts,
+            list(self.compile_buckets),
+            self.compile_seconds,
+            list(self.mask_buckets),
+            self.seconds,
+            self.rows,
+        )
 
 
 class Grammars:
@@ -66,6 +101,7 @@ class Grammars:
     # ---- compiles -------------------------------------------------------
     def submit(self, request_id: str, spec: StructuredOutputs) -> None:
         """Start compiling ``spec`` for ``request_id``; it comes back from :meth:`ready`."""
+        self.stats.requests += 1
         self._pending[request_id] = self.compiler.submit(spec)
 
     def cancel(self, request_id: str) -> bool:
@@ -98,7 +134,14 @@ class Grammars:
                 grammar = future.result()
                 grammars[rid] = grammar
                 self.stats.compile_s.append(grammar.compile_s)
-            elif isinstance(exc, ConstraintError):
+                self.stats.compile_seconds += grammar.compile_s
+                self.stats.compile_buckets[bisect.bisect_left(GRAMMAR_COMPILE_BUCKETS, grammar.compile_s)] += 1
+                continue
+            if isinstance(exc, ConstraintTimeoutError):
+                self.stats.compile_timeouts += 1
+            else:
+                self.stats.compile_errors += 1
+            if isinstance(exc, ConstraintError):
                 errors[rid] = str(exc)
             else:
                 errors[rid] = f"structured_outputs: the constraint failed to compile ({type(exc).__name__}: {exc})"
@@ -165,9 +208,11 @@ class Grammars:
         self._count(len(rows), start)
 
     def _count(self, rows: int, start: float) -> None:
+        seconds = time.perf_counter() - start
         self.stats.steps += 1
         self.stats.rows += rows
-        self.stats.seconds += time.perf_counter() - start
+        self.stats.seconds += seconds
+        self.stats.mask_buckets[bisect.bisect_left(GRAMMAR_MASK_BUCKETS, seconds)] += 1
 
     def close(self) -> None:
         """Stop the compiler's pool, if one was built."""

@@ -77,6 +77,26 @@ class SeqDelta(msgspec.Struct, array_like=True):
     """A beam-search sequence comes whole, once, with its scores and its group's block figures."""
 
 
+GRAMMAR_COMPILE_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+GRAMMAR_MASK_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25)
+"""Upper bounds (seconds) of the grammar histograms; a ``*_buckets`` list counts one more: past the last bound."""
+
+
+class GrammarStats(msgspec.Struct, frozen=True, array_like=True):
+    """Structured outputs so far (counters): requests, compiles, and the masks of steps with constrained rows."""
+
+    requests: int = 0
+    compile_errors: int = 0
+    compile_timeouts: int = 0
+    compile_buckets: list[int] = []
+    """Compiles per :data:`GRAMMAR_COMPILE_BUCKETS` bucket (not cumulative; empty before any)."""
+    compile_seconds: float = 0.0
+    mask_buckets: list[int] = []
+    """Steps with constrained rows per :data:`GRAMMAR_MASK_BUCKETS` bucket of mask time (fill and apply)."""
+    mask_seconds: float = 0.0
+    mask_rows: int = 0
+
+
 class SchedulerStats(msgspec.Struct, frozen=True):
     """KV-cache, queue and prefix-cache figures after a step (prefix figures in tokens)."""
 
@@ -104,6 +124,8 @@ class SchedulerStats(msgspec.Struct, frozen=True):
     """Draft tokens the model kept so far."""
     batch_invariant: bool = False
     """Whether the running configuration is batch-invariant (:mod:`paged_core.loading.batch_invariance`)."""
+    grammar: GrammarStats = msgspec.field(default_factory=GrammarStats)
+    """Structured outputs' counters and histograms."""
 
 
 class CoreOutputs(msgspec.Struct, tag="outputs"):

@@ -11,10 +11,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from paged_core.engine_core.messages import SchedulerStats
+from paged_core.engine_core.messages import (
+    GRAMMAR_COMPILE_BUCKETS,
+    GRAMMAR_MASK_BUCKETS,
+    GrammarStats,
+    SchedulerStats,
+)
 from paged_core.frontend.outputs import RequestOutput
 from paged_core.speculative.proposer import SpecStats
 
@@ -129,6 +134,48 @@ def _engine_families(labels: list[str], rows: list[tuple[tuple[str, ...], Schedu
             fallbacks.add_metric([*values, reason], count)
     yield replays
     yield fallbacks
+    yield from _grammar_families(labels, [(values, s.grammar) for values, s, _ in rows])
+
+
+def _grammar_families(labels: list[str], rows: list[tuple[tuple[str, ...], GrammarStats]]) -> Iterator[Metric]:
+    """Structured outputs: constrained requests, failed compiles, compile time, mask time per step, rows masked."""
+    requests = CounterMetricFamily(
+        "paged_structured_requests", "Requests that came with structured_outputs (a grammar to compile).", labels=labels
+    )
+    failures = CounterMetricFamily(
+        "paged_structured_compile_failures",
+        "Grammar compiles that failed their request, by reason (error: refused by the grammar engine; timeout).",
+        labels=[*labels, "reason"],
+    )
+    compiles = HistogramMetricFamily(
+        "paged_structured_compile_seconds", "Seconds per grammar compile (on the compile pool).", labels=labels
+    )
+    masks = HistogramMetricFamily(
+        "paged_structured_mask_seconds",
+        "Seconds per engine step with constrained rows spent filling and applying their token masks.",
+        labels=labels,
+    )
+    mask_rows = CounterMetricFamily(
+        "paged_structured_mask_rows", "Constrained logits rows masked (sum over steps).", labels=labels
+    )
+    for values, g in rows:
+        requests.add_metric(list(values), g.requests)
+        failures.add_metric([*values, "error"], g.compile_errors)
+        failures.add_metric([*values, "timeout"], g.compile_timeouts)
+        compiles.add_metric(list(values), _buckets(GRAMMAR_COMPILE_BUCKETS, g.compile_buckets), g.compile_seconds)
+        masks.add_metric(list(values), _buckets(GRAMMAR_MASK_BUCKETS, g.mask_buckets), g.mask_seconds)
+        mask_rows.add_metric(list(values), g.mask_rows)
+    yield from (requests, failures, compiles, masks, mask_rows)
+
+
+def _buckets(bounds: tuple[float, ...], counts: list[int]) -> list[tuple[str, float]]:
+    """Prometheus' cumulative ``(le, count)`` pairs from per-bucket counts (all zero when ``counts`` is empty)."""
+    counts = counts or [0] * (len(bounds) + 1)
+    out, total = [], 0
+    for le, count in zip([*(repr(b) for b in bounds), "+Inf"], counts, strict=True):
+        total += count
+        out.append((le, float(total)))
+    return out
 
 
 @dataclass

@@ -3,6 +3,7 @@
 Examples::
 
     paged bench throughput --baseline hf-static,hf-cb --json out.json --plot out.png
+    paged bench throughput --num-requests 64 --constrained
     paged bench kv-util --plot kv.png
     paged bench prefix --num-requests 16 --json prefix.json
     paged bench serve --servers mp,inproc --concurrency 32 --json serve.json
@@ -68,6 +69,12 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--kv-tokens", type=int, default=32768, help="kv-util: KV budget in token slots")
     parser.add_argument("--json", dest="json_path", default=None, metavar="FILE", help="write the report as JSON")
     parser.add_argument("--plot", default=None, metavar="FILE.png", help="draw the workload's figure")
+    parser.add_argument(
+        "--constrained",
+        action="store_true",
+        help="throughput: also run every request with a JSON schema (8 bounded schemas) on the same engine, "
+        "and report constrained against unconstrained output tok/s, mask time per step and compile p50/p99",
+    )
     parser.add_argument("--no-progress", action="store_true", help="hide progress bars")
     parser.add_argument("-v", "--verbose", action="store_true", help="log engine set-up")
     add_engine_args(parser)
@@ -103,6 +110,7 @@ def options_from(args: argparse.Namespace) -> Any:
             engine=config.to_flat(),
             kv_util=kv,
             progress=not args.no_progress,
+            constrained=args.constrained,
         )
     except ValueError as exc:
         raise ConfigError(str(exc)) from None

@@ -8,19 +8,21 @@ tokens every step scheduled. Nothing in the engine is changed for this.
 from __future__ import annotations
 
 import dataclasses
+import json
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from tqdm.auto import tqdm
 
-from paged_bench.result import RunResult
+from paged_bench.result import RunResult, summarize
 from paged_bench.workloads import BenchRequest
 from paged_core.frontend.llm_engine import LLMEngine
 from paged_core.sampling.params import SamplingParams
 from paged_core.sched.output import SchedulerOutput
 from paged_core.sched.scheduler import Scheduler
 from paged_core.speculative.proposer import SpecStats
+from paged_core.structured import StructuredOutputs
 
 WARMUP = [BenchRequest([100 + i % 997 for i in range(512)], 4), BenchRequest(list(range(200, 232)), 4)]
 """Run before timing: the first steps of each shape pay one-off costs (allocator, kernel set-up), so one long
@@ -56,8 +58,9 @@ class StepProbe:
         self.scheduler.__dict__.pop("schedule", None)
 
 
-def _params(r: BenchRequest) -> SamplingParams:
-    return SamplingParams(temperature=0.0, max_tokens=r.max_tokens, ignore_eos=True)
+def _params(r: BenchRequest, constraint: StructuredOutputs | None = None) -> SamplingParams:
+    # EOS ignored either way: a constrained request still ends when its grammar does (the core stops it there).
+    return SamplingParams(temperature=0.0, max_tokens=r.max_tokens, ignore_eos=True, structured_outputs=constraint)
 
 
 def warm_up(engine: LLMEngine) -> None:
@@ -69,10 +72,36 @@ def warm_up(engine: LLMEngine) -> None:
     engine.core.scheduler.reset_prefix_cache()
 
 
-def run_engine(engine: LLMEngine, requests: Sequence[BenchRequest], name: str, progress: bool = True) -> RunResult:
-    """Submit every request at once, step until all finish, and measure (greedy, EOS ignored)."""
+def warm_up_constrained(engine: LLMEngine, constraint: StructuredOutputs) -> None:
+    """One short constrained request to completion (untimed): builds the core's grammar compiler (wrapping the
+    tokenizer takes about a second, once per engine) and the first masked steps' buffers."""
+    r = WARMUP[1]
+    engine.add_request(r.prompt_token_ids, _params(r, constraint))
+    while engine.has_unfinished_requests():
+        engine.step()
+    engine.core.scheduler.reset_prefix_cache()
+
+
+def run_engine(
+    engine: LLMEngine,
+    requests: Sequence[BenchRequest],
+    name: str,
+    progress: bool = True,
+    constraints: Sequence[StructuredOutputs] | None = None,
+) -> RunResult:
+    """Submit every request at once, step until all finish, and measure (greedy, EOS ignored).
+
+    With ``constraints`` (one per request) every request is constrained: it ends when its grammar does, so
+    the run's output tokens are those produced, and its ``structured`` figures say how (see
+    :func:`grammar_figures`).
+    """
     if engine.has_unfinished_requests():
         raise RuntimeError(f"{name}: the engine still has requests in flight; benchmarks need it idle")
+    if constraints is not None and len(constraints) != len(requests):
+        raise ValueError(f"{name}: {len(constraints)} constraints for {len(requests)} requests")
+    grammar0 = _grammar_counts(engine)
+    finish: dict[str, int] = {}
+    valid_json = 0
     kv = engine.core.scheduler.kv
     queries0, hits0 = kv.stats.queries, kv.stats.hits
     preempt0 = engine.core.scheduler.num_preemptions
@@ -83,7 +112,10 @@ def run_engine(engine: LLMEngine, requests: Sequence[BenchRequest], name: str, p
     emitted: list[tuple[float, int]] = []  # (time, tokens produced) per step
     try:
         start = time.perf_counter()
-        index = {engine.add_request(r.prompt_token_ids, _params(r)): i for i, r in enumerate(requests)}
+        index = {
+            engine.add_request(r.prompt_token_ids, _params(r, constraints[i] if constraints else None)): i
+            for i, r in enumerate(requests)
+        }
         done = 0
         with tqdm(total=n, desc=name, unit="req", disable=not progress) as bar:
             while done < n:
@@ -100,11 +132,15 @@ def run_engine(engine: LLMEngine, requests: Sequence[BenchRequest], name: str, p
                     if out.finished:
                         done += 1
                         bar.update(1)
+                        for c in out.outputs:
+                            finish[c.finish_reason or "unknown"] = finish.get(c.finish_reason or "unknown", 0) + 1
+                            valid_json += constraints is not None and _is_json(c.text)
                 emitted.append((now - start, produced))
         seconds = time.perf_counter() - start
     finally:
         probe.close()
-    output_tokens = sum(r.max_tokens for r in requests)
+    # Unconstrained, every request makes exactly max_tokens (EOS ignored); constrained ones stop early.
+    output_tokens = sum(k for _, k in emitted) if constraints is not None else sum(r.max_tokens for r in requests)
     ttft = [t for t in first if t is not None]
     now_spec = engine.core.spec_stats
     spec = SpecStats(
@@ -130,7 +166,47 @@ def run_engine(engine: LLMEngine, requests: Sequence[BenchRequest], name: str, p
         preemptions=engine.core.scheduler.num_preemptions - preempt0,
         spec_acceptance_rate=spec.acceptance_rate if spec.verify_rows else None,
         spec_mean_accepted_length=spec.mean_accepted_length if spec.verify_rows else None,
+        structured=grammar_figures(grammar0, _grammar_counts(engine), finish, valid_json)
+        if constraints is not None
+        else None,
     )
+
+
+def _is_json(text: str) -> bool:
+    try:
+        json.loads(text)
+    except ValueError:
+        return False
+    return True
+
+
+def _grammar_counts(engine: LLMEngine) -> tuple[int, int, float, list[float]]:
+    """The core's mask figures so far: masked steps, rows, seconds, and every compile time."""
+    stats = engine.core.grammars.stats
+    return stats.steps, stats.rows, stats.seconds, list(stats.compile_s)
+
+
+def grammar_figures(
+    before: tuple[int, int, float, list[float]],
+    after: tuple[int, int, float, list[float]],
+    finish: dict[str, int],
+    valid_json: int,
+) -> dict[str, Any]:
+    """A constrained run's figures from the engine's grammar stats: masked steps (mean seconds a step and
+    mean constrained rows a step), compile p50/p99, how the requests finished and how many parsed as JSON."""
+    steps, rows, seconds = (after[i] - before[i] for i in range(3))  # type: ignore[operator]
+    compiles = after[3][len(before[3]) :]
+    return {
+        "mask_steps": steps,
+        "mask_rows": rows,
+        "mask_seconds": seconds,
+        "mask_s_per_step": seconds / steps if steps else None,
+        "rows_per_step": rows / steps if steps else None,
+        "compiles": len(compiles),
+        "compile_s": summarize(compiles) if compiles else None,
+        "finish_reasons": dict(sorted(finish.items())),
+        "valid_json": valid_json,
+    }
 
 
 def decode_rate(emitted: Sequence[tuple[float, int]], start: float) -> float | None:

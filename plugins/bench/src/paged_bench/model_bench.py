@@ -15,7 +15,8 @@ from typing import Any
 
 import torch
 
-from paged_bench.engine_run import engine_config_summary, run_engine, warm_up
+from paged_bench.constrained import CONSTRAINED, schema_for
+from paged_bench.engine_run import engine_config_summary, run_engine, warm_up, warm_up_constrained
 from paged_bench.hf_runs import run_hf_cb, run_hf_static
 from paged_bench.machine import measure_copy_bandwidth, measure_gemm
 from paged_bench.options import BenchOptions
@@ -26,6 +27,7 @@ from paged_core.engine_config import EngineConfig
 from paged_core.frontend.llm_engine import LLMEngine
 from paged_core.loading.build import bytes_per_block
 from paged_core.reference.backend import ReferenceBackend
+from paged_core.structured import StructuredOutputs
 
 log = logging.getLogger("paged.bench")
 
@@ -62,6 +64,12 @@ def run_model_workload(opts: BenchOptions, requests: Sequence[BenchRequest]) -> 
     engine = LLMEngine(config)
     summary = engine_config_summary(engine)
     runs = [_timed(engine, requests, OURS, opts.progress)]
+    if opts.constrained:
+        # The same engine and requests, each with a JSON schema: what structured outputs cost.
+        constraints = [StructuredOutputs(json=schema_for(i)) for i in range(len(requests))]
+        warm_up(engine)
+        warm_up_constrained(engine, constraints[0])
+        runs.append(run_engine(engine, requests, CONSTRAINED, opts.progress, constraints))
     if opts.workload == "prefix":
         # Same weights, fresh cache and scheduler, prefix caching off: the figure caching must beat.
         off = LLMEngine(config.replace(enable_prefix_caching=False), engine.loaded)

@@ -45,6 +45,8 @@ class BenchOptions:
     engine: dict[str, Any] = field(default_factory=dict)
     kv_util: KVUtilConfig = field(default_factory=KVUtilConfig)
     progress: bool = True
+    constrained: bool = False
+    """``throughput`` only: run the same requests again with a JSON schema each (see ``constrained``)."""
 
     def __post_init__(self) -> None:
         if self.workload not in WORKLOADS:
@@ -58,6 +60,8 @@ class BenchOptions:
                 raise ValueError(f"{name} must be an int >= 1, got {value!r}")
         if not isinstance(self.hf_batch, int) or self.hf_batch < 1:
             raise ValueError(f"hf_batch must be an int >= 1, got {self.hf_batch!r}")
+        if self.constrained and self.workload != "throughput":
+            raise ValueError(f"--constrained applies to the throughput workload only, not {self.workload!r}")
 
     @property
     def uses_model(self) -> bool:
@@ -75,4 +79,5 @@ class BenchOptions:
             "hf_batch": self.hf_batch,
             "engine": dict(self.engine),
             "kv_util": self.kv_util.to_dict() if not self.uses_model else None,
+            "constrained": self.constrained,
         }

@@ -11,6 +11,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+from paged_bench.constrained import CONSTRAINED
 from paged_bench.result import RunResult, percentile
 from paged_bench.trace import UtilizationTrace
 from paged_bench.workloads import BenchRequest
@@ -22,6 +23,7 @@ GOALS: tuple[tuple[str, str, str, float], ...] = (
     ("throughput", "output tok/s vs transformers static batching", "paged_vs_hf-static", 3.0),
     ("throughput", "output tok/s vs transformers continuous batching", "paged_vs_hf-cb", 6.0),
     ("throughput", "share of the GEMM roofline", "roofline_fraction", 0.35),
+    ("throughput", "constrained output tok/s vs unconstrained (--constrained)", "constrained_vs_paged", 0.9),
     ("kv-util", "KV utilization", "utilization", 0.95),
     ("kv-util", "peak concurrent requests vs reservation", "peak_concurrency_ratio", 3.0),
     ("prefix", "fewer prefill tokens with caching on", "prefill_reduction", 0.90),
@@ -53,6 +55,9 @@ def ratios(runs: Sequence[RunResult]) -> dict[str, float]:
     for r in runs:
         if r is not ours:
             out[f"paged_vs_{r.name}"] = ours.output_tok_s / r.output_tok_s
+    constrained = by_name.get(CONSTRAINED)
+    if constrained is not None:  # output tokens per second: constrained requests stop when their grammar ends
+        out["constrained_vs_paged"] = constrained.output_tok_s / ours.output_tok_s
     off = by_name.get("paged-no-prefix-cache")
     if off is not None:
         if off.prefill_tokens_computed and ours.prefill_tokens_computed is not None:

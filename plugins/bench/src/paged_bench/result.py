@@ -59,6 +59,8 @@ class RunResult:
     """Speculative decoding: draft tokens kept / verified in this run (None without speculation)."""
     spec_mean_accepted_length: float | None = None
     """Tokens produced per verifying sequence step (kept drafts + 1)."""
+    structured: dict[str, Any] | None = None
+    """Constrained runs: mask time per step, rows per step, compile times, finish reasons (see ``engine_run``)."""
 
     def __post_init__(self) -> None:
         if not self.seconds > 0:
@@ -77,8 +79,8 @@ class RunResult:
         return percentile(self.ttft, 50) if self.ttft else None
 
     def to_dict(self) -> dict[str, Any]:
-        """The JSON record (see the schema in the bench README)."""
-        return {
+        """The JSON record (see the schema in the bench README); ``structured`` only for a constrained run."""
+        record: dict[str, Any] = {
             "name": self.name,
             "seconds": self.seconds,
             "num_requests": self.num_requests,
@@ -97,3 +99,6 @@ class RunResult:
             "spec_acceptance_rate": self.spec_acceptance_rate,
             "spec_mean_accepted_length": self.spec_mean_accepted_length,
         }
+        if self.structured is not None:
+            record["structured"] = self.structured
+        return record

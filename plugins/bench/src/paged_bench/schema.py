@@ -96,6 +96,20 @@ RUN["properties"]["roofline"] = ROOFLINE
 """Optional (llama.cpp runs): the run's own bandwidth roofline, for a system reading other weight bytes than ours."""
 RUN["properties"]["llama_cpp"] = {"type": ["object", "null"]}
 """Optional (llama.cpp runs): what llama-bench reported (build, model type, threads, spread)."""
+RUN["properties"]["structured"] = _obj(
+    {
+        "mask_steps": INT,
+        "mask_rows": INT,
+        "mask_seconds": NUM,
+        "mask_s_per_step": OPT_NUM,
+        "rows_per_step": OPT_NUM,
+        "compiles": INT,
+        "compile_s": SUMMARY,
+        "finish_reasons": {"type": "object", "additionalProperties": INT},
+        "valid_json": INT,
+    }
+)
+"""Optional (the ``--constrained`` run): the engine's grammar figures over the run (see ``engine_run``)."""
 
 REPORT = _obj(
     {

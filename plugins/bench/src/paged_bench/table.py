@@ -84,6 +84,34 @@ def goals_table(report: dict[str, Any]) -> Table:
     return t
 
 
+def constrained_lines(report: dict[str, Any]) -> list[str]:
+    """The ``--constrained`` comparison in words (empty without a constrained run)."""
+    runs = {r["name"]: r for r in report["runs"]}
+    con, plain = runs.get("paged-constrained"), runs.get("paged")
+    if con is None or plain is None or con.get("structured") is None:
+        return []
+    g = con["structured"]
+    lines = [
+        f"constrained: {con['output_tok_s']:.1f} output tok/s, unconstrained {plain['output_tok_s']:.1f}: "
+        f"{report['ratios']['constrained_vs_paged']:.2f}x (output tokens per second: a constrained request stops "
+        f"when its grammar ends, so it makes {con['output_tokens']} tokens against {plain['output_tokens']})",
+        f"  finished: {', '.join(f'{k} {v}' for k, v in g['finish_reasons'].items())}; "
+        f"valid JSON {g['valid_json']} of {con['num_requests']}",
+    ]
+    if g["mask_s_per_step"] is not None:
+        lines.append(
+            f"  mask (fill + apply): {g['mask_s_per_step'] * 1e3:.3f} ms per step with constrained rows, "
+            f"{g['rows_per_step']:.1f} rows per step on average, {g['mask_steps']} steps, "
+            f"{g['mask_seconds']:.2f} s in all ({g['mask_seconds'] / con['seconds']:.1%} of the run)"
+        )
+    if g["compile_s"] is not None:
+        c = g["compile_s"]
+        lines.append(
+            f"  compile: p50 {c['p50'] * 1e3:.2f} ms, p99 {c['p99'] * 1e3:.2f} ms over {g['compiles']} grammars"
+        )
+    return lines
+
+
 def print_summary(report: dict[str, Any], console: Console | None = None) -> None:
     """Print every table that applies to the report's workload, then the roofline line."""
     if console is None:
@@ -117,5 +145,7 @@ def print_summary(report: dict[str, Any], console: Console | None = None) -> Non
                         f"{other['peak_bytes_per_s'] / 1e9:.1f} GB/s of weights ({other['fraction']:.1%}); "
                         f"{other['weight_bytes_per_token'] / 1e6:.1f} MB per token"
                     )
+    for line in constrained_lines(report):
+        console.print(line)
     if report["goals"]:
         console.print(goals_table(report))
