@@ -46,7 +46,7 @@ def test_chatml_tools_renders_what_hermes_reads() -> None:
     )
     assert text.startswith("<|im_start|>system\nBe brief.\n") and text.count("<|im_start|>system") == 1
     assert json.loads(text.split("<tools>\n")[1].split("\n</tools>")[0]) == TOOL
-    assert '<tool_response>\n{"celsius": 21}\n</tool_response>' in text
+    assert '<|im_start|>tool\n<tool_response>\n{"celsius": 21}\n</tool_response>' in text
     assert text.endswith("<|im_start|>assistant\n")
     turn = text.split("<|im_start|>assistant\n")[1].split("<|im_end|>")[0]
     parsed = HermesToolParser().extract(turn)
