@@ -14,8 +14,9 @@ from paged_core.structured import ConstraintCompileError, ConstraintTimeoutError
 
 
 class _Compiled:
-    def __init__(self, compile_s: float) -> None:
+    def __init__(self, compile_s: float, cached: bool = False) -> None:
         self.compile_s = compile_s
+        self.cached = cached
 
 
 class _Compiler:
@@ -31,6 +32,8 @@ class _Compiler:
         outcome = self.outcomes.pop(0)
         if isinstance(outcome, BaseException):
             future.set_exception(outcome)
+        elif isinstance(outcome, _Compiled):
+            future.set_result(outcome)
         else:
             future.set_result(_Compiled(outcome))
         return future
@@ -40,15 +43,23 @@ class _Compiler:
 
 
 def test_requests_compiles_and_failures_are_counted_by_kind() -> None:
-    outcomes = [0.003, ConstraintCompileError("json", "bad"), ConstraintTimeoutError("regex", "slow"), 20.0, 0.003]
+    cache_hit = _Compiled(5.0, cached=True)  # the compiler's cache answered: a request, but no compile
+    outcomes = [
+        0.003,
+        ConstraintCompileError("json", "bad"),
+        ConstraintTimeoutError("regex", "slow"),
+        20.0,
+        0.003,
+        cache_hit,
+    ]
     grammars = Grammars(lambda: _Compiler(outcomes), lambda logits, bitmask, rows: None)  # type: ignore[arg-type,return-value]
     assert grammars.stats.snapshot() == GrammarStats()  # nothing constrained yet: the empty struct
-    for i in range(5):
+    for i in range(6):
         grammars.submit(f"r{i}", StructuredOutputs(regex="a+"))
     ready, errors = grammars.ready()
-    assert sorted(ready) == ["r0", "r3", "r4"] and sorted(errors) == ["r1", "r2"]
+    assert sorted(ready) == ["r0", "r3", "r4", "r5"] and sorted(errors) == ["r1", "r2"]
     g = grammars.stats.snapshot()
-    assert (g.requests, g.compile_errors, g.compile_timeouts) == (5, 1, 1)
+    assert (g.requests, g.compile_errors, g.compile_timeouts) == (6, 1, 1)
     at = next(i for i, b in enumerate(GRAMMAR_COMPILE_BUCKETS) if 0.003 <= b)
     assert g.compile_buckets[at] == 2 and g.compile_buckets[-1] == 1  # 20 s: past the last bound
     assert sum(g.compile_buckets) == 3 and abs(g.compile_seconds - 20.006) < 1e-9

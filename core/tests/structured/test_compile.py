@@ -9,6 +9,7 @@ from typing import Any
 
 import jsonschema
 import pytest
+import torch
 
 from paged_core.structured import (
     ConstraintCompileError,
@@ -144,3 +145,37 @@ def test_a_slow_compile_times_out_alone(tokenizer: Any, monkeypatch: pytest.Monk
 def test_a_vocab_below_the_tokenizers_is_refused(tokenizer: Any) -> None:
     with pytest.raises(ValueError, match="below the tokenizer"):
         GrammarCompiler(tokenizer, vocab_size=1000)
+
+
+def test_a_repeated_constraint_compiles_once(tokenizer: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Same constraint, one compile: those submitted while it runs share it, later ones hit the cache; a failure is
+    not kept, and a cancelled waiter leaves the compile to the others."""
+    with GrammarCompiler(tokenizer, max_workers=2) as compiler:
+        real = compiler._compile
+        started: list[str] = []
+
+        def counted(spec: StructuredOutputs) -> Any:
+            started.append(spec.kind)
+            time.sleep(0.2)  # long enough that the next submits find it running
+            return real(spec)
+
+        monkeypatch.setattr(compiler, "_compile", counted)
+        spec = StructuredOutputs(json=SCHEMAS[0])
+        first, cancelled, second = (compiler.submit(spec) for _ in range(3))
+        assert cancelled.cancel()
+        a, b = first.result(), second.result()
+        assert started == ["json"] and not a.cached
+        again = compiler.submit(StructuredOutputs(json=json.dumps(SCHEMAS[0]))).result()  # equal spec, from its text
+        assert again.cached and started == ["json"] and again.compile_s == a.compile_s
+        one, other = a.matcher(), again.matcher()  # each hands out independent matchers
+        start = allocate_bitmask(1, compiler.vocab_size)
+        other.fill(start, 0)
+        assert one.accept([int(allowed(start[0])[0])])
+        after = allocate_bitmask(1, compiler.vocab_size)
+        other.fill(after, 0)
+        assert torch.equal(after, start) and b.field == "json"
+        bad = StructuredOutputs(regex="(")
+        for _ in range(2):
+            with pytest.raises(ConstraintCompileError):
+                compiler.compile(bad)
+        assert started == ["json", "regex", "regex"]

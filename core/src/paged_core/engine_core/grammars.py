@@ -133,6 +133,8 @@ class Grammars:
             if exc is None:
                 grammar = future.result()
                 grammars[rid] = grammar
+                if grammar.cached:  # the compiler's cache answered: no compile to count
+                    continue
                 self.stats.compile_s.append(grammar.compile_s)
                 self.stats.compile_seconds += grammar.compile_s
                 self.stats.compile_buckets[bisect.bisect_left(GRAMMAR_COMPILE_BUCKETS, grammar.compile_s)] += 1

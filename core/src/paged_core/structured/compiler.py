@@ -6,6 +6,11 @@ llguidance otherwise builds lazily on the first step) runs on the pool, bounded 
 fuel limits and by the compiler's timeout. A refused constraint fails its future with
 :class:`.ConstraintCompileError`, a slow one with :class:`.ConstraintTimeoutError`, each naming the field;
 other compiles go on.
+
+Compiled grammars are kept (least recently used first out, :data:`CACHE_SIZE` of them): agents send the same
+schema with every turn, and a server checks each constraint before its core compiles it again, so a repeat costs
+a copy of the compiled matcher instead of a compile. A compile still running is shared by every request for the
+same constraint; failures are not kept (a timeout may be the machine's load, not the grammar's).
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+from collections import OrderedDict
 from concurrent.futures import Future, InvalidStateError, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
@@ -29,17 +35,25 @@ DEFAULT_TIMEOUT_S = 10.0
 JSON_OPTIONS: JsonCompileOptions = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 MAX_GRAMMAR_SIZE = 200_000
 """llguidance's bound on grammar symbols (its default is 500,000)."""
+CACHE_SIZE = 256
+"""Compiled grammars kept per compiler (each holds its lexer: tens to hundreds of KiB)."""
 
 
 class CompiledGrammar:
     """A constraint compiled for one tokenizer: :meth:`matcher` starts a sequence on it."""
 
-    def __init__(self, template: Any, field: str, compile_s: float) -> None:
+    def __init__(self, template: Any, field: str, compile_s: float, cached: bool = False) -> None:
         self._template = template
         self.field = field
         """The :class:`.StructuredOutputs` field it came from."""
         self.compile_s = compile_s
         """Seconds the compile took on its worker (for metrics)."""
+        self.cached = cached
+        """True when this came from the compiler's cache (no compile ran for it)."""
+
+    def reused(self) -> CompiledGrammar:
+        """This grammar as a cache hit hands it out."""
+        return CompiledGrammar(self._template, self.field, self.compile_s, cached=True)
 
     def matcher(self) -> GrammarMatcher:
         """A fresh matcher at the start of the grammar."""
@@ -92,9 +106,40 @@ class GrammarCompiler:
         self._ll_tokenizer = llguidance.hf.from_tokenizer(tokenizer, n_vocab=self.vocab_size)
         self._limits = llguidance.LLParserLimits(max_grammar_size=MAX_GRAMMAR_SIZE, verbose_errors=False)
         self._pool = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="grammar-compile")
+        self._cache: OrderedDict[StructuredOutputs, CompiledGrammar] = OrderedDict()
+        self._running: dict[StructuredOutputs, Future[CompiledGrammar]] = {}
+        self._lock = threading.Lock()
 
     def submit(self, spec: StructuredOutputs) -> Future[CompiledGrammar]:
-        """Start compiling ``spec``; the future holds a :class:`CompiledGrammar` or a :class:`.ConstraintError`."""
+        """Start compiling ``spec``; the future holds a :class:`CompiledGrammar` or a :class:`.ConstraintError`.
+
+        A constraint compiled before comes back at once from the cache; one compiling now shares that compile.
+        """
+        with self._lock:
+            hit = self._cache.get(spec)
+            if hit is not None:
+                self._cache.move_to_end(spec)
+                done: Future[CompiledGrammar] = Future()
+                done.set_result(hit.reused())
+                return done
+            running = self._running.get(spec)
+            if running is not None:
+                return _follow(running)
+            outer = self._start(spec)
+            self._running[spec] = outer
+        outer.add_done_callback(lambda f: self._settled(spec, f))
+        return _follow(outer)
+
+    def _settled(self, spec: StructuredOutputs, future: Future[CompiledGrammar]) -> None:
+        with self._lock:
+            self._running.pop(spec, None)
+            if future.exception() is None:
+                self._cache[spec] = future.result()
+                while len(self._cache) > CACHE_SIZE:
+                    self._cache.popitem(last=False)
+
+    def _start(self, spec: StructuredOutputs) -> Future[CompiledGrammar]:
+        """One compile of ``spec`` on the pool, failed by the timer if it runs past ``timeout_s``."""
         outer: Future[CompiledGrammar] = Future()
         field = spec.kind
         timer = threading.Timer(self.timeout_s, self._expire, (outer, field))
@@ -154,6 +199,26 @@ class GrammarCompiler:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _follow(source: Future[CompiledGrammar]) -> Future[CompiledGrammar]:
+    """A future of its own that ends as ``source`` does: a caller cancelling it leaves ``source`` to the others."""
+    mine: Future[CompiledGrammar] = Future()
+
+    def copy(done: Future[CompiledGrammar]) -> None:
+        if mine.done():
+            return
+        error = done.exception()
+        try:
+            if error is None:
+                mine.set_result(done.result())
+            else:
+                mine.set_exception(error)
+        except InvalidStateError:  # cancelled by its caller meanwhile
+            pass
+
+    source.add_done_callback(copy)
+    return mine
 
 
 _SCRATCH = threading.local()
