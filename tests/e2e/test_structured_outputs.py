@@ -99,3 +99,18 @@ def test_greedy_constrained_output_is_the_same_with_ngram_speculation(llm: LLM) 
         assert a.outputs[0].token_ids == b.outputs[0].token_ids, (a.outputs[0].text, b.outputs[0].text)
         assert a.outputs[0].finish_reason == b.outputs[0].finish_reason == "stop"
     assert spec.engine.core.spec_stats.verify_rows > 0  # drafts did run against the grammar
+
+
+def test_min_tokens_and_ignore_eos_yield_to_the_grammars_end(llm: LLM) -> None:
+    """``min_tokens`` holds the end off only while the grammar can go on; a grammar that has ended ends the output
+    (``stop``) even below ``min_tokens`` or under ``ignore_eos``, never a token outside it."""
+    digits = StructuredOutputs(regex="[0-9]+")
+    cases = [
+        SamplingParams(max_tokens=20, min_tokens=8, structured_outputs=StructuredOutputs(choice=["yes", "no"])),
+        SamplingParams(max_tokens=12, min_tokens=6, structured_outputs=digits),
+        SamplingParams(max_tokens=20, ignore_eos=True, structured_outputs=StructuredOutputs(choice=["a", "b"])),
+    ]
+    yes_no, number, ab = (o.outputs[0] for o in llm.generate(["Is it?", "A number:", "Pick"], cases, use_tqdm=False))
+    assert yes_no.text in ("yes", "no") and yes_no.finish_reason == "stop"
+    assert re.fullmatch("[0-9]+", number.text) and len(number.token_ids) >= 6
+    assert ab.text in ("a", "b") and ab.finish_reason == "stop"
