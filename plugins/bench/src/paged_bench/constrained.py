@@ -12,6 +12,9 @@ from typing import Any
 
 CONSTRAINED = "paged-constrained"
 """The constrained run's name in the report (our engine, same weights and cache, every request constrained)."""
+SAME_LENGTHS = "paged-same-lengths"
+"""Unconstrained again, each request capped at the length its constrained run produced: the same tokens, so
+the time difference is what constraining cost (masks, compiles, accepting tokens)."""
 
 
 def _obj(props: dict[str, Any], required: list[str] | None = None) -> dict[str, Any]:

@@ -42,10 +42,10 @@ class StepProbe:
         self.scheduled_tokens = 0
         self.steps = 0
         self.peak_running = 0
-        inner: Callable[[], SchedulerOutput] = scheduler.schedule
+        inner: Callable[..., SchedulerOutput] = scheduler.schedule
 
-        def schedule() -> SchedulerOutput:
-            out = inner()
+        def schedule(*args: Any, **kwargs: Any) -> SchedulerOutput:  # whatever the scheduler takes (``overlap``)
+            out = inner(*args, **kwargs)
             self.scheduled_tokens += out.total_num_scheduled_tokens
             self.steps += 1
             self.peak_running = max(self.peak_running, scheduler.num_running)
@@ -102,6 +102,7 @@ def run_engine(
     grammar0 = _grammar_counts(engine)
     finish: dict[str, int] = {}
     valid_json = 0
+    lengths = [0] * len(requests)
     kv = engine.core.scheduler.kv
     queries0, hits0 = kv.stats.queries, kv.stats.hits
     preempt0 = engine.core.scheduler.num_preemptions
@@ -126,7 +127,9 @@ def run_engine(
                     i = index.get(out.request_id)
                     if i is None:
                         continue
-                    produced += sum(len(c.new_token_ids) for c in out.outputs)
+                    new = sum(len(c.new_token_ids) for c in out.outputs)
+                    produced += new
+                    lengths[i] += new
                     if first[i] is None and any(c.token_ids for c in out.outputs):
                         first[i] = now - start
                     if out.finished:
@@ -166,7 +169,7 @@ def run_engine(
         preemptions=engine.core.scheduler.num_preemptions - preempt0,
         spec_acceptance_rate=spec.acceptance_rate if spec.verify_rows else None,
         spec_mean_accepted_length=spec.mean_accepted_length if spec.verify_rows else None,
-        structured=grammar_figures(grammar0, _grammar_counts(engine), finish, valid_json)
+        structured=grammar_figures(grammar0, _grammar_counts(engine), finish, valid_json, lengths)
         if constraints is not None
         else None,
     )
@@ -191,9 +194,11 @@ def grammar_figures(
     after: tuple[int, int, float, list[float]],
     finish: dict[str, int],
     valid_json: int,
+    lengths: Sequence[int],
 ) -> dict[str, Any]:
     """A constrained run's figures from the engine's grammar stats: masked steps (mean seconds a step and
-    mean constrained rows a step), compile p50/p99, how the requests finished and how many parsed as JSON."""
+    mean constrained rows a step), compile p50/p99, how the requests finished, how many parsed as JSON, and
+    each request's output length."""
     steps, rows, seconds = (after[i] - before[i] for i in range(3))  # type: ignore[operator]
     compiles = after[3][len(before[3]) :]
     return {
@@ -206,6 +211,7 @@ def grammar_figures(
         "compile_s": summarize(compiles) if compiles else None,
         "finish_reasons": dict(sorted(finish.items())),
         "valid_json": valid_json,
+        "output_lens": list(lengths),
     }
 
 

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from paged_bench.constrained import CONSTRAINED, schema_for
+from paged_bench.constrained import CONSTRAINED, SAME_LENGTHS, schema_for
 from paged_bench.engine_run import engine_config_summary, run_engine, warm_up, warm_up_constrained
 from paged_bench.hf_runs import run_hf_cb, run_hf_static
 from paged_bench.machine import measure_copy_bandwidth, measure_gemm
@@ -69,7 +69,12 @@ def run_model_workload(opts: BenchOptions, requests: Sequence[BenchRequest]) -> 
         constraints = [StructuredOutputs(json=schema_for(i)) for i in range(len(requests))]
         warm_up(engine)
         warm_up_constrained(engine, constraints[0])
-        runs.append(run_engine(engine, requests, CONSTRAINED, opts.progress, constraints))
+        constrained = run_engine(engine, requests, CONSTRAINED, opts.progress, constraints)
+        runs.append(constrained)
+        assert constrained.structured is not None
+        lengths = constrained.structured["output_lens"]
+        matched = [BenchRequest(r.prompt_token_ids, max(1, n)) for r, n in zip(requests, lengths, strict=True)]
+        runs.append(_timed(engine, matched, SAME_LENGTHS, opts.progress))
     if opts.workload == "prefix":
         # Same weights, fresh cache and scheduler, prefix caching off: the figure caching must beat.
         off = LLMEngine(config.replace(enable_prefix_caching=False), engine.loaded)

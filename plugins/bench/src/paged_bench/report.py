@@ -11,7 +11,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from paged_bench.constrained import CONSTRAINED
+from paged_bench.constrained import CONSTRAINED, SAME_LENGTHS
 from paged_bench.result import RunResult, percentile
 from paged_bench.trace import UtilizationTrace
 from paged_bench.workloads import BenchRequest
@@ -58,6 +58,9 @@ def ratios(runs: Sequence[RunResult]) -> dict[str, float]:
     constrained = by_name.get(CONSTRAINED)
     if constrained is not None:  # output tokens per second: constrained requests stop when their grammar ends
         out["constrained_vs_paged"] = constrained.output_tok_s / ours.output_tok_s
+        same = by_name.get(SAME_LENGTHS)
+        if same is not None:  # the same tokens unconstrained: the cost of constraining alone
+            out["constrained_vs_same_lengths"] = constrained.output_tok_s / same.output_tok_s
     off = by_name.get("paged-no-prefix-cache")
     if off is not None:
         if off.prefill_tokens_computed and ours.prefill_tokens_computed is not None:

@@ -107,6 +107,7 @@ RUN["properties"]["structured"] = _obj(
         "compile_s": SUMMARY,
         "finish_reasons": {"type": "object", "additionalProperties": INT},
         "valid_json": INT,
+        "output_lens": {"type": "array", "items": INT},
     }
 )
 """Optional (the ``--constrained`` run): the engine's grammar figures over the run (see ``engine_run``)."""

@@ -95,6 +95,14 @@ def constrained_lines(report: dict[str, Any]) -> list[str]:
         f"constrained: {con['output_tok_s']:.1f} output tok/s, unconstrained {plain['output_tok_s']:.1f}: "
         f"{report['ratios']['constrained_vs_paged']:.2f}x (output tokens per second: a constrained request stops "
         f"when its grammar ends, so it makes {con['output_tokens']} tokens against {plain['output_tokens']})",
+    ]
+    same = runs.get("paged-same-lengths")
+    if same is not None and "constrained_vs_same_lengths" in report["ratios"]:
+        lines.append(
+            f"  same lengths unconstrained ({same['output_tokens']} tokens): {same['output_tok_s']:.1f} output tok/s; "
+            f"constrained {report['ratios']['constrained_vs_same_lengths']:.2f}x of it"
+        )
+    lines += [
         f"  finished: {', '.join(f'{k} {v}' for k, v in g['finish_reasons'].items())}; "
         f"valid JSON {g['valid_json']} of {con['num_requests']}",
     ]
@@ -107,7 +115,8 @@ def constrained_lines(report: dict[str, Any]) -> list[str]:
     if g["compile_s"] is not None:
         c = g["compile_s"]
         lines.append(
-            f"  compile: p50 {c['p50'] * 1e3:.2f} ms, p99 {c['p99'] * 1e3:.2f} ms over {g['compiles']} grammars"
+            f"  compile: p50 {c['p50'] * 1e3:.2f} ms, p99 {c['p99'] * 1e3:.2f} ms over {g['compiles']} compiles for "
+            f"{con['num_requests']} requests (the compiler's cache serves a repeated schema without compiling)"
         )
     return lines
 
