@@ -130,3 +130,33 @@ def test_drafts_are_checked_against_the_grammar(tiny_loaded: Any) -> None:
     for rid in params:
         assert drafted[rid].outputs[0].token_ids == plain[rid].outputs[0].token_ids
         assert re.fullmatch(r"(ab|abc){4,8}!", drafted[rid].outputs[0].text)
+
+
+def test_a_compile_in_flight_never_holds_the_step_loop(tiny_loaded: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A constraint whose compile is held (a pathological grammar) waits alone: a free request runs to its end while
+    it waits, then the held one compiles and completes."""
+    import threading
+
+    engine = make_engine(tiny_loaded)
+    compiler = engine.core.grammars.compiler
+    release = threading.Event()
+    real = compiler._compile
+
+    def held(spec: StructuredOutputs) -> Any:
+        assert release.wait(60)
+        return real(spec)
+
+    monkeypatch.setattr(compiler, "_compile", held)
+    engine.add_request("hi", _params(structured_outputs=StructuredOutputs(regex=REGEX)), request_id="held")
+    engine.add_request("hi", _params(max_tokens=8), request_id="free")
+    free: RequestOutput | None = None
+    for _ in range(50):
+        free = next((o for o in engine.step() if o.request_id == "free" and o.finished), free)
+        if free is not None:
+            break
+    assert free is not None and len(free.outputs[0].token_ids) == 8
+    assert engine.core.grammars.pending == 1 and engine.has_unfinished_requests()
+    release.set()
+    out = run_to_end(engine)
+    assert re.fullmatch(REGEX, out["held"].outputs[0].text)
+    assert all_blocks_free(engine)
