@@ -82,7 +82,7 @@ def test_throughput_with_every_baseline(tiny_model: str, tmp_path: Path) -> None
     assert set(r["ratios"]) == {"paged_vs_hf-static", "paged_vs_hf-cb", "paged_vs_reference"}
     assert all(run["output_tokens"] == 8 for run in r["runs"])
     assert r["roofline"]["kind"] == "flops" and r["roofline"]["gemm"]["shape"] == [256, 576, 49152]
-    figures = ["paged_vs_hf-static", "paged_vs_hf-cb", "roofline_fraction", "constrained_vs_paged"]
+    figures = ["paged_vs_hf-static", "paged_vs_hf-cb", "roofline_fraction", "constrained_vs_same_lengths"]
     assert [g["figure"] for g in r["goals"]] == figures
     assert r["goals"][-1]["value"] is None  # no --constrained: not measured
     # Ours runs as a user starts it: dtype auto, resolved for this CPU and recorded.
