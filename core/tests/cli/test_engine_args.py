@@ -45,6 +45,8 @@ def _other_value(name: str, leaf: FlatField) -> tuple[list[str], Any]:
     default, kinds = leaf.field.default, set(get_args(leaf.type)) or {leaf.type}
     if leaf.type is bool:
         return [flag], not default
+    if leaf.type == bool | None:  # left to the engine unless --flag or --no-flag
+        return [flag], True
     if "choices" in kwargs:
         value: Any = next(c for c in reversed(kwargs["choices"]) if c != default)
         return [flag, value], value

@@ -35,6 +35,10 @@ def engine_flag(name: str, leaf: FlatField) -> tuple[str, dict[str, Any]]:
         # A switch on by default is turned off by its (negative) flag, and vice versa.
         kwargs["action"] = "store_false" if f.default else "store_true"
         return flag, kwargs
+    if leaf.type == bool | None:
+        # A switch the engine decides unless told: --name turns it on, --no-name off, neither leaves None.
+        kwargs["action"], kwargs["default"] = argparse.BooleanOptionalAction, None
+        return flag, kwargs
     kinds = [t for t in (get_args(leaf.type) if _is_union(leaf.type) else (leaf.type,)) if t is not type(None)]
     kwargs["default"] = f.default
     if "choices" in meta:

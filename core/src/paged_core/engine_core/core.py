@@ -19,6 +19,14 @@ from paged_core.engine_core.beam import BeamSearch
 from paged_core.engine_core.drafts import Drafts
 from paged_core.engine_core.grammars import Grammars
 from paged_core.engine_core.messages import CoreAbort, CoreFacts, CoreOutputs, CoreRequest, SchedulerStats, SeqDelta
+from paged_core.engine_core.overlap import (
+    InFlight,
+    OverlapStats,
+    StepWorker,
+    async_scheduling,
+    fill_placeholders,
+    overlap_blocker,
+)
 from paged_core.engine_core.rows import Rows
 from paged_core.engine_core.sampled import SampledGroups
 from paged_core.errors import DistributedError, RequestRejectedError
@@ -68,6 +76,19 @@ class EngineCore:
         """Beam-search requests (:mod:`paged_core.engine_core.beam`): their rows bypass the sampler."""
         self.steps = 0
         torch.manual_seed(self.config.model.seed)
+        why_not = async_scheduling(
+            self.config.scheduler.async_scheduling,
+            self.loaded.backend.device.type,
+            speculative=parts.proposer is not None,
+            tensor_parallel=self.leader is not None,
+        )
+        self.async_scheduling = why_not is None
+        """Whether step N+1 is planned while step N runs (:mod:`paged_core.engine_core.overlap`)."""
+        log.info("asynchronous scheduling: %s", "on" if why_not is None else f"off: {why_not}")
+        self._worker = StepWorker(self._execute) if why_not is None else None
+        self.overlap = OverlapStats()
+        """How many steps were finished with the next one already running, and why the others ran in turn."""
+        self._in_flight: InFlight | None = None
 
     def _grammar_compiler(self) -> GrammarCompiler:
         """The compiler for this model's tokenizer and logits width (built on the first constrained request)."""
@@ -81,6 +102,8 @@ class EngineCore:
 
     def close(self) -> None:
         """Release what outlives the object: tensor-parallel workers and the process group (idempotent)."""
+        if self._worker is not None:
+            self._worker.close()
         if self.leader is not None:
             self.leader.close()
         self.grammars.close()
@@ -198,7 +221,13 @@ class EngineCore:
             self.grammars.wait(_IDLE_WAIT_S)  # nothing else to run: wait for a compile instead of spinning
         compiled_failures = self.sampled.admit_compiled()
         early = self._fail(compiled_failures)
+        if self._in_flight is not None:
+            return self._step_overlapped(self._in_flight, early, compiled_failures)
         out = self.scheduler.schedule()
+        if self._worker is not None:
+            if (blocker := self._overlap_blocker(out)) is None:
+                return self._step_overlapped(self._launch(out), early, compiled_failures)
+            self.overlap.count(blocker)  # this step runs in turn
         # Taken before the step runs: a request that finishes mid-step must still be reported if the step fails.
         running = self._request_ids(out.num_scheduled_tokens)
         try:
@@ -227,6 +256,52 @@ class EngineCore:
         deltas += self._fail(beam_failures) + beam_deltas
         self.drafts.propose(self.sampled.seqs)  # for the next step
         return deltas, failures | beam_failures
+
+    # ---- asynchronous scheduling (see paged_core.engine_core.overlap) ----------------
+    def _step_overlapped(self, step: InFlight, early: list[SeqDelta], compiled_failures: dict[str, str]) -> CoreOutputs:
+        """Finish ``step`` (in flight), having planned and started the next one first when nothing forbids it."""
+        self._in_flight = None
+        blocker = self._overlap_blocker(step.out)
+        self.overlap.count(blocker)
+        nxt = self.scheduler.schedule(overlap=True) if blocker is None else None
+        try:
+            rows = step.rows.result()
+            # Rows of sequences that ended (or were aborted) after this step was planned are dropped, also when a
+            # new request has taken the id since.
+            live, planned = self.sampled.seqs, step.seqs
+            sampled = self.sampled.sample(rows.split(lambda rid, _count: live.get(rid, _GONE) is planned.get(rid))[0])
+            if nxt is not None:
+                self._in_flight, nxt = self._launch(fill_placeholders(nxt, sampled.token_ids)), None
+                in_flight: SchedulerOutput | None = self._in_flight.out
+            else:
+                in_flight = None
+            deltas = self._fail(sampled.failures)
+            updates = self.scheduler.update_from_output(step.out, sampled.token_ids, in_flight=in_flight)
+            deltas += self.sampled.emit(updates, sampled)
+        except Exception as exc:
+            if nxt is not None:  # planned but not started: it runs, the rows of the failed step's requests dropped
+                self._in_flight = self._launch(fill_placeholders(nxt, {}))
+            running = self._request_ids(rid for rid, seq in step.seqs.items() if self.sampled.seqs.get(rid) is seq)
+            failed_out = self._step_failed(exc, running)
+            failed_out.deltas[:0] = early
+            failed_out.failed.update(compiled_failures)
+            return failed_out
+        self.steps += 1
+        return CoreOutputs(early + deltas, self.stats(), compiled_failures | sampled.failures)
+
+    def _launch(self, out: SchedulerOutput) -> InFlight:
+        """Start ``out``'s forward on the step worker (after any forward already started)."""
+        assert self._worker is not None
+        seqs = self.sampled.seqs
+        planned = {rid: seq for rid in out.num_scheduled_tokens if (seq := seqs.get(rid)) is not None}
+        return InFlight(out, self._worker.submit(out), planned)
+
+    def _overlap_blocker(self, out: SchedulerOutput) -> str | None:
+        """Why the step after ``out`` must wait until ``out`` is applied (``None``: it may be planned now)."""
+        seqs = self.sampled.seqs
+        return overlap_blocker(
+            out, bool(self.beams), lambda rid: (seq := seqs.get(rid)) is not None and not seq.group.forked
+        )
 
     def _execute(self, out: SchedulerOutput) -> Rows:
         """One model forward over the plan (sent to the tensor-parallel workers first): the rows it produced."""
@@ -260,6 +335,9 @@ class EngineCore:
             deltas.append(SeqDelta(rid, 0, [], finish_reason="abort", error=message))
         return deltas
 
+
+_GONE = object()
+"""Stands for a sequence no longer in the core (never one a plan holds)."""
 
 _IDLE_WAIT_S = 0.05
 """How long an idle step waits for a grammar compile (the loop then steps again, so new requests are seen)."""

@@ -44,7 +44,8 @@ class SchedulerOutput:
     (source, destination) and apply ``replaced_block_ids`` ((table index, new
     block id) per request): both come from copy-on-write of shared blocks.
     Requests in ``preempted_req_ids`` and ``finished_req_ids`` must be dropped
-    by the runner; preempted ones return later as new requests.
+    by the runner; preempted ones return later as new requests. Plans reach the
+    runner in the order they were made.
     """
 
     scheduled_new_reqs: list[NewRequestData]
@@ -56,6 +57,10 @@ class SchedulerOutput:
     replaced_block_ids: dict[str, list[tuple[int, int]]]
     finished_req_ids: set[str]
     preempted_req_ids: list[str]
+    placeholder_req_ids: list[str] = field(default_factory=list)
+    """Asynchronous scheduling: rows whose last input token is the one the previous step, still running when
+    this plan was made, samples for them. It is missing from their ``token_ids``/``new_token_ids``: the core
+    appends it there before the runner sees this plan."""
 
     @property
     def is_empty(self) -> bool:

@@ -52,6 +52,7 @@ class Request:
         "num_announced_tokens",
         "num_cached_tokens",
         "num_computed_tokens",
+        "num_output_placeholders",
         "num_preemptions",
         "num_prompt_tokens",
         "priority",
@@ -104,6 +105,8 @@ class Request:
         self.num_computed_tokens = 0
         self.num_announced_tokens = 0  # tokens the model runner has been told of (through scheduler outputs)
         self.spec_token_ids: list[int] = []
+        # Asynchronous scheduling: tokens a step still running will sample for this request, scheduled before known.
+        self.num_output_placeholders = 0
         self.block_hashes: list[bytes] = []
         self.num_cached_tokens = -1  # prefix-cache hit at first admission; -1 until admitted
         self.num_preemptions = 0

@@ -177,8 +177,18 @@ class Scheduler:
         return [r for r in self.running if r.num_computed_tokens == r.num_tokens - 1]
 
     # ---- one step -----------------------------------------------------
-    def schedule(self) -> SchedulerOutput:
-        """Plan one step and advance ``num_computed_tokens`` of every scheduled request."""
+    def schedule(self, overlap: bool = False) -> SchedulerOutput:
+        """Plan one step and advance ``num_computed_tokens`` of every scheduled request.
+
+        ``overlap``: the previous step is still running and its tokens are not applied yet (asynchronous
+        scheduling). Each running request that step samples for gets one placeholder token, scheduled now
+        like a known one and named in ``placeholder_req_ids``; the core fills it in before this plan runs,
+        and :meth:`update_from_output` of the previous step (given this plan as ``in_flight``) appends it.
+        """
+        if overlap:
+            for req in self.running:
+                if req.num_computed_tokens >= len(req.all_token_ids) and not req.spec_token_ids:
+                    req.num_output_placeholders = 1
         kv, max_len = self.kv, self.max_len
         budget = self.config.max_num_batched_tokens
         has_lookahead = self.config.num_lookahead_tokens > 0
@@ -191,7 +201,9 @@ class Scheduler:
         i = 0
         while i < len(running) and budget > 0:
             req = running[i]
-            num_new = len(req.all_token_ids) + len(req.spec_token_ids) - req.num_computed_tokens
+            num_new = (
+                len(req.all_token_ids) + len(req.spec_token_ids) + req.num_output_placeholders - req.num_computed_tokens
+            )
             if num_new > budget:
                 num_new = budget
             if req.spec_token_ids and req.num_computed_tokens + num_new > max_len:
@@ -255,6 +267,7 @@ class Scheduler:
             waiting.pop()
             req.status = _RUNNING
             req.num_computed_tokens = num_hit
+            req.num_output_placeholders = 0  # a preempted request got its owed token before it could wait here
             if req.num_cached_tokens < 0:
                 req.num_cached_tokens = num_hit
             self.running.append(req)
@@ -278,9 +291,13 @@ class Scheduler:
         spec: dict[str, list[int]] = {}
         unannounced = self._unannounced
         copies, replaced = kv.take_copies()
+        placeholders: list[str] = []
         total = 0
         for req, n, gained in scheduled:
             rid = req.request_id
+            known = len(req.all_token_ids) + req.num_output_placeholders
+            if req.num_output_placeholders:
+                placeholders.append(rid)
             if gained is None or (unannounced and rid in unannounced):
                 unannounced.discard(rid)
                 replaced.pop(rid, None)  # a new row's block_ids are already final
@@ -291,10 +308,10 @@ class Scheduler:
                 cached_blocks.append([b.block_id for b in gained] if gained else [])
                 cached_computed.append(req.num_computed_tokens)
                 cached_tokens.append(req.all_token_ids[req.num_announced_tokens :])
-            req.num_announced_tokens = len(req.all_token_ids)
+            req.num_announced_tokens = known
             computed = req.num_computed_tokens + n
-            if computed > len(req.all_token_ids):
-                spec[rid] = req.spec_token_ids[: computed - len(req.all_token_ids)]
+            if computed > known:
+                spec[rid] = req.spec_token_ids[: computed - known]
             req.num_computed_tokens = computed
             total += n
         finished, self._finished_ids = self._finished_ids, set()
@@ -308,6 +325,7 @@ class Scheduler:
             replaced_block_ids=replaced,
             finished_req_ids=finished,
             preempted_req_ids=preempted,
+            placeholder_req_ids=placeholders,
         )
 
     def _lookahead(self, end: int) -> int:
@@ -333,36 +351,50 @@ class Scheduler:
 
     # ---- after the step ran --------------------------------------------
     def update_from_output(
-        self, output: SchedulerOutput, sampled_token_ids: Mapping[str, Sequence[int]]
+        self,
+        output: SchedulerOutput,
+        sampled_token_ids: Mapping[str, Sequence[int]],
+        in_flight: SchedulerOutput | None = None,
     ) -> list[RequestUpdate]:
         """Apply a step's sampled tokens: accept speculation, append, stop, free finished requests.
 
         ``sampled_token_ids[rid]`` holds the tokens produced for a request that
         reached the end of its known tokens this step (one, or for speculative
         decoding the accepted drafts plus one). Rows still mid-prefill produce
-        nothing and any tokens given for them are ignored.
+        nothing and any tokens given for them are ignored. ``in_flight`` is the
+        plan scheduled after ``output`` that is running now (asynchronous
+        scheduling): its tokens are not computed yet, so its blocks are not
+        cached, and a request it preempted still takes the token it was owed.
         """
         kv, requests, max_len, bs = self.kv, self.requests, self.max_len, self.block_size
         spec = output.scheduled_spec_decode_tokens
         num_cached = kv.num_cached_blocks if kv.enable_caching else None
+        ahead = in_flight.num_scheduled_tokens if in_flight is not None else {}
         updates: list[RequestUpdate] = []
         any_finished = False
         for rid in output.num_scheduled_tokens:
             req = requests.get(rid)
-            if req is None or req.status is not _RUNNING:
-                continue  # aborted or preempted since the step was planned
+            if req is None:
+                continue  # aborted since the step was planned
             toks = sampled_token_ids.get(rid)
+            if req.status is not _RUNNING:
+                if toks and req.num_output_placeholders:  # preempted by the plan in flight, after this step ran
+                    updates.append(self._owed_token(req, toks[0]))
+                continue
             if spec:
                 drafts = spec.get(rid)
                 if drafts:
                     accepted = len(toks) - 1 if toks else 0
                     req.num_computed_tokens -= len(drafts) - accepted
                     req.spec_token_ids = []
+            # What this step computed (the plan in flight has already advanced the count past it).
+            computed = req.num_computed_tokens - ahead.get(rid, 0) if ahead else req.num_computed_tokens
             # Cheap pre-check: index new full blocks only when one was completed.
-            if num_cached is not None and req.num_computed_tokens // bs > num_cached.get(rid, 0):
-                kv.cache_computed_blocks(req)
-            if not toks or req.num_computed_tokens < len(req.all_token_ids):
+            if num_cached is not None and computed // bs > num_cached.get(rid, 0):
+                self._cache_blocks(req, computed)
+            if not toks or computed < len(req.all_token_ids):
                 continue
+            req.num_output_placeholders = 0
             status = None
             appended = 0
             for t in toks:
@@ -384,6 +416,32 @@ class Scheduler:
         if any_finished:
             self.running = [r for r in self.running if r.status is _RUNNING]
         return updates
+
+    def _cache_blocks(self, req: Request, computed: int) -> None:
+        """Index ``req``'s full blocks among its first ``computed`` tokens (a plan in flight may count more)."""
+        ahead = req.num_computed_tokens
+        if ahead == computed:
+            self.kv.cache_computed_blocks(req)
+            return
+        req.num_computed_tokens = computed
+        try:
+            self.kv.cache_computed_blocks(req)
+        finally:
+            req.num_computed_tokens = ahead
+
+    def _owed_token(self, req: Request, token_id: int) -> RequestUpdate:
+        """Append the token a preempted request's last step sampled (it was waiting for it when preempted)."""
+        req.num_output_placeholders = 0
+        req.all_token_ids.append(token_id)
+        status = req.check_stop(token_id, self.max_len)
+        cached = max(req.num_cached_tokens, 0)
+        if status is None:
+            return RequestUpdate(req.request_id, [token_id], num_cached_tokens=cached)
+        self.waiting.remove(req)
+        del self.requests[req.request_id]
+        req.status = status
+        self._finished_ids.add(req.request_id)
+        return RequestUpdate(req.request_id, [token_id], status.value, cached)
 
     # ---- views --------------------------------------------------------
     def has_unfinished_requests(self) -> bool:
