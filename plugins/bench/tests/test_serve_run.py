@@ -9,6 +9,7 @@ import time
 
 import pytest
 
+from paged_bench.serve_bench import ServeBenchOptions
 from paged_bench.serve_run import IN_PROCESS_FLAG, engine_argv, parse_urls, parse_variants, stop, variant_command
 from paged_core.cli.engine_args import add_engine_args
 
@@ -80,6 +81,28 @@ def test_variant_commands() -> None:
     assert IN_PROCESS_FLAG not in without and IN_PROCESS_FLAG in notes[0]
     with pytest.raises(ValueError, match="variant"):
         variant_command("threads", 1, [])
+
+
+def test_compare_async_runs_each_variant_in_turn_then_overlapped() -> None:
+    assert parse_variants("mp,inproc", compare_async=True) == ("mp+sync", "mp+async", "inproc+sync", "inproc+async")
+    assert parse_variants("mp+async,inproc") == ("mp+async", "inproc")
+    with pytest.raises(ValueError, match="--servers"):
+        parse_variants("mp+fast")
+    sync, _ = variant_command("mp+sync", 1, ["--async-scheduling"])
+    overlapped, _ = variant_command("inproc+async", 1, [], in_process_flag=True)
+    assert sync[-1] == "--no-async-scheduling"  # the suffix wins over the engine options given to every server
+    assert overlapped[-2:] == ["--async-scheduling", IN_PROCESS_FLAG]
+    # The switch is passed on to started servers as given, either way, and parses back.
+    assert engine_argv(parsed("--async-scheduling")) == ["--async-scheduling"]
+    assert engine_argv(parsed("--no-async-scheduling")) == ["--no-async-scheduling"]
+    assert parsed(*engine_argv(parsed("--no-async-scheduling"))).async_scheduling is False
+
+
+def test_serve_workload_is_checked() -> None:
+    opts = ServeBenchOptions(servers=("mp+sync", "mp+async"), workload="decode-1")
+    assert len(opts.requests()) == 1 and len(opts.warmup(1)) == 1
+    with pytest.raises(ValueError, match="unknown workload 'decode'"):
+        ServeBenchOptions(workload="decode")
 
 
 def test_stop_ends_the_whole_group_even_a_child_that_ignores_sigterm() -> None:

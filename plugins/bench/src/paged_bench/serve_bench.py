@@ -18,7 +18,7 @@ from typing import Any
 from paged_bench import workloads
 from paged_bench.serve_client import bench_server
 from paged_bench.serve_report import build_serve_report
-from paged_bench.serve_run import VARIANTS, ServerProcess, started
+from paged_bench.serve_run import VARIANTS, ServerProcess, is_variant, started
 from paged_bench.serve_stats import run_figures
 
 log = logging.getLogger("paged.bench")
@@ -33,7 +33,8 @@ class ServeBenchOptions:
 
     ``servers`` are variants to start (see :data:`~paged_bench.serve_run.VARIANTS`);
     ``urls`` instead names running servers (``[(name, url)]``) and starts
-    nothing. ``engine_flags`` and ``serve_args`` are passed to every started
+    nothing; a variant ending ``+sync``/``+async`` runs the engine core's loop
+    in turn or overlapped (asynchronous scheduling). ``engine_flags`` and ``serve_args`` are passed to every started
     ``paged serve``. The first variant is the baseline of the ratios.
     """
 
@@ -55,9 +56,12 @@ class ServeBenchOptions:
     """The device the servers run on, for the machine record (``cuda`` where torch sees a GPU)."""
 
     def __post_init__(self) -> None:
-        bad = [s for s in self.servers if s not in VARIANTS]
+        bad = [s for s in self.servers if not is_variant(s)]
         if bad:
-            raise ValueError(f"unknown server variant(s) {', '.join(bad)}; choose from {', '.join(VARIANTS)}")
+            choices = ", ".join(VARIANTS)
+            raise ValueError(f"unknown server variant(s) {', '.join(bad)}; choose from {choices} (+sync or +async)")
+        if self.workload not in workloads.WORKLOADS:
+            raise ValueError(f"unknown workload {self.workload!r}; choose one of {', '.join(workloads.WORKLOADS)}")
         if not self.servers and not self.urls:
             raise ValueError("nothing to measure: no --servers and no --url")
         for name in ("concurrency", "num_requests", "output_len"):

@@ -5,6 +5,8 @@ Examples::
     paged bench serve                                   # mp and inproc, 256 throughput requests, 32 streams
     paged bench serve --servers mp --num-requests 64 --concurrency 16 --json serve.json
     paged bench serve --url mp=http://127.0.0.1:8000,inproc=http://127.0.0.1:8001
+    paged bench serve --servers mp --compare-async                 # mp+sync, then mp+async (asynchronous scheduling)
+    paged bench serve --servers mp --compare-async --serve-workload decode-1   # one stream's ITL, both loops
 
 Not a subcommand module of its own (no ``register``): ``paged bench`` adds
 these options and hands ``serve`` over to :func:`run`.
@@ -42,6 +44,18 @@ def add_serve_bench_args(parser: argparse.ArgumentParser) -> None:
     )
     g.add_argument("--concurrency", type=int, default=32, help="streams open at once (default 32)")
     g.add_argument(
+        "--compare-async",
+        action="store_true",
+        help="run each server variant twice, NAME+sync (--no-async-scheduling, the baseline) then NAME+async "
+        "(--async-scheduling); a variant may also be named with its suffix in --servers",
+    )
+    g.add_argument(
+        "--serve-workload",
+        default="throughput",
+        metavar="NAME",
+        help="the requests the clients stream (default throughput; decode-1: one request of 256 tokens, for ITL)",
+    )
+    g.add_argument(
         "--warmup-requests",
         type=int,
         default=None,
@@ -73,10 +87,11 @@ def options_from(args: argparse.Namespace) -> Any:
 
     try:
         urls = tuple(parse_urls(args.url)) if args.url else ()
-        servers = () if urls else parse_variants(args.servers)
+        servers = () if urls else parse_variants(args.servers, compare_async=args.compare_async)
         return ServeBenchOptions(
             servers=servers,
             urls=urls,
+            workload=args.serve_workload,
             num_requests=args.num_requests,
             output_len=args.output_len,
             seed=args.seed,

@@ -31,6 +31,8 @@ VARIANTS = ("mp", "inproc")
 """``mp``: ``paged serve`` as started by default (API server process + engine-core process);
 ``inproc``: ``paged serve --engine-in-process`` (the engine in the API server's process)."""
 IN_PROCESS_FLAG = "--engine-in-process"
+LOOPS = {"sync": "--no-async-scheduling", "async": "--async-scheduling"}
+"""A variant's optional ``+LOOP`` suffix (``mp+async``): the engine core's loop, in turn or overlapped."""
 STOP_GRACE_S = 20.0
 
 
@@ -38,13 +40,28 @@ class ServerError(PagedError):
     """A server variant did not start (or died): the message carries the end of its log."""
 
 
-def parse_variants(text: str | None) -> tuple[str, ...]:
-    """``"mp,inproc"`` -> ``("mp", "inproc")``; unknown names are an error naming the choices."""
+def parse_variants(text: str | None, compare_async: bool = False) -> tuple[str, ...]:
+    """``"mp,inproc"`` -> ``("mp", "inproc")``; unknown names are an error naming the choices.
+
+    A name may end in ``+sync`` or ``+async`` (the engine core's loop, see :data:`LOOPS`); ``compare_async``
+    runs each plain name twice, ``NAME+sync`` then ``NAME+async``.
+    """
     names = [n.strip() for n in (text or "").split(",") if n.strip()]
-    bad = [n for n in names if n not in VARIANTS]
+    if compare_async:
+        names = [f"{n}+{loop}" if "+" not in n else n for n in names for loop in LOOPS]
+    bad = [n for n in names if not is_variant(n)]
     if bad or not names:
-        raise ValueError(f"--servers takes a comma-separated list of {', '.join(VARIANTS)}, got {text!r}")
+        choices = ", ".join(VARIANTS)
+        raise ValueError(
+            f"--servers takes a comma-separated list of {choices} (each may end +sync or +async), got {text!r}"
+        )
     return tuple(dict.fromkeys(names))
+
+
+def is_variant(name: str) -> bool:
+    """``mp``, ``inproc``, or either with a ``+sync``/``+async`` suffix."""
+    base, sep, loop = name.partition("+")
+    return base in VARIANTS and (not sep or loop in LOOPS)
 
 
 def parse_urls(text: str) -> list[tuple[str, str]]:
@@ -82,7 +99,9 @@ def engine_argv(args: argparse.Namespace) -> list[str]:
         if value == action.default or value is None:
             continue
         flag = max(action.option_strings, key=len)
-        if isinstance(action, (argparse._StoreTrueAction, argparse._StoreFalseAction)):
+        if isinstance(action, argparse.BooleanOptionalAction):
+            out.append(min(action.option_strings, key=len) if value else flag)  # --name / --no-name
+        elif isinstance(action, (argparse._StoreTrueAction, argparse._StoreFalseAction)):
             out.append(flag)  # a switch differs from its default only when given
         elif isinstance(value, (tuple, list)):
             out += [flag, ",".join(map(str, value))]
@@ -148,9 +167,13 @@ class ServerProcess:
 def variant_command(
     name: str, port: int, engine_flags: Sequence[str], extra: Sequence[str] = (), in_process_flag: bool | None = None
 ) -> tuple[list[str], list[str]]:
-    """The command line of variant ``name`` on ``port``, and notes on how it differs from what was asked."""
-    if name not in VARIANTS:
-        raise ValueError(f"unknown server variant {name!r}; choose from {', '.join(VARIANTS)}")
+    """The command line of variant ``name`` on ``port``, and notes on how it differs from what was asked.
+
+    A ``+sync``/``+async`` suffix sets the engine core's loop, after (so over) ``engine_flags``.
+    """
+    if not is_variant(name):
+        raise ValueError(f"unknown server variant {name!r}; choose from {', '.join(VARIANTS)} (+sync or +async)")
+    name, _, loop = name.partition("+")
     cmd = [
         sys.executable,
         "-m",
@@ -164,6 +187,7 @@ def variant_command(
         "warning",
         *engine_flags,
         *extra,
+        *([LOOPS[loop]] if loop else []),
     ]
     notes = []
     if name == "inproc":
