@@ -32,6 +32,10 @@ void write_kv(const at::Tensor& key, const at::Tensor& value, const at::Tensor& 
 
 void copy_blocks(at::TensorList kv_caches, const at::Tensor& src_to_dst);
 
+// Structured outputs (token_bitmask.cpp): -inf in place on logits[rows[i], t] for each token t that bitmask[i]
+// does not allow, and past the bitmask's last token.
+void apply_token_bitmask(const at::Tensor& logits, const at::Tensor& bitmask, const at::Tensor& rows);
+
 // Layer ops (fused_ops.cpp): new outputs in the input dtype, fp32 arithmetic, inputs never modified.
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps);
 std::tuple<at::Tensor, at::Tensor> add_rms_norm(const at::Tensor& x, const at::Tensor& residual,

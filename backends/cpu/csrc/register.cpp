@@ -10,6 +10,7 @@ TORCH_LIBRARY(paged_cpu, m) {
       "float scale, int split_tokens=0) -> Tensor");
   m.def("write_kv(Tensor key, Tensor value, Tensor(a!) kv_cache, Tensor slot_mapping) -> ()");
   m.def("copy_blocks(Tensor(a!)[] kv_caches, Tensor src_to_dst) -> ()");
+  m.def("apply_token_bitmask(Tensor(a!) logits, Tensor bitmask, Tensor rows) -> ()");
   m.def("isa() -> str", &paged_cpu::isa_name);
   m.def("set_isa(str name) -> str", &paged_cpu::set_isa);
   m.def("supported_isas() -> str[]", &paged_cpu::supported_isas);
@@ -34,6 +35,7 @@ TORCH_LIBRARY_IMPL(paged_cpu, CPU, m) {
   m.impl("attention", &paged_cpu::attention);
   m.impl("write_kv", &paged_cpu::write_kv);
   m.impl("copy_blocks", &paged_cpu::copy_blocks);
+  m.impl("apply_token_bitmask", &paged_cpu::apply_token_bitmask);
   m.impl("rms_norm", &paged_cpu::rms_norm);
   m.impl("add_rms_norm", &paged_cpu::add_rms_norm);
   m.impl("silu_and_mul", &paged_cpu::silu_and_mul);

@@ -31,6 +31,7 @@ batch-invariant (``batch_invariant_linear``).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -177,6 +178,19 @@ class CpuFusedOps(FusedOps):
             self.quant_stream_rows.update(quant_stream_rows)
         self.interleave = interleave
         """Whether ``pack_linear`` adds the interleaved copy of q4_0 / q4_1 weights (:data:`INTERLEAVED_FORMATS`)."""
+
+    def apply_token_bitmask(
+        self, logits: torch.Tensor, bitmask: torch.Tensor, rows: Sequence[int] | torch.Tensor
+    ) -> None:
+        """Structured outputs' mask in place: one C++ pass per row, whole 32-token words at a time where the grammar
+        allows all or none of them (most words), single-threaded (csrc/token_bitmask.cpp). Logits off the CPU, or
+        of a dtype the kernel does not take, go to the reference."""
+        if logits.device.type != "cpu" or logits.dtype not in (torch.float32, torch.bfloat16, torch.float16):
+            super().apply_token_bitmask(logits, bitmask, rows)
+            return
+        index = torch.as_tensor(rows, dtype=torch.long)
+        if index.numel():
+            ops.apply_token_bitmask(logits, bitmask.contiguous(), index.contiguous())
 
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         """RMS normalisation of ``[T, H]`` over ``H``, times ``weight`` ``[H]``: one native pass."""

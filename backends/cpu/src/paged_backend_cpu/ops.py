@@ -89,6 +89,7 @@ if LOAD_ERROR is None:
     torch.library.register_fake("paged_cpu::attention", _attention_fake)
     torch.library.register_fake("paged_cpu::write_kv", _no_result)
     torch.library.register_fake("paged_cpu::copy_blocks", _no_result)
+    torch.library.register_fake("paged_cpu::apply_token_bitmask", _no_result)
     torch.library.register_fake("paged_cpu::rms_norm", _rms_norm_fake)
     torch.library.register_fake("paged_cpu::add_rms_norm", _add_rms_norm_fake)
     torch.library.register_fake("paged_cpu::silu_and_mul", _silu_and_mul_fake)
@@ -126,6 +127,12 @@ def write_kv(key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor, slo
 def copy_blocks(kv_caches: list[torch.Tensor], src_to_dst: torch.Tensor) -> None:
     """Copy whole blocks, keys and values, for each int64 (source, destination) pair in every cache."""
     torch.ops.paged_cpu.copy_blocks(kv_caches, src_to_dst)
+
+
+def apply_token_bitmask(logits: torch.Tensor, bitmask: torch.Tensor, rows: torch.Tensor) -> None:
+    """-inf in place on ``logits[rows[i], t]`` ([batch, vocab], fp32/bf16/fp16) for each token ``t`` that int32
+    ``bitmask[i]`` does not allow (bit ``t % 32`` of word ``t // 32``), and past the bitmask's last token."""
+    torch.ops.paged_cpu.apply_token_bitmask(logits, bitmask, rows)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
