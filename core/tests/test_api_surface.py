@@ -33,7 +33,7 @@ CONTRACT |= {"WeightFormatError", "PLUGIN_API_VERSION", "SUPPORTED_PLUGIN_API_VE
 
 # What a backend's tests use beyond the contract: oracles, test data and the harness.
 TESTING = {"ReferenceBackend", "ReferenceFusedOps", "dequantize", "reference_linear", "round_activations_q8"}
-TESTING |= {"random_packed", "quantize_blocks", "GraphRunner", "StaticInput", "load_registry"}
+TESTING |= {"random_packed", "quantize_blocks", "GraphRunner", "StaticInput", "load_registry", "strategy_problem"}
 
 
 def _hooks(cls: type) -> list[str]:

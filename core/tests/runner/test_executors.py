@@ -2,12 +2,23 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
 import pytest
+import torch
 
-from paged_core.api import ConfigError, UnsupportedConfigError
+from paged_core.api import (
+    BackendCapabilities,
+    CompiledStrategy,
+    ConfigError,
+    DeviceGraphStrategy,
+    EagerStrategy,
+    GraphCaptureStrategy,
+    GraphSupport,
+    UnsupportedConfigError,
+)
 from paged_core.engine_config import EngineConfig
 from paged_core.reference.backend import ReferenceBackend
 from paged_core.runner.compile_cache import MANIFEST, CompileCache
@@ -36,6 +47,41 @@ def test_device_mode_is_refused_where_nothing_can_capture() -> None:
         resolve_graph_mode("device", backend)
     assert resolve_graph_mode("auto", backend) == "eager"
     assert resolve_graph_mode("compiled", backend) == "compiled"
+
+
+def _capturing(strategy: object, device: str = "cpu") -> ReferenceBackend:
+    """The reference backend declaring uniform-decode capture, with ``strategy`` as its ``graph_strategy()``."""
+
+    class Capturing(ReferenceBackend):
+        name = "capturing"
+
+        @classmethod
+        def capabilities(cls) -> BackendCapabilities:
+            return dataclasses.replace(ReferenceBackend.capabilities(), graph_support=GraphSupport.UNIFORM_DECODE)
+
+        def graph_strategy(self) -> GraphCaptureStrategy:
+            return strategy() if callable(strategy) else strategy  # type: ignore[return-value]
+
+    backend = Capturing()
+    backend.device = torch.device(device)
+    return backend
+
+
+def test_device_mode_takes_the_backends_strategy_or_says_why_not() -> None:
+    # A vendor's own strategy (here a compiling one) runs wherever the backend runs, a CPU included.
+    assert device_graph_refusal(_capturing(CompiledStrategy)) is None
+    assert resolve_graph_mode("device", _capturing(CompiledStrategy)) == "device"
+    assert resolve_graph_mode("auto", _capturing(CompiledStrategy)) == "eager"  # no device graphs on a CPU
+    # The built-in device graphs need a device with a graph API.
+    assert "has no graph API" in (device_graph_refusal(_capturing(lambda: DeviceGraphStrategy())) or "")
+    assert device_graph_refusal(_capturing(EagerStrategy)) == (
+        "backend 'capturing' returns EagerStrategy on cpu: nothing to capture"
+    )
+    with pytest.raises(
+        UnsupportedConfigError, match="graph_strategy\\(\\) returned NoneType, not a GraphCaptureStrategy"
+    ):
+        resolve_graph_mode("device", _capturing(None))
+    assert resolve_graph_mode("auto", _capturing(None)) == "eager"
 
 
 @pytest.fixture(autouse=True)

@@ -84,6 +84,13 @@ class StaleGraph(GoodGraphFake):
         return SnapshotStrategy()
 
 
+class NoStrategyGraph(GoodGraphFake):
+    """Bug: declares uniform-decode capture but hands the engine no strategy."""
+
+    def graph_strategy(self) -> GraphCaptureStrategy:
+        return None  # type: ignore[return-value]
+
+
 class HostBranchInGraph(GoodGraphFake):
     """Bug: a Python branch on a device value; a device graph freezes the capture-time outcome."""
 

@@ -66,6 +66,16 @@ def test_stale_graph_metadata_fails_graph_replay(run_suite) -> None:
     assert _statuses(report)["graph"] == "fail"
 
 
+def test_declared_capture_without_a_strategy_fails_the_graph_checks(run_suite) -> None:
+    code, report = run_suite("graph_fakes:NoStrategyGraph", "-k", "graph")
+    failed = failed_nodes(report)
+    assert code != 0
+    assert any("test_graph_strategy_hook" in n for n in failed), failed
+    message = next(t["message"] for t in report["tests"] if "test_graph_strategy_hook" in t["nodeid"])
+    assert "declares graph_support=uniform_decode but graph_strategy() returned NoneType" in message, message
+    assert _statuses(report)["graph"] == "fail"
+
+
 def test_good_graph_fake_replays(run_suite) -> None:
     code, report = run_suite("graph_fakes:GoodGraphFake", "-k", "graph")
     assert code == 0, failed_nodes(report)

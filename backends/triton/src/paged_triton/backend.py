@@ -16,6 +16,9 @@ from paged_core.api import (
     AttentionMetadata,
     AttentionSpec,
     BackendCapabilities,
+    DeviceGraphStrategy,
+    EagerStrategy,
+    GraphCaptureStrategy,
     GraphSupport,
     PagedError,
     check_attention_inputs,
@@ -56,6 +59,12 @@ class TritonBackend(AttentionBackend):
             gqa_ratios=GQA_RATIOS,
             graph_support=GraphSupport.ANY,
         )
+
+    def graph_strategy(self) -> GraphCaptureStrategy:
+        """Device graphs on a CUDA/HIP or XPU device (any batch: see the class docstring); eager in the interpreter."""
+        if self.device.type in ("cuda", "xpu"):
+            return DeviceGraphStrategy(self.device.type)
+        return EagerStrategy()
 
     def write_kv(
         self, key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor, metadata: AttentionMetadata

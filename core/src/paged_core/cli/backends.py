@@ -11,9 +11,11 @@ import json
 from typing import Any
 
 from paged_core._version import __version__
-from paged_core.contract.capabilities import BackendCapabilities
+from paged_core.contract.backend import AttentionBackend
+from paged_core.contract.capabilities import BackendCapabilities, GraphSupport
 from paged_core.contract.version import PLUGIN_API_VERSION, SUPPORTED_PLUGIN_API_VERSIONS
 from paged_core.errors import PagedError
+from paged_core.graph.strategy_check import strategy_problem
 from paged_core.registry import BackendRecord, BackendRegistry, BackendStatus, load_registry
 
 _SHORT_DTYPES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32", "float64": "fp64"}
@@ -59,6 +61,31 @@ def capabilities_summary(caps: BackendCapabilities | None) -> str:
     )
 
 
+def graph_problem(rec: BackendRecord) -> str | None:
+    """Why a loaded backend that declares graph capture cannot serve it, or ``None``.
+
+    Asks the backend's ``graph_strategy()`` on its device (see :mod:`paged_core.graph.strategy_check`).
+    Listing must stay cheap, so the backend is first made without its constructor (which may load
+    kernels: the in-tree strategies read only the device); a strategy that needs more is asked again
+    of a fully built backend.
+    """
+    cls, caps = rec.backend_cls, rec.capabilities
+    if cls is None or rec.status is not BackendStatus.LOADED or caps is None:
+        return None
+    if caps.graph_support == GraphSupport.NEVER:
+        return None
+    light = cls.__new__(cls)
+    AttentionBackend.__init__(light, rec.device)
+    problem = strategy_problem(light)
+    if problem is None or "graph_strategy() raised" not in problem:
+        return problem
+    try:
+        built = cls(rec.device)
+    except Exception as exc:  # a vendor's constructor: report it, keep listing
+        return f"graph capture declared, but building the backend to ask for its strategy raised {exc!r}"
+    return strategy_problem(built)
+
+
 def row(rec: BackendRecord) -> tuple[str, ...]:
     """The cells of one record, as plain strings in :data:`COLUMNS` order."""
     dist = rec.distribution or "-"
@@ -77,7 +104,7 @@ def row(rec: BackendRecord) -> tuple[str, ...]:
         "-" if api is None else f"v{api}",
         dist,
         capabilities_summary(rec.capabilities),
-        rec.reason,
+        "; ".join(r for r in (rec.reason, graph_problem(rec)) if r),
     )
 
 
@@ -113,7 +140,7 @@ def to_json(registry: BackendRegistry) -> dict[str, object]:
         "paged_core": __version__,
         "plugin_api": PLUGIN_API_VERSION,
         "accepted_plugin_apis": sorted(SUPPORTED_PLUGIN_API_VERSIONS),
-        "backends": [r.to_dict() for r in registry.records()],
+        "backends": [{**r.to_dict(), "graph_problem": graph_problem(r)} for r in registry.records()],
     }
 
 

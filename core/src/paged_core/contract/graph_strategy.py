@@ -19,6 +19,12 @@ class GraphCaptureStrategy(ABC):
     function up, calls :meth:`capture` once per captured size, and before each
     :meth:`replay` copies the new batch into those same tensors. A strategy
     must therefore read its inputs only from the captured ``args``.
+
+    The engine asks ``backend.graph_strategy()`` for the strategy of its graph
+    modes, and the backend's declared ``graph_support`` decides which batches
+    reach it. An exception from :meth:`capture` or :meth:`replay` does not fail
+    a request: that size runs through the engine's fallback from then on,
+    counted under the reason (``graph strategy replay raised ...``).
     """
 
     name: ClassVar[str]

@@ -6,14 +6,21 @@ host ints, padding, no host reads) are part of the batch contract: see
 called by the runner, outside the graph, before every step (eager or
 replayed), with the live batch's host copies (``query_start_loc_cpu``,
 ``seq_lens_cpu``); the step must not call it.
+
+The strategy is the backend's (or a vendor's) code, so the runner does not
+trust it: a strategy that raises while capturing or replaying a size leaves
+that size to eager execution for good, and every such step is counted under
+the failure's reason (``graph strategy capture raised RuntimeError``); the
+request it served never sees the error.
 """
 
 from __future__ import annotations
 
+import logging
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -24,6 +31,8 @@ from paged_core.contract.metadata import AttentionMetadata
 from paged_core.errors import ConfigError
 from paged_core.graph.capture_sizes import padded_size
 from paged_core.graph.static_batch import NUM_METADATA_ARGS, StaticBatch, StaticInput
+
+log = logging.getLogger("paged.graph")
 
 Step = Callable[..., torch.Tensor]
 """``step(metadata, **inputs) -> Tensor`` whose first dimension is tokens."""
@@ -37,6 +46,17 @@ class GraphStats:
     eager_fallbacks: int = 0
     replays_by_size: Counter[int] = field(default_factory=Counter)
     fallback_reasons: Counter[str] = field(default_factory=Counter)
+
+
+class Replay(NamedTuple):
+    """What :meth:`GraphRunner.replay` did with one batch."""
+
+    output: torch.Tensor | None
+    """The real tokens' output, or ``None`` when the batch was not replayed (the caller runs it another way)."""
+    reason: str
+    """Why it was not replayed (``""`` when it was)."""
+    failed: bool
+    """The strategy raised for this size (now or at capture), as opposed to a batch it was never meant to take."""
 
 
 class GraphRunner:
@@ -81,30 +101,43 @@ class GraphRunner:
         self.support = backend.capabilities().graph_support
         self.max_model_len = max_model_len if max_model_len is not None else block_size * max_blocks_per_seq
         self.strategy = strategy if strategy is not None else backend.graph_strategy()
+        if not isinstance(self.strategy, GraphCaptureStrategy):
+            raise ConfigError(
+                f"backend {backend.name!r}: graph_strategy() returned {type(self.strategy).__name__}, "
+                "not a GraphCaptureStrategy"
+            )
         self.warmup_iters = warmup_iters
         self.device = torch.device(device) if device is not None else backend.device
         self.buffers = StaticBatch(sizes[-1], max_blocks_per_seq, inputs, self.device)
         self.stats = GraphStats()
+        self.failures: dict[int, str] = {}
+        """Sizes whose capture or replay raised, with the reason their steps are counted under."""
         self._static_metadata: dict[int, AttentionMetadata] = {}
 
     def capture_all(self, on_captured: Callable[[int], None] | None = None) -> None:
         """Warm up and capture every size, largest first (so smaller graphs can reuse its pool memory).
 
-        ``on_captured(n)`` is called after each size (a progress bar hangs there).
+        ``on_captured(n)`` is called after each size (a progress bar hangs there). A size whose
+        capture raises is logged and left to eager execution (see the module docstring); the step's
+        own warm-up calls are the core's and propagate their errors.
         """
         if self.support == GraphSupport.NEVER:
             return
         for n in reversed(self.sizes):
-            if self.strategy.has(n) and n in self._static_metadata:
-                continue  # captured by an earlier call; a strategy shared with others is re-captured
+            if (self.strategy.has(n) and n in self._static_metadata) or n in self.failures:
+                continue  # done (or failed) in an earlier call; a strategy shared with others is re-captured
             fn, metadata = self._step_fn(n)
             args = self.buffers.args(n)
             self.buffers.fill_padding(n)  # all slots -1: warm-up and capture write nothing to the KV cache
             self.backend.prepare(metadata)
             for _ in range(self.warmup_iters):
                 fn(*args)
-            self.strategy.capture(n, fn, args)
-            self._static_metadata[n] = metadata
+            try:
+                self.strategy.capture(n, fn, args)
+            except Exception as exc:  # the strategy is a vendor's code: one size failing must not stop serving
+                self._fail(n, "capture", exc)
+            else:
+                self._static_metadata[n] = metadata
             if on_captured is not None:
                 on_captured(n)
 
@@ -115,26 +148,58 @@ class GraphRunner:
         A replayed output may be a view of a static buffer that the next
         replay overwrites: consume or clone it first.
         """
+        done = self.replay(metadata, **inputs)
+        if done.output is not None:
+            return done.output
+        self.backend.prepare(metadata)
+        return self.step(metadata, **inputs)[: metadata.num_actual_tokens]
+
+    def replay(self, metadata: AttentionMetadata, **inputs: torch.Tensor) -> Replay:
+        """Replay the graph of the padded size if the batch is admitted; never runs the step eagerly.
+
+        A batch not replayed is counted in :attr:`stats` under its reason, and
+        the caller runs it (after calling ``backend.prepare`` with its metadata).
+        """
         n, reason = self._admit(metadata)
-        tokens = metadata.num_actual_tokens
         if n is None:
-            self.stats.eager_fallbacks += 1
-            self.stats.fallback_reasons[reason] += 1
-            self.backend.prepare(metadata)
-            return self.step(metadata, **inputs)[:tokens]
+            return self._not_replayed(reason)
         self.buffers.fill(n, metadata, inputs)
         static = self._static_metadata[n]
         static.query_start_loc_cpu, static.seq_lens_cpu = metadata.query_start_loc_cpu, metadata.seq_lens_cpu
         self.backend.prepare(static)
-        out = self.strategy.replay(n)
+        try:
+            out = self.strategy.replay(n)
+        except Exception as exc:  # as in capture_all: this size turns eager, the step is run by the caller
+            return self._not_replayed(self._fail(n, "replay", exc))
         self.stats.replays += 1
         self.stats.replays_by_size[n] += 1
-        return out[:tokens]
+        return Replay(out[: metadata.num_actual_tokens], "", False)
 
     def reset(self) -> None:
-        """Drop every captured graph; :meth:`run` is eager until :meth:`capture_all` again."""
+        """Drop every captured graph (and forget failed sizes); :meth:`run` is eager until :meth:`capture_all`."""
         self.strategy.reset()
         self._static_metadata.clear()
+        self.failures.clear()
+
+    def _fail(self, n: int, phase: str, exc: Exception) -> str:
+        """Mark size ``n`` failed for good; returns the reason its steps are counted under."""
+        reason = f"graph strategy {phase} raised {type(exc).__name__}"
+        self.failures[n] = reason
+        self._static_metadata.pop(n, None)
+        log.warning(
+            "graph strategy %r: %s of size %d raised %s: %s; batches of that size run eagerly",
+            getattr(self.strategy, "name", type(self.strategy).__name__),
+            phase,
+            n,
+            type(exc).__name__,
+            exc,
+        )
+        return reason
+
+    def _not_replayed(self, reason: str) -> Replay:
+        self.stats.eager_fallbacks += 1
+        self.stats.fallback_reasons[reason] += 1
+        return Replay(None, reason, reason in self.failures.values())
 
     def _admit(self, metadata: AttentionMetadata) -> tuple[int | None, str]:
         """The padded size to replay, or ``None`` and why the batch runs eagerly."""
@@ -156,6 +221,8 @@ class GraphRunner:
             return None, "block table wider than max_blocks_per_seq"
         if metadata.max_seq_len > self.max_model_len:
             return None, "max_seq_len above max_model_len"
+        if n in self.failures:
+            return None, self.failures[n]
         if not self.strategy.has(n) or n not in self._static_metadata:
             return None, "size not captured"
         return n, ""

@@ -3,5 +3,6 @@
 from __future__ import annotations
 
 from paged_backend_example.backend import ExampleBackend
+from paged_backend_example.recording import GraphCalls, RecordingCompiledStrategy
 
-__all__ = ["ExampleBackend"]
+__all__ = ["ExampleBackend", "GraphCalls", "RecordingCompiledStrategy"]

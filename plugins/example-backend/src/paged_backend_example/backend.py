@@ -5,13 +5,13 @@ from __future__ import annotations
 import torch
 
 from paged_backend_example import kernels
+from paged_backend_example.recording import GraphCalls, RecordingCompiledStrategy
 from paged_core.api import (
     AttentionBackend,
     AttentionMetadata,
     AttentionSpec,
     Availability,
     BackendCapabilities,
-    CompiledStrategy,
     GraphCaptureStrategy,
     GraphSupport,
     PagedError,
@@ -24,11 +24,21 @@ class ExampleBackend(AttentionBackend):
     Declares fp32 and bf16, the usual head sizes, block sizes 16 and 32, any
     GQA ratio, no sliding window or soft cap, and capture of uniform decode
     batches. Everything declared is exactly what ``paged-conformance`` tests.
+
+    The engine captures uniform decode batches with :meth:`graph_strategy`
+    (``--graph-mode compiled`` or ``device``); :attr:`graph_calls` counts
+    what it captured and replayed.
     """
 
     name = "example"
     api_version = 1  # the plugin API this backend is written for (paged-core 0.1.x implements it)
     priority = 10
+    compile_backend = "inductor"
+    """The ``torch.compile`` backend of :meth:`graph_strategy` (``"aot_eager"`` traces without generating code)."""
+
+    def __init__(self, device: str | torch.device | None = None) -> None:
+        super().__init__(device)
+        self.graph_calls = GraphCalls()
 
     @classmethod
     def availability(cls) -> Availability:
@@ -80,5 +90,5 @@ class ExampleBackend(AttentionBackend):
         kernels.copy_blocks(kv_caches, src_to_dst.to(torch.int64))
 
     def graph_strategy(self) -> GraphCaptureStrategy:
-        """Decode steps compiled with ``torch.compile``, once per captured size."""
-        return CompiledStrategy()
+        """Decode steps compiled with ``torch.compile``, once per captured size, counted in :attr:`graph_calls`."""
+        return RecordingCompiledStrategy(self.graph_calls, backend=self.compile_backend)

@@ -8,6 +8,7 @@ import torch
 from paged_conformance.grid import DTYPES, GQA_RATIOS, HEAD_SIZES, NUM_KV_HEADS, base_config, declared_dtypes
 from paged_conformance.session import Conformance
 from paged_core.api import AttentionSpec, DeviceHooks, GraphCaptureStrategy, GraphSupport, UnsupportedConfigError
+from paged_core.testing import strategy_problem
 
 AXES = ("dtype", "head_size", "block_size", "gqa", "sliding_window", "soft_cap")
 
@@ -55,8 +56,15 @@ def test_refuses_undeclared(conformance: Conformance, axis: str) -> None:
 
 @pytest.mark.paged_capability("graph")
 def test_graph_strategy_hook(conformance: Conformance) -> None:
-    """``graph_strategy()`` returns a fresh :class:`GraphCaptureStrategy` holding no capture."""
-    strategy = conformance.backend().graph_strategy()
+    """``graph_strategy()`` returns a fresh :class:`GraphCaptureStrategy` holding no capture.
+
+    A backend declaring capture must return a strategy that can serve it: not ``None``, and not
+    :class:`EagerStrategy` on a device with device graphs (the engine would capture nothing).
+    """
+    backend = conformance.backend()
+    problem = strategy_problem(backend)
+    assert problem is None, problem
+    strategy = backend.graph_strategy()
     assert isinstance(strategy, GraphCaptureStrategy), f"graph_strategy() returned {type(strategy).__name__}"
     if conformance.caps.graph_support == GraphSupport.NEVER:
         pytest.skip("N/A: graph capture not declared")
