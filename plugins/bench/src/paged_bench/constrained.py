@@ -2,7 +2,8 @@
 
 The schemas are what agents ask for (a person, a product, an event, a tool call, a sentiment label, an
 address, an order, a search query): closed objects (``additionalProperties: false``), every string and
-array bounded, enums and ranged numbers, so each grammar ends within the workload's output lengths.
+array bounded, enums and ranged numbers with a ``multipleOf`` (a number's fraction is otherwise unbounded: a model
+sampling digits wrote 200 of them), so each grammar ends within the workload's output lengths.
 Request ``i`` gets schema ``i % 8``, so any prefix of the workload spreads over all of them.
 """
 
@@ -35,7 +36,7 @@ SCHEMAS: tuple[dict[str, Any], ...] = (
     _obj(
         {
             "sku": {"type": "string", "pattern": "^[A-Z]{3}-[0-9]{4}$"},
-            "price": {"type": "number", "minimum": 0, "maximum": 10000},
+            "price": {"type": "number", "minimum": 0, "maximum": 10000, "multipleOf": 0.01},
             "in_stock": {"type": "boolean"},
             "tags": {"type": "array", "items": _str(12), "maxItems": 3},
         }
@@ -57,7 +58,7 @@ SCHEMAS: tuple[dict[str, Any], ...] = (
     _obj(
         {
             "sentiment": {"enum": ["positive", "negative", "neutral"]},
-            "confidence": {"type": "number", "minimum": 0, "maximum": 1},
+            "confidence": {"type": "number", "minimum": 0, "maximum": 1, "multipleOf": 0.05},
         }
     ),
     _obj(
