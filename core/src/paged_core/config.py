@@ -199,8 +199,8 @@ class SchedulerConfig:
     num_lookahead_tokens: int = _opt(0, "extra KV slots reserved per decode for speculative tokens")
     async_scheduling: bool | None = _opt(
         None,
-        "schedule step N+1 while step N runs (outputs unchanged); default: off on CPU, where it was measured not "
-        "to pay (see paged_core.engine_core.overlap)",
+        "schedule step N+1 while step N runs (outputs unchanged); default: off (measured not to pay on CPU, "
+        "not measured on GPUs yet; see paged_core.engine_core.overlap)",
     )
 
     def __post_init__(self) -> None:

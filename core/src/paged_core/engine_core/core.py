@@ -28,7 +28,7 @@ from paged_core.engine_core.overlap import (
     overlap_blocker,
 )
 from paged_core.engine_core.rows import Rows
-from paged_core.engine_core.sampled import SampledGroups
+from paged_core.engine_core.sampled import Sampled, SampledGroups
 from paged_core.errors import DistributedError, RequestRejectedError
 from paged_core.loading.build import LoadedModel, build_parts
 from paged_core.sampling.sampler import Sampler
@@ -213,6 +213,9 @@ class EngineCore:
         exception's repr; waiting requests and the core are untouched. With tensor parallelism a
         failed step (or a worker found dead before it) raises :class:`DistributedError` with the
         cause instead: the ranks are out of step, so the core must end.
+
+        With asynchronous scheduling (:mod:`paged_core.engine_core.overlap`) the step returned is the
+        one started by the previous call, and the next one is already running when this returns.
         """
         if self.leader is not None and (dead := self.leader.failure()) is not None:
             raise DistributedError(dead)
@@ -265,11 +268,7 @@ class EngineCore:
         self.overlap.count(blocker)
         nxt = self.scheduler.schedule(overlap=True) if blocker is None else None
         try:
-            rows = step.rows.result()
-            # Rows of sequences that ended (or were aborted) after this step was planned are dropped, also when a
-            # new request has taken the id since.
-            live, planned = self.sampled.seqs, step.seqs
-            sampled = self.sampled.sample(rows.split(lambda rid, _count: live.get(rid, _GONE) is planned.get(rid))[0])
+            sampled = self._sample(step)
             if nxt is not None:
                 self._in_flight, nxt = self._launch(fill_placeholders(nxt, sampled.token_ids)), None
                 in_flight: SchedulerOutput | None = self._in_flight.out
@@ -288,6 +287,14 @@ class EngineCore:
             return failed_out
         self.steps += 1
         return CoreOutputs(early + deltas, self.stats(), compiled_failures | sampled.failures)
+
+    def _sample(self, step: InFlight) -> Sampled:
+        """Wait for ``step``'s rows and sample those of sequences still live."""
+        rows = step.rows.result()
+        # Rows of sequences that ended (or were aborted) after this step was planned are dropped, also when a
+        # new request has taken the id since.
+        live, planned = self.sampled.seqs, step.seqs
+        return self.sampled.sample(rows.split(lambda rid, _count: live.get(rid, _GONE) is planned.get(rid))[0])
 
     def _launch(self, out: SchedulerOutput) -> InFlight:
         """Start ``out``'s forward on the step worker (after any forward already started)."""

@@ -35,9 +35,17 @@ Structured outputs, chunked prefill, preemption (a request preempted by the plan
 the token it was owed), prefix caching (a block is cached only once the step computing it has run) and
 forked ``n > 1`` siblings all overlap.
 
-Measured on a 2-core CPU (Intel Sapphire Rapids), ``paged bench serve --compare-async``: see
-``plugins/bench/README.md``; the default (``None``) is off on CPU for that reason, and on for device
-kinds whose forwards are launched asynchronously (where the host's Python is pure overhead).
+Measured on a 2-core CPU (Intel Sapphire Rapids, other jobs sharing it), the embedded SmolLM2:
+``paged bench serve --servers mp --compare-async`` with 64 ``throughput`` requests and 32 streams gave
+112 against 85 output tok/s (1.32x, one noisy run) but ITL p50 145 against 88 ms; with
+``--serve-workload decode-1`` ITL p50 went from 8 ms to 29 ms (3.4x worse, repeated). In process
+(``LLM.generate``, alternated runs) 32 requests x 64 tokens gave 1.01x and ``decode-1`` 0.92x. What
+was seen points at torch's GNU OpenMP rather than at the loop: with the serve configuration, a
+``decode-1`` step took 8 ms on the main thread and 30 ms on a second thread, and once the second
+thread had run one, 29 ms on the main thread too; ``OMP_WAIT_POLICY=active`` gave 19-23 ms. A second
+thread running forwards gives the process a second OpenMP pool, more OpenMP threads than cores, and
+(as libgomp does then) far less spin-waiting between a step's many short parallel regions. So the
+default (``None``) is off on CPU; see :data:`DEFAULT_ON`.
 """
 
 from __future__ import annotations
@@ -52,9 +60,10 @@ from paged_core.sched.output import SchedulerOutput
 
 log = logging.getLogger("paged.engine")
 
-DEFAULT_ON = frozenset({"cuda", "xpu"})
-"""Device kinds where ``async_scheduling=None`` means on: their forwards are queued to the device, so the
-host's scheduling between them is idle device time. ``cuda`` covers HIP too (torch names both so)."""
+DEFAULT_ON: frozenset[str] = frozenset()
+"""Device kinds where ``async_scheduling=None`` means on: none yet. On a CPU it was measured not to pay (see above);
+on a GPU it is not measured yet (the forward's kernels are queued, so the host's scheduling between them should
+hide; measure with ``paged bench serve --compare-async`` before adding ``cuda`` here)."""
 
 
 @dataclass(slots=True)
@@ -106,7 +115,8 @@ def async_scheduling(setting: bool | None, device_type: str, speculative: bool, 
     if setting is False:
         return "turned off (--no-async-scheduling)"
     if setting is None and device_type not in DEFAULT_ON:
-        return f"off by default on {device_type} (measured not to pay there; --async-scheduling turns it on)"
+        why = "measured not to pay there" if device_type == "cpu" else "not measured there yet"
+        return f"off by default on {device_type} ({why}; --async-scheduling turns it on)"
     if speculative:
         return "speculative decoding proposes drafts from the applied tokens"
     if tensor_parallel:
