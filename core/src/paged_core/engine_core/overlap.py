@@ -37,8 +37,9 @@ forked ``n > 1`` siblings all overlap.
 
 Measured on a 2-core CPU (Intel Sapphire Rapids, other jobs sharing it), the embedded SmolLM2:
 ``paged bench serve --servers mp --compare-async`` with 64 ``throughput`` requests and 32 streams gave
-112 against 85 output tok/s (1.32x, one noisy run) but ITL p50 145 against 88 ms; with
-``--serve-workload decode-1`` ITL p50 went from 8 ms to 29 ms (3.4x worse, repeated). In process
+157 against 199 output tok/s (0.79x) and ITL p50 109 against 83 ms (an earlier run on a busier machine:
+1.32x tok/s, ITL 145 against 88 ms); with ``--serve-workload decode-1`` ITL p50 went from 8 ms to 29 ms
+(3.4x worse, repeated four times). In process
 (``LLM.generate``, alternated runs) 32 requests x 64 tokens gave 1.01x and ``decode-1`` 0.92x. What
 was seen points at torch's GNU OpenMP rather than at the loop: with the serve configuration, a
 ``decode-1`` step took 8 ms on the main thread and 30 ms on a second thread, and once the second
