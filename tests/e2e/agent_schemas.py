@@ -1,8 +1,8 @@
 """Twenty-two JSON schemas of the kinds agents send: nested objects, bounded arrays, enums, numbers with
 ranges, optional fields, ``additionalProperties: false``, unions and ``$ref``s.
 
-Every string and array is bounded (``maxLength``, ``maxItems``), every number has a ``multipleOf`` (a power of two, which
-``jsonschema``'s float division checks exactly: 0.07 / 0.01 is not an integer there) and every object
+Every string and array is bounded (``maxLength``, ``maxItems``), every number has a ``multipleOf`` (a power of
+two, which ``jsonschema``'s float division checks exactly: 0.07 / 0.01 is not an integer there) and every object
 is closed: each unbounded construct (a string, an array, a number's fraction, an open object's extra keys) lets a
 sampled model write until ``max_tokens`` (the first runs did: 40 sampled fraction digits, 30 invented keys).
 ``uniqueItems`` is left out: llguidance refuses it (a 400 naming the schema).
