@@ -1,4 +1,4 @@
-"""The cpu backend's in-place token bitmask against the reference (``paged_core.structured.apply_bitmask``): the
+"""The cpu backend's in-place token bitmask against the contract's reference (``FusedOps().apply_token_bitmask``): the
 same -inf positions and untouched values, for random and word-uniform masks, every logits dtype, row subsets in
 any order, and vocabularies wider or narrower than the mask; bad shapes are refused by name."""
 
@@ -8,7 +8,13 @@ import pytest
 import torch
 
 from paged_backend_cpu.fused import CpuFusedOps
-from paged_core.structured.bitmask import apply_bitmask, bitmask_width
+from paged_core.api import FusedOps
+
+apply_bitmask = FusedOps().apply_token_bitmask
+
+
+def bitmask_width(vocab: int) -> int:
+    return (vocab + 31) // 32
 
 
 def _mask(rows: int, vocab: int, gen: torch.Generator) -> torch.Tensor:

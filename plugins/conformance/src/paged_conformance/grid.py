@@ -554,7 +554,7 @@ def iter_universe() -> Iterator[tuple[str, str]]:
     for op in FUSED_OPS:
         yield "fused", op
     yield "fused", "trace"
-    yield "fused", "token_bitmask"
+    yield "structured", "token_bitmask"
     for name in LINEAR_FORMATS:
         yield "linear_format", name
     yield "linear_format", "fallback"

@@ -28,7 +28,7 @@ def _bitmask(gen: torch.Generator, rows: int, tokens: int) -> torch.Tensor:
     return torch.where(kind == 0, every, torch.where(kind == 1, none, mixed))
 
 
-@pytest.mark.paged_capability("fused:token_bitmask")
+@pytest.mark.paged_capability("structured:token_bitmask")
 @pytest.mark.paged_cases("fused")
 def test_apply_token_bitmask(conformance: Conformance, fused: FusedCase) -> None:
     ops, gen = conformance.fused_ops(), generator(fused.seed)
