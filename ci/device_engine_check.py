@@ -141,10 +141,9 @@ def parity(root: Path) -> list[dict[str, Any]]:
     return rows
 
 
-def decode_speed(root: Path) -> list[dict[str, Any]]:
-    from paged_core import SamplingParams
-
-    path = tiny_llama(
+def speed_llama(root: Path) -> Path:
+    """The bf16 random Llama the speed checks decode with (16 layers of 1024, GQA 4)."""
+    return tiny_llama(
         root,
         "speed",
         torch.bfloat16,
@@ -155,20 +154,36 @@ def decode_speed(root: Path) -> list[dict[str, Any]]:
         num_attention_heads=16,
         num_key_value_heads=4,
     )
+
+
+DECODE_TOKENS = 128
+
+
+def timed_decode(llm: Any, batch: int) -> tuple[float, float]:
+    """``batch`` 16-token prompts decoding :data:`DECODE_TOKENS` each after a warm-up: (tok/s, ms per step)."""
+    from paged_core import SamplingParams
+
+    prompts = [[3 + (i * 7 + j) % 1000 for j in range(16)] for i in range(batch)]
+    llm.generate(prompts[:1], SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True), use_tqdm=False)
+    accel().synchronize()
+    start = time.perf_counter()
+    params = SamplingParams(temperature=0.0, max_tokens=DECODE_TOKENS, ignore_eos=True)
+    outs = llm.generate(prompts, params, use_tqdm=False)
+    accel().synchronize()
+    seconds = time.perf_counter() - start
+    tokens = sum(len(o.outputs[0].token_ids) for o in outs)
+    return round(tokens / seconds, 1), round(1000 * seconds / DECODE_TOKENS, 3)
+
+
+def decode_speed(root: Path) -> list[dict[str, Any]]:
+
+    path = speed_llama(root)
     rows = []
     for mode in ("eager", "device"):
         llm = engine(path, "bfloat16", mode, "fused")
         for batch in (1, 8, 64):
-            prompts = [[3 + (i * 7 + j) % 1000 for j in range(16)] for i in range(batch)]
-            params = SamplingParams(temperature=0.0, max_tokens=128, ignore_eos=True)
-            llm.generate(prompts[:1], SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True), use_tqdm=False)
-            accel().synchronize()
-            start = time.perf_counter()
-            outs = llm.generate(prompts, params, use_tqdm=False)
-            accel().synchronize()
-            seconds = time.perf_counter() - start
-            tokens = sum(len(o.outputs[0].token_ids) for o in outs)
-            rows.append({"check": "decode", "batch": batch, "tok_s": round(tokens / seconds, 1), **stats(llm)})
+            tok_s, _ = timed_decode(llm, batch)
+            rows.append({"check": "decode", "batch": batch, "tok_s": tok_s, **stats(llm)})
             print(json.dumps(rows[-1]), flush=True)
         del llm
         accel().empty_cache()
@@ -206,43 +221,20 @@ def async_loops(root: Path) -> list[dict[str, Any]]:
         same = sum(a == b for a, b in zip(got[False], got[True], strict=True))
         rows.append({"check": "async-parity", "graph_mode": mode, "prompts": len(prompts), "identical": same})
         print(json.dumps(rows[-3:]), flush=True)
-    path = tiny_llama(
-        root,
-        "speed",
-        torch.bfloat16,
-        vocab_size=32000,
-        hidden_size=1024,
-        intermediate_size=2816,
-        num_hidden_layers=16,
-        num_attention_heads=16,
-        num_key_value_heads=4,
-    )
+    path = speed_llama(root)
     for mode in ("eager", "device"):
         for flag in (False, True):
             llm = engine(path, "bfloat16", mode, "fused", async_scheduling=flag)
             for batch in (1, 64):
-                prompts = [[3 + (i * 7 + j) % 1000 for j in range(16)] for i in range(batch)]
-                llm.generate(
-                    prompts[:1], SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True), use_tqdm=False
-                )
-                accel().synchronize()
-                start = time.perf_counter()
-                outs = llm.generate(
-                    prompts, SamplingParams(temperature=0.0, max_tokens=128, ignore_eos=True), use_tqdm=False
-                )
-                accel().synchronize()
-                seconds = time.perf_counter() - start
-                tokens = sum(len(o.outputs[0].token_ids) for o in outs)
-                rows.append(
-                    {
-                        "check": "async-speed",
-                        "async": flag,
-                        "batch": batch,
-                        "tok_s": round(tokens / seconds, 1),
-                        "ms_per_step": round(1000 * seconds / 128, 3),
-                        **stats(llm),
-                    }
-                )
+                tok_s, ms_per_step = timed_decode(llm, batch)
+                row = {
+                    "check": "async-speed",
+                    "async": flag,
+                    "batch": batch,
+                    "tok_s": tok_s,
+                    "ms_per_step": ms_per_step,
+                }
+                rows.append({**row, **stats(llm)})
                 print(json.dumps(rows[-1]), flush=True)
             del llm
             accel().empty_cache()
