@@ -14,70 +14,18 @@ from __future__ import annotations
 import dataclasses
 import random
 from collections import Counter
-from collections.abc import Hashable
 from pathlib import Path
 
 import pytest
-import torch
 
 from paged_core import LLMEngine
-from paged_core.api import BackendCapabilities, GraphCaptureStrategy, GraphSupport, StepFn, UnsupportedConfigError
+from paged_core.api import UnsupportedConfigError
 from paged_core.frontend.llm import LLM
-from paged_core.reference.backend import ReferenceBackend
 from paged_core.runner.device_executor import DeviceGraphExecutor
 
 from .e2e_helpers import GREEDY, assert_same_tokens, hf_greedy
+from .graph_doubles import CapturingReference, RecordingStrategy
 from .tiny_models import VOCAB, save_tiny_model
-
-
-class RecordingStrategy(GraphCaptureStrategy):
-    """Capture stores the step and its static arguments; replay calls it again on them. Counts both.
-
-    ``fail_on`` makes ``capture`` or ``replay`` raise instead, as a broken vendor strategy would.
-    """
-
-    name = "recording"
-
-    def __init__(self, fail_on: str = "") -> None:
-        self.steps: dict[Hashable, tuple[StepFn, tuple[torch.Tensor, ...]]] = {}
-        self.calls: Counter[str] = Counter()
-        self.fail_on = fail_on
-
-    def capture(self, key: Hashable, fn: StepFn, args: tuple[torch.Tensor, ...]) -> None:
-        self.calls["capture"] += 1
-        if self.fail_on == "capture":
-            raise RuntimeError("capture failed on purpose")
-        self.steps[key] = (fn, args)
-
-    def replay(self, key: Hashable) -> torch.Tensor:
-        self.calls["replay"] += 1
-        if self.fail_on == "replay":
-            raise RuntimeError("replay failed on purpose")
-        fn, args = self.steps[key]
-        return fn(*args)
-
-    def has(self, key: Hashable) -> bool:
-        return key in self.steps
-
-    def reset(self) -> None:
-        self.steps.clear()
-
-
-class CapturingReference(ReferenceBackend):
-    """The reference kernels, declared capturable for uniform decode (its host reads are fine when replay is eager)."""
-
-    name = "reference-capture"
-
-    def __init__(self, strategy: RecordingStrategy, device: str = "cpu") -> None:
-        super().__init__(device=device)
-        self.strategy = strategy
-
-    @classmethod
-    def capabilities(cls) -> BackendCapabilities:
-        return dataclasses.replace(ReferenceBackend.capabilities(), graph_support=GraphSupport.UNIFORM_DECODE)
-
-    def graph_strategy(self) -> GraphCaptureStrategy:
-        return self.strategy
 
 
 def _device_llm(base: LLM, strategy: RecordingStrategy, model_impl: str = "fused") -> LLM:

@@ -233,9 +233,18 @@ class GraphConfig:
         None, "comma-separated batch sizes that get a device graph (default 1,2,4,8,16,... up to max_num_seqs)"
     )
     compile_cache_dir: str | None = _opt(None, "root of the compiled-step cache (default ~/.cache/paged/compile)")
+    piecewise: bool | None = _opt(
+        None,
+        "capture (device) or compile (compiled) the pieces between attention calls for steps a whole-step "
+        "graph cannot hold (prefill, mixed, verify rows); default: on for device graphs of backends that "
+        "capture uniform decode only and for compiled mode on backends that capture nothing; --piecewise "
+        "also gives backends capturing any batch whole-step graphs for decode only",
+    )
 
     def __post_init__(self) -> None:
         _require_choice("graph_mode", self.graph_mode, GRAPH_MODES)
+        if self.piecewise is not None:
+            _require_bool("piecewise", self.piecewise)
         if self.capture_sizes is not None:
             sizes = tuple(self.capture_sizes) if isinstance(self.capture_sizes, (list, tuple)) else ()
             if not sizes or any(isinstance(v, bool) or not isinstance(v, int) or v < 1 for v in sizes):

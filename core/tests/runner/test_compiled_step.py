@@ -89,17 +89,22 @@ def graphs(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[Any]]:
     torch._dynamo.reset()
 
 
-def test_no_capture_backend_is_never_traced_and_compiles_at_warm_up_only(graphs: list[Any]) -> None:
+@pytest.mark.parametrize("piecewise", [False, True], ids=["whole-step", "pieces"])
+def test_no_capture_backend_is_never_traced_and_compiles_at_warm_up_only(graphs: list[Any], piecewise: bool) -> None:
     backend = WatchedReference()
     decoder, specs = _decoder(backend)
     caches = [backend.allocate_kv_cache(ROWS * WIDTH + 1, BLOCK, s, torch.float32) for s in specs]
-    compiled = CompiledExecutor(decoder, backend, caches, BLOCK, max_num_reqs=ROWS, max_blocks_per_seq=WIDTH)
+    compiled = CompiledExecutor(
+        decoder, backend, caches, BLOCK, max_num_reqs=ROWS, max_blocks_per_seq=WIDTH, piecewise=piecewise
+    )
     eager = StepExecutor(decoder, backend, caches)
     builder = BatchBuilder(TOKENS, ROWS, WIDTH, BLOCK, torch.device("cpu"))  # allocated outside inference mode
     with torch.inference_mode():
         compiled.warm_up()
         warmed = len(graphs)
-        assert 0 < warmed <= 16, warmed  # the step around the forward and the layer ops, per warm-up shape
+        # Whole step: the step around the forward and the layer ops, per warm-up shape. Pieces: first and last
+        # (this decoder has one layer, so no between piece), for one token and for many.
+        assert 0 < warmed <= (4 if piecewise else 16), warmed
         # Every kind of step the scheduler makes: alone or together, prefill, decode, mixed, and prompt chunks
         # that sample nothing (so a step samples 0, 1 or several rows, whatever its row count).
         for query_lens, context, chunks in (
@@ -120,24 +125,30 @@ def test_no_capture_backend_is_never_traced_and_compiles_at_warm_up_only(graphs:
             want = eager.run(batch).clone()
             got = compiled.run(batch)
             assert got.shape[0] == len(query_lens) - chunks
+            assert compiled.stats.piece_replays == (compiled.stats.steps if piecewise else 0)
             torch.testing.assert_close(got, want, msg=lambda m, q=query_lens: f"{q}: {m}")
     assert len(graphs) == warmed, "a real step recompiled the warmed-up step"
     # Another engine on the same weights shares the compiled step, whatever its sizes; here its block count
     # equals its row budget (duck sizing once tied the two, so every other block count recompiled).
     other = [backend.allocate_kv_cache(24, BLOCK, s, torch.float32) for s in specs]
     with torch.inference_mode():
-        CompiledExecutor(decoder, backend, other, BLOCK, max_num_reqs=24, max_blocks_per_seq=WIDTH).warm_up()
+        CompiledExecutor(
+            decoder, backend, other, BLOCK, max_num_reqs=24, max_blocks_per_seq=WIDTH, piecewise=piecewise
+        ).warm_up()
     assert len(graphs) == warmed, "a second engine recompiled the shared step"
     assert backend.traced and not any(backend.traced), "dynamo traced the reference backend's attention"
 
 
-def test_verify_steps_of_speculative_decoding_reuse_the_warmed_up_step(graphs: list[Any]) -> None:
+@pytest.mark.parametrize("piecewise", [False, True], ids=["whole-step", "pieces"])
+def test_verify_steps_of_speculative_decoding_reuse_the_warmed_up_step(graphs: list[Any], piecewise: bool) -> None:
     # Rows that verify drafts sample every position they run (1 + k logits rows): the logits count then
     # equals the token count, which no warm-up batch has; dynamic shapes must still cover it.
     backend = ReferenceBackend()
     decoder, specs = _decoder(backend)
     caches = [backend.allocate_kv_cache(ROWS * WIDTH + 1, BLOCK, s, torch.float32) for s in specs]
-    compiled = CompiledExecutor(decoder, backend, caches, BLOCK, max_num_reqs=ROWS, max_blocks_per_seq=WIDTH)
+    compiled = CompiledExecutor(
+        decoder, backend, caches, BLOCK, max_num_reqs=ROWS, max_blocks_per_seq=WIDTH, piecewise=piecewise
+    )
     eager = StepExecutor(decoder, backend, caches)
     builder = BatchBuilder(TOKENS, ROWS, WIDTH, BLOCK, torch.device("cpu"))
     with torch.inference_mode():

@@ -109,6 +109,7 @@ def sum_stats(live: list[SchedulerStats], every: list[SchedulerStats]) -> Schedu
         steps=sum(s.steps for s in every),
         graph_mode=every[0].graph_mode if every else "eager",
         graph_replays=sum(s.graph_replays for s in every),
+        graph_piece_replays=sum(s.graph_piece_replays for s in every),
         eager_steps=sum(s.eager_steps for s in every),
         graph_fallbacks=dict(fallbacks),
         spec_verify_rows=sum(s.spec_verify_rows for s in every),

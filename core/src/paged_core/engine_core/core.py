@@ -153,6 +153,7 @@ class EngineCore:
             steps=self.steps,
             graph_mode=executor.mode,
             graph_replays=int(executor.stats.replays),
+            graph_piece_replays=int(executor.stats.piece_replays),
             eager_steps=int(executor.stats.eager_steps),
             graph_fallbacks=dict(executor.stats.fallback_reasons),
             spec_verify_rows=self.spec_stats.verify_rows,

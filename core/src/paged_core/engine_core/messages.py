@@ -112,6 +112,8 @@ class SchedulerStats(msgspec.Struct, frozen=True):
     graph_mode: str = "eager"
     graph_replays: int = 0
     """Steps run as a compiled or captured graph."""
+    graph_piece_replays: int = 0
+    """Of ``graph_replays``, steps run as captured or compiled pieces (piecewise)."""
     eager_steps: int = 0
     """Steps run eagerly (every step in eager mode; fallbacks otherwise)."""
     graph_fallbacks: dict[str, int] = {}

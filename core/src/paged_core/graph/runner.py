@@ -66,7 +66,8 @@ class GraphRunner:
     the padded token counts that get a graph; buffers are allocated once at
     the largest. ``inputs`` describe the per-token tensors the step takes as
     keyword arguments besides the metadata. ``strategy`` overrides
-    ``backend.graph_strategy()``. Nothing is captured until
+    ``backend.graph_strategy()``; ``support`` narrows the backend's declared
+    graph support (uniform decode only, when pieces take the rest). Nothing is captured until
     :meth:`capture_all`; until then (and always for ``GraphSupport.NEVER``)
     :meth:`run` is eager.
     """
@@ -84,6 +85,7 @@ class GraphRunner:
         max_model_len: int | None = None,
         strategy: GraphCaptureStrategy | None = None,
         warmup_iters: int = 2,
+        support: GraphSupport | None = None,
     ) -> None:
         if block_size <= 0 or max_blocks_per_seq <= 0:
             raise ConfigError(
@@ -98,7 +100,8 @@ class GraphRunner:
         self.step = step
         self.block_size = block_size
         self.sizes = sizes
-        self.support = backend.capabilities().graph_support
+        declared = backend.capabilities().graph_support
+        self.support = declared if support is None else min(support, declared)
         self.max_model_len = max_model_len if max_model_len is not None else block_size * max_blocks_per_seq
         self.strategy = strategy if strategy is not None else backend.graph_strategy()
         if not isinstance(self.strategy, GraphCaptureStrategy):

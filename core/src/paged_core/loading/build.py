@@ -389,6 +389,7 @@ def _build(config: EngineConfig, loaded: LoadedModel) -> EngineParts:
         max_model_len=scheduler.max_len,
         graph_mode=config.graph.graph_mode,
         capture_sizes=config.graph.capture_sizes,
+        piecewise=config.graph.piecewise,
         compile_cache=_compile_cache(config, loaded),
     )
     per_block = bytes_per_block(backend, specs, block_size, dtype)

@@ -1,7 +1,9 @@
-"""``graph_mode='compiled'``: ``torch.compile`` of the whole step, and the backend's compiled captures.
+"""``graph_mode='compiled'``: ``torch.compile`` of the whole step (or its pieces), and the backend's captures.
 
 The whole step is compiled once with dynamic token and row dimensions (see
-:mod:`paged_core.runner.executors`). A backend whose ``graph_strategy()`` is a
+:mod:`paged_core.runner.executors`); with ``piecewise`` (the default for a
+backend whose attention cannot be traced) its pieces between attention calls
+are, instead (:mod:`paged_core.runner.compiled_pieces`). A backend whose ``graph_strategy()`` is a
 :class:`~paged_core.graph.CompiledStrategy` also gets the batches its declared
 graph support admits: those go through its strategy (static shapes per
 capture size, padded by the core), the rest through the dynamic step, which is
@@ -21,6 +23,7 @@ from paged_core.contract.backend import AttentionBackend
 from paged_core.contract.metadata import AttentionMetadata
 from paged_core.graph import CompiledStrategy, GraphRunner
 from paged_core.runner.batch import StepBatch
+from paged_core.runner.compiled_pieces import CompiledPieces, without_duck_sizing
 from paged_core.runner.forward import ModelForward
 from paged_core.runner.model_graphs import capture_with_progress, model_graphs, replay_sampled
 from paged_core.runner.step_executor import StepExecutor
@@ -36,27 +39,6 @@ _INTS = (
     "max_seq_len",
     "uniform_query_len",
 )
-
-
-def _without_duck_sizing(fn: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
-    """``fn`` with dynamo's duck sizing off while it runs (and so while it traces).
-
-    Duck sizing gives dimensions that are equal while tracing one symbol and
-    guards on that equality: a KV cache of 256 blocks next to a 256-row batch
-    buffer made every engine with another block count recompile the shared
-    step. Without it only the equalities the step itself needs are guarded.
-    """
-    from torch.fx.experimental import _config as fx_config
-
-    def call(*args: Any) -> torch.Tensor:
-        before = fx_config.use_duck_shape
-        fx_config.use_duck_shape = False  # a plain attribute swap: a few microseconds a step
-        try:
-            return fn(*args)
-        finally:
-            fx_config.use_duck_shape = before
-
-    return call
 
 
 class CompiledExecutor(StepExecutor):
@@ -77,6 +59,7 @@ class CompiledExecutor(StepExecutor):
         strategy: CompiledStrategy | None = None,
         max_model_len: int | None = None,
         capture_sizes: tuple[int, ...] | None = None,
+        piecewise: bool = False,
     ) -> None:
         super().__init__(forward, backend, kv_caches)
         self.graphs: GraphRunner | None = None
@@ -98,31 +81,9 @@ class CompiledExecutor(StepExecutor):
         with torch.inference_mode(False):  # like the runner's buffers (dynamo guards on dispatch keys)
             self._sampled = torch.zeros(max(max_num_reqs, 2), dtype=torch.int64, device=backend.device)
         self.compile_cache = compile_cache
-        shared = getattr(forward, "shared", None)
-        compiled = shared.get("compiled") if shared is not None else None
-        if compiled is None:
-            fwd = forward.forward
-
-            def step(
-                caches: list[torch.Tensor],
-                qsl: torch.Tensor,
-                seq_lens: torch.Tensor,
-                table: torch.Tensor,
-                slots: torch.Tensor,
-                input_ids: torch.Tensor,
-                positions: torch.Tensor,
-                logits_indices: torch.Tensor,
-                *ints: int,
-            ) -> torch.Tensor:
-                named: dict[str, Any] = dict(zip(_INTS, ints, strict=True))
-                md = AttentionMetadata(qsl, seq_lens, table, slots, **named)
-                return fwd(md, input_ids, positions, caches, logits_indices)
-
-            # The caches are an argument (not captured), so engines on the same weights share one compile.
-            compiled = _without_duck_sizing(torch.compile(step, dynamic=True, fullgraph=False))
-            if shared is not None:
-                shared["compiled"] = compiled
-        self._compiled: Callable[..., torch.Tensor] = compiled
+        self.pieces = CompiledPieces(forward, backend, kv_caches) if piecewise else None  # type: ignore[arg-type]
+        # Piecewise: the pieces are the compiled step; else the whole step (shared by engines on these weights).
+        self._compiled: Callable[..., torch.Tensor] | None = None if self.pieces is not None else _whole_step(forward)
 
     def warm_up(self) -> None:
         start = time.perf_counter()
@@ -150,9 +111,13 @@ class CompiledExecutor(StepExecutor):
                 return done.output
             if done.failed:  # a batch the strategy should have taken: count why the dynamic step ran it
                 self.stats.fallback_reasons[done.reason] += 1
+        if self.pieces is not None:
+            self.stats.piece_replays += 1
         return self._call(batch)
 
     def _call(self, batch: StepBatch) -> torch.Tensor:
+        if self.pieces is not None:
+            return self.pieces.run(batch)
         md = batch.metadata
         self.backend.prepare(md)
         # Dynamo specialises a dimension of size 0 or 1, and a multi-token step can sample no row (a prompt
@@ -165,6 +130,7 @@ class CompiledExecutor(StepExecutor):
             sampled = self._sampled[:n]
             sampled[:k].copy_(batch.logits_indices)
             sampled[k:].zero_()
+        assert self._compiled is not None
         logits = self._compiled(
             self.kv_caches,
             md.query_start_loc,
@@ -177,3 +143,33 @@ class CompiledExecutor(StepExecutor):
             *(getattr(md, name) for name in _INTS),
         )
         return logits[:k]
+
+
+def _whole_step(forward: ModelForward) -> Callable[..., torch.Tensor]:
+    """The whole step under ``torch.compile`` with dynamic shapes (metadata ints as arguments), shared per decoder."""
+    shared = getattr(forward, "shared", None)
+    compiled: Callable[..., torch.Tensor] | None = shared.get("compiled") if shared is not None else None
+    if compiled is not None:
+        return compiled
+    fwd = forward.forward
+
+    def step(
+        caches: list[torch.Tensor],
+        qsl: torch.Tensor,
+        seq_lens: torch.Tensor,
+        table: torch.Tensor,
+        slots: torch.Tensor,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        logits_indices: torch.Tensor,
+        *ints: int,
+    ) -> torch.Tensor:
+        named: dict[str, Any] = dict(zip(_INTS, ints, strict=True))
+        md = AttentionMetadata(qsl, seq_lens, table, slots, **named)
+        return fwd(md, input_ids, positions, caches, logits_indices)
+
+    # The caches are an argument (not captured), so engines on the same weights share one compile.
+    compiled = without_duck_sizing(torch.compile(step, dynamic=True, fullgraph=False))
+    if shared is not None:
+        shared["compiled"] = compiled
+    return compiled

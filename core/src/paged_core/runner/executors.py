@@ -22,6 +22,12 @@
   for the batches the backend's declared ``graph_support`` admits (uniform
   decode, or any batch up to the largest capture size); every other batch
   runs eagerly, and each fallback is counted with its reason.
+* ``piecewise`` (engine option; see :mod:`paged_core.runner.piece_graphs` and
+  :mod:`paged_core.runner.compiled_pieces`): the steps a whole-step graph does
+  not hold (prefill, mixed, prompt chunks, verify rows) run as the fused
+  decoder's pieces between attention calls, captured per size (``device``) or
+  compiled once with dynamic shapes (``compiled``), attention eager between
+  them with the step's real metadata.
 * ``auto``: ``device`` where the backend's strategy can run and the device has
   device graphs, else ``eager`` (on CPUs the fused eager step beat
   compilation when measured; see the README).
@@ -49,6 +55,7 @@ from paged_core.runner.graph_modes import (
     device_graph_refusal,
     device_strategy,
     resolve_graph_mode,
+    resolve_piecewise,
 )
 from paged_core.runner.step_executor import StepExecutor, StepStats
 
@@ -75,9 +82,16 @@ def make_executor(
     max_model_len: int,
     capture_sizes: tuple[int, ...] | None = None,
     compile_cache: Any = None,
+    piecewise: bool | None = None,
+    max_num_tokens: int | None = None,
 ) -> StepExecutor:
-    """The executor for ``mode`` (resolved against the backend first), with the backend's strategy where it runs."""
+    """The executor for ``mode`` (resolved against the backend first), with the backend's strategy where it runs.
+
+    ``piecewise`` (see :func:`~paged_core.runner.graph_modes.resolve_piecewise`) runs the steps whole-step
+    graphs do not hold as pieces; ``max_num_tokens`` (the step's token budget) bounds their default sizes.
+    """
     resolved = resolve_graph_mode(mode, backend)
+    pieces = resolve_piecewise(piecewise, resolved, backend, forward)
     if resolved == "compiled" and forward.name != "fused":
         # transformers' modules find the step's metadata through a thread-local context, which dynamo
         # cannot hold as a graph input; device graphs only record kernels, so they are fine.
@@ -97,6 +111,7 @@ def make_executor(
             strategy=compiled_strategy(backend),
             max_model_len=max_model_len,
             capture_sizes=capture_sizes,
+            piecewise=pieces,
         )
     if resolved == "device":
         return DeviceGraphExecutor(
@@ -109,5 +124,7 @@ def make_executor(
             max_num_reqs=max_num_reqs,
             max_model_len=max_model_len,
             sizes=capture_sizes,
+            piecewise=pieces,
+            max_num_tokens=max_num_tokens if max_num_tokens is not None else max_num_reqs,
         )
     return StepExecutor(forward, backend, kv_caches)

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 from paged_core.config import GRAPH_MODES
 from paged_core.contract.backend import AttentionBackend
+from paged_core.contract.capabilities import GraphSupport
 from paged_core.contract.graph_strategy import EagerStrategy, GraphCaptureStrategy
 from paged_core.errors import ConfigError, UnsupportedConfigError
 from paged_core.graph import CompiledStrategy, DeviceGraphStrategy, backend_strategy
 from paged_core.graph.device_strategy import graph_module
+from paged_core.runner.piece_graphs import piece_refusal
 
 
 def device_graph_refusal(backend: AttentionBackend) -> str | None:
@@ -69,3 +71,27 @@ def compiled_strategy(backend: AttentionBackend) -> CompiledStrategy | None:
     """The backend's strategy when it compiles (``compiled`` mode routes admitted batches through it), else None."""
     strategy, _ = backend_strategy(backend)
     return strategy if isinstance(strategy, CompiledStrategy) else None
+
+
+def resolve_piecewise(piecewise: bool | None, mode: str, backend: AttentionBackend, forward: object) -> bool:
+    """Whether steps that whole-step graphs do not hold run as captured or compiled pieces in ``mode`` (resolved).
+
+    ``None`` (auto) is what was measured to pay: on for device graphs of a backend capturing uniform decode
+    only (the built-in device-graph strategy), and for ``compiled`` on a backend whose attention cannot be
+    traced (the pieces are then the whole compiled step); off otherwise. ``True`` where pieces cannot run
+    is refused with the reason.
+    """
+    refusal = piece_refusal(forward)
+    if piecewise is True:
+        if mode not in ("compiled", "device"):
+            raise UnsupportedConfigError(f"piecewise capture needs graph_mode compiled or device, not {mode!r}")
+        if refusal is not None:
+            raise UnsupportedConfigError(f"piecewise=True refused: {refusal}")
+        return True
+    if piecewise is False or refusal is not None:
+        return False
+    support = type(backend).capabilities().graph_support
+    if mode == "device":
+        strategy, _ = backend_strategy(backend)
+        return support == GraphSupport.UNIFORM_DECODE and isinstance(strategy, DeviceGraphStrategy)
+    return mode == "compiled" and support == GraphSupport.NEVER

@@ -9,10 +9,14 @@ the strategy only captures and replays.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Protocol
+
 import torch
 from tqdm.auto import tqdm
 
 from paged_core.contract.backend import AttentionBackend
+from paged_core.contract.capabilities import GraphSupport
 from paged_core.contract.graph_strategy import GraphCaptureStrategy
 from paged_core.contract.metadata import AttentionMetadata
 from paged_core.graph import CompiledStrategy, GraphRunner, Replay, StaticInput, capture_sizes
@@ -36,6 +40,7 @@ def model_graphs(
     max_num_reqs: int,
     max_model_len: int,
     sizes: tuple[int, ...] | None,
+    support: GraphSupport | None = None,
 ) -> GraphRunner:
     """A runner whose step is the whole model forward, returning every token's logits."""
     fwd, caches = forward.forward, kv_caches
@@ -56,10 +61,19 @@ def model_graphs(
         inputs=[StaticInput("input_ids", (), torch.int64), StaticInput("positions", (), torch.int64)],
         max_model_len=max_model_len,
         strategy=strategy,
+        support=support,
     )
 
 
-def capture_with_progress(graphs: GraphRunner, what: str) -> None:
+class Capturable(Protocol):
+    """What :func:`capture_with_progress` drives: whole-step graphs or pieces."""
+
+    sizes: list[int]
+
+    def capture_all(self, on_captured: Callable[[int], None] | None = None) -> None: ...
+
+
+def capture_with_progress(graphs: Capturable, what: str) -> None:
     """Capture every size of ``graphs`` behind a progress bar naming ``what``."""
     with tqdm(total=len(graphs.sizes), desc=f"capturing {what}", unit="size", disable=None, leave=False) as bar:
         graphs.capture_all(on_captured=lambda n: bar.update(1))

@@ -41,6 +41,7 @@ class ModelRunner:
         graph_mode: str = "eager",
         capture_sizes: tuple[int, ...] | None = None,
         compile_cache: Any = None,
+        piecewise: bool | None = None,
     ) -> None:
         self.forward_impl = forward
         self.backend = backend
@@ -63,6 +64,8 @@ class ModelRunner:
             max_model_len=max_model_len,
             capture_sizes=capture_sizes,
             compile_cache=compile_cache,
+            piecewise=piecewise,
+            max_num_tokens=max_num_tokens,
         )
 
     @property

@@ -23,6 +23,8 @@ class StepStats:
 
     steps: int = 0
     replays: int = 0
+    piece_replays: int = 0
+    """Of ``replays``, the steps run as pieces (piecewise capture or compilation)."""
     eager_steps: int = 0
     fallback_reasons: Counter[str] = field(default_factory=Counter)
     warmup_seconds: float = 0.0

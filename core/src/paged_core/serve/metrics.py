@@ -125,14 +125,21 @@ def _engine_families(labels: list[str], rows: list[tuple[tuple[str, ...], Schedu
     replays = CounterMetricFamily(
         "paged_graph_replays", "Steps run as a compiled or captured graph.", labels=[*labels, "graph_mode"]
     )
+    pieces = CounterMetricFamily(
+        "paged_graph_piece_replays",
+        "Of the graph replays, steps run as captured or compiled pieces (piecewise).",
+        labels=[*labels, "graph_mode"],
+    )
     fallbacks = CounterMetricFamily(
         "paged_graph_fallbacks", "Eager fallbacks of a graph mode, by reason.", labels=[*labels, "reason"]
     )
     for values, s, _ in rows:
         replays.add_metric([*values, s.graph_mode], s.graph_replays)
+        pieces.add_metric([*values, s.graph_mode], s.graph_piece_replays)
         for reason, count in sorted(s.graph_fallbacks.items()):
             fallbacks.add_metric([*values, reason], count)
     yield replays
+    yield pieces
     yield fallbacks
     yield from _grammar_families(labels, [(values, s.grammar) for values, s, _ in rows])
 

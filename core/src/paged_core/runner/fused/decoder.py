@@ -180,36 +180,97 @@ class FusedDecoder:
         kv_caches: list[torch.Tensor],
         logits_indices: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """Logits ``[K, V]`` of the tokens at ``logits_indices`` (every token when ``None``)."""
-        ops, reduce = self.ops, self.reduce
+        """Logits ``[K, V]`` of the tokens at ``logits_indices`` (every token when ``None``).
+
+        The step is its pieces in turn (see :meth:`first`): piecewise capture runs the same pieces,
+        captured or compiled, with the same eager attention between them.
+        """
+        q, k, v, residual = self.first(input_ids, positions)
+        last = len(self.layers) - 1
+        for i in range(last):
+            attn = self.attend(i, q, k, v, kv_caches[i], metadata)
+            q, k, v, residual = self.between(
+                self.layers[i], self.layers[i + 1], self.specs[i + 1], attn, residual, positions
+            )
+        hidden, residual = self.last(self.attend(last, q, k, v, kv_caches[last], metadata), residual)
+        return self.logits(hidden, residual, logits_indices)
+
+    # The pieces of a step, split at the attention calls. Each is row-wise (a token's output reads only its own
+    # row), so a piece run on a batch padded to a capture size gives its real rows what the unpadded batch would.
+
+    def first(self, input_ids: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """Embedding and layer 0 up to its attention: ``(q, k, v, residual)``."""
         hidden = torch.nn.functional.embedding(input_ids, self.embed)
-        residual: torch.Tensor | None = None
-        tokens = hidden.shape[0]
-        for i, layer in enumerate(self.layers):
-            if residual is None:
-                x, residual = ops.rms_norm(hidden, layer.in_norm, layer.eps), hidden
-            else:
-                x, residual = ops.add_rms_norm(hidden, residual, layer.in_norm, layer.eps)
-            spec = self.specs[i]
-            q_size, kv_size = spec.num_heads * spec.head_size, spec.num_kv_heads * spec.head_size
-            qkv = _linear(ops, x, layer.qkv)
-            q = qkv[:, :q_size].view(tokens, spec.num_heads, spec.head_size)
-            k = qkv[:, q_size : q_size + kv_size].view(tokens, spec.num_kv_heads, spec.head_size)
-            v = qkv[:, q_size + kv_size :].view(tokens, spec.num_kv_heads, spec.head_size)
-            if layer.q_norm is not None and layer.k_norm is not None:
-                q = ops.rms_norm(q.reshape(-1, spec.head_size), layer.q_norm, layer.qk_eps).view_as(q)
-                k = ops.rms_norm(k.reshape(-1, spec.head_size), layer.k_norm, layer.qk_eps).view_as(k)
-            q, k = ops.rotary(positions, q, k, self.cos_sin)
-            attn = self._attend(q, k, v, kv_caches[i], metadata, spec)
-            hidden = ops.linear(attn.reshape(tokens, q_size), layer.o)
-            if reduce is not None:
-                hidden = reduce(hidden)
-            x, residual = ops.add_rms_norm(hidden, residual, layer.post_norm, layer.post_eps)
-            hidden = ops.linear(ops.silu_and_mul(_linear(ops, x, layer.gate_up)), layer.down)
-            if reduce is not None:
-                hidden = reduce(hidden)
-        assert residual is not None
+        layer = self.layers[0]
+        x = self.ops.rms_norm(hidden, layer.in_norm, layer.eps)
+        return (*self._qkv(layer, self.specs[0], x, positions), hidden)
+
+    def between(
+        self,
+        done: _Layer,
+        layer: _Layer,
+        spec: AttentionSpec,
+        attn: torch.Tensor,
+        residual: torch.Tensor,
+        positions: torch.Tensor,
+    ) -> tuple[torch.Tensor, ...]:
+        """Layer ``done`` after its attention output ``attn`` ``[T, heads, head_size]``, then ``layer`` (of
+        ``spec``) up to its attention: ``(q, k, v, residual)``.
+
+        The layers are arguments (not indices) so one compiled piece serves every pair: a compiler guards on
+        their shapes, not on which layer it is.
+        """
+        hidden, residual = self._finish(done, attn, residual)
+        x, residual = self.ops.add_rms_norm(hidden, residual, layer.in_norm, layer.eps)
+        return (*self._qkv(layer, spec, x, positions), residual)
+
+    def last(self, attn: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The last layer after its attention: ``(hidden, residual)``."""
+        return self._finish(self.layers[-1], attn, residual)
+
+    def logits(self, hidden: torch.Tensor, residual: torch.Tensor, logits_indices: torch.Tensor | None) -> torch.Tensor:
+        """The final norm and the LM head over the rows at ``logits_indices`` (every row when ``None``)."""
         if logits_indices is not None:
             hidden, residual = hidden.index_select(0, logits_indices), residual.index_select(0, logits_indices)
-        final, _ = ops.add_rms_norm(hidden, residual, self.norm, self.norm_eps)
-        return ops.linear(final, self.lm_head)
+        final, _ = self.ops.add_rms_norm(hidden, residual, self.norm, self.norm_eps)
+        return self.ops.linear(final, self.lm_head)
+
+    def attend(
+        self,
+        i: int,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        kv_cache: torch.Tensor,
+        metadata: AttentionMetadata,
+    ) -> torch.Tensor:
+        """Layer ``i``'s paged attention through the backend (never traced when the backend captures nothing)."""
+        return self._attend(q, k, v, kv_cache, metadata, self.specs[i])
+
+    def _qkv(
+        self, layer: _Layer, spec: AttentionSpec, x: torch.Tensor, positions: torch.Tensor
+    ) -> tuple[torch.Tensor, ...]:
+        ops = self.ops
+        tokens = x.shape[0]
+        q_size, kv_size = spec.num_heads * spec.head_size, spec.num_kv_heads * spec.head_size
+        qkv = _linear(ops, x, layer.qkv)
+        q = qkv[:, :q_size].view(tokens, spec.num_heads, spec.head_size)
+        k = qkv[:, q_size : q_size + kv_size].view(tokens, spec.num_kv_heads, spec.head_size)
+        v = qkv[:, q_size + kv_size :].view(tokens, spec.num_kv_heads, spec.head_size)
+        if layer.q_norm is not None and layer.k_norm is not None:
+            q = ops.rms_norm(q.reshape(-1, spec.head_size), layer.q_norm, layer.qk_eps).view_as(q)
+            k = ops.rms_norm(k.reshape(-1, spec.head_size), layer.k_norm, layer.qk_eps).view_as(k)
+        q, k = ops.rotary(positions, q, k, self.cos_sin)
+        return q, k, v
+
+    def _finish(self, layer: _Layer, attn: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``layer`` after attention: output projection, post-attention norm and MLP."""
+        ops, reduce = self.ops, self.reduce
+        hidden = ops.linear(attn.reshape(attn.shape[0], -1), layer.o)
+        if reduce is not None:
+            hidden = reduce(hidden)
+        x, residual = ops.add_rms_norm(hidden, residual, layer.post_norm, layer.post_eps)
+        hidden = ops.linear(ops.silu_and_mul(_linear(ops, x, layer.gate_up)), layer.down)
+        if reduce is not None:
+            hidden = reduce(hidden)
+        return hidden, residual
