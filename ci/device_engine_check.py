@@ -13,6 +13,11 @@
    greedy tokens in ``eager`` and ``device`` mode, with chunked prefill (mixed steps) and preemption; then decode
    tok/s and inter-token latency of both loops on the speed model (batch 1 and 64), so ``DEFAULT_ON`` in
    ``engine_core/overlap.py`` can be decided on measured numbers. Graph replays are recorded per captured size.
+4. Piecewise capture (always, or alone with ``--only-pieces``): greedy parity with mixed steps (chunked prefill,
+   preemption) replayed as pieces, on the backend narrowed to uniform-decode capture (piecewise by default there)
+   and on the any-batch backend with ``piecewise=True``; then inter-token latency of requests arriving while
+   others decode (most steps mixed) on the speed model: eager, decode graphs with mixed steps eager, decode
+   graphs plus pieces, and whole-step graphs of any batch.
 """
 
 from __future__ import annotations
@@ -241,6 +246,110 @@ def async_loops(root: Path) -> list[dict[str, Any]]:
     return rows
 
 
+def uniform_decode(llm: Any, **changes: Any) -> Any:
+    """An LLM on ``llm``'s weights whose backend declares uniform-decode capture only (as the flash-attn and
+    FlashInfer backends do), with ``changes`` to its configuration: the case piecewise capture is for."""
+    import dataclasses
+
+    from paged_core import LLM, LLMEngine
+    from paged_core.api import GraphSupport
+
+    loaded = llm.engine.loaded
+    cls = type(loaded.backend)
+    declared = dataclasses.replace(cls.capabilities(), graph_support=GraphSupport.UNIFORM_DECODE)
+    narrowed = type(f"UniformDecode{cls.__name__}", (cls,), {"capabilities": classmethod(lambda c: declared)})
+    backend = narrowed.__new__(narrowed)
+    backend.__dict__.update(loaded.backend.__dict__)
+    clone = LLM.__new__(LLM)
+    clone.engine = LLMEngine(llm.engine.config.replace(**changes), dataclasses.replace(loaded, backend=backend))
+    return clone
+
+
+PIECE_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+
+
+def arrivals(llm: Any, prompts: list[list[int]], every: int, new: int) -> dict[str, Any]:
+    """Requests arriving one every ``every`` steps while the others decode (so most steps mix a prompt chunk with
+    decodes): inter-token latency p50/p99 over every request's gaps, and the wall time."""
+    from paged_core import SamplingParams
+
+    eng = llm.engine
+    params = SamplingParams(temperature=0.0, max_tokens=new, ignore_eos=True)
+    llm.generate(prompts[:2], SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True), use_tqdm=False)
+    pending, seen, gaps, step = list(prompts), {}, [], 0
+    accel().synchronize()
+    start = time.perf_counter()
+    while pending or eng.has_unfinished_requests():
+        if pending and step % every == 0:
+            eng.add_request(pending.pop(0), params)
+        outs = eng.step()
+        now = time.perf_counter()
+        step += 1
+        for out in outs:
+            count = len(out.outputs[0].token_ids)
+            last = seen.get(out.request_id)
+            if last is not None and count > last[1]:
+                gaps.extend([(now - last[0]) / (count - last[1])] * (count - last[1]))
+            seen[out.request_id] = (now, count)
+    wall = time.perf_counter() - start
+    gaps.sort()
+    return {
+        "itl_p50_ms": round(1000 * gaps[len(gaps) // 2], 3),
+        "itl_p99_ms": round(1000 * gaps[min(len(gaps) - 1, int(len(gaps) * 0.99))], 3),
+        "itl_mean_ms": round(1000 * sum(gaps) / len(gaps), 3),
+        "wall_s": round(wall, 3),
+        "steps": step,
+    }
+
+
+def pieces(root: Path) -> list[dict[str, Any]]:
+    """Piecewise capture: parity against transformers with mixed steps as pieces, then ITL with and without."""
+    from paged_core import SamplingParams
+
+    rows: list[dict[str, Any]] = []
+    path = tiny_llama(root, "parity", torch.float32)
+    rng = random.Random(2)
+    prompts = [[rng.randrange(3, 1024) for _ in range(rng.randint(3, 300))] for _ in range(24)]
+    want = hf_greedy(path, prompts, 32, torch.float32)
+    params = SamplingParams(temperature=0.0, max_tokens=32, ignore_eos=True)
+    base = engine(path, "float32", "eager", "fused")
+    tight = {"graph_mode": "device", "capture_sizes": PIECE_SIZES, "max_num_batched_tokens": 128}
+    eager = {k: v for k, v in tight.items() if k != "graph_mode" and k != "capture_sizes"}
+    for name, llm in (
+        ("eager (the parity pieces must keep)", base.reconfigured(**eager)),
+        ("uniform-decode backend, pieces (auto)", uniform_decode(base, **tight)),
+        ("uniform-decode backend, pieces, preemption", uniform_decode(base, **tight, kv_cache_memory="6MiB")),
+        ("any-batch backend, --piecewise", base.reconfigured(**tight, piecewise=True)),
+    ):
+        got = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
+        same = sum(g == w for g, w in zip(got, want, strict=True))
+        s = llm.engine.core.runner.executor.stats
+        row = {"check": "pieces-parity", "case": name, "prompts": len(prompts), "identical": same, **stats(llm)}
+        row.update(piece_replays=s.piece_replays, preemptions=int(llm.engine.core.scheduler.num_preemptions))
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+        del llm
+        accel().empty_cache()
+    del base
+    path = speed_llama(root)
+    speed = engine(path, "bfloat16", "eager", "fused")
+    prompts = [[3 + (i * 7 + j) % 1000 for j in range(384)] for i in range(32)]
+    budget = {"max_num_batched_tokens": 192, "capture_sizes": PIECE_SIZES}
+    for name, llm in (
+        ("eager", speed.reconfigured(max_num_batched_tokens=192)),
+        ("decode graphs, mixed eager", uniform_decode(speed, graph_mode="device", piecewise=False, **budget)),
+        ("decode graphs + pieces", uniform_decode(speed, graph_mode="device", **budget)),
+        ("whole-step graphs (any batch)", speed.reconfigured(graph_mode="device", **budget)),
+    ):
+        row = {"check": "pieces-itl", "case": name, **arrivals(llm, prompts, every=4, new=64)}
+        s = llm.engine.core.runner.executor.stats
+        rows.append({**row, **stats(llm), "piece_replays": s.piece_replays})
+        print(json.dumps(rows[-1]), flush=True)
+        del llm
+        accel().empty_cache()
+    return rows
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--out", default=os.environ.get("OUT", "reports"))
@@ -248,6 +357,7 @@ def main() -> int:
     parser.add_argument("--device", default="cuda", help="torch device type (cuda for NVIDIA and ROCm, xpu)")
     parser.add_argument("--async", dest="async_", action="store_true", help="also compare the two scheduling loops")
     parser.add_argument("--only-async", action="store_true", help="only the scheduling loops (a short device run)")
+    parser.add_argument("--only-pieces", action="store_true", help="only piecewise capture: parity and ITL")
     args = parser.parse_args()
     global BACKEND, DEVICE
     BACKEND, DEVICE = args.backend, args.device
@@ -258,13 +368,20 @@ def main() -> int:
         return 3
     report: dict[str, Any] = {"device": accel().get_device_name(), "torch": torch.__version__, "backend": BACKEND}
     with tempfile.TemporaryDirectory() as tmp:
-        report["parity"] = [] if args.only_async else parity(Path(tmp))
-        report["decode"] = [] if args.only_async else decode_speed(Path(tmp))
-        report["async"] = async_loops(Path(tmp)) if args.async_ or args.only_async else []
+        only = args.only_async or args.only_pieces
+        report["parity"] = [] if only else parity(Path(tmp))
+        report["decode"] = [] if only else decode_speed(Path(tmp))
+        report["async"] = async_loops(Path(tmp)) if (args.async_ and not only) or args.only_async else []
+        report["pieces"] = pieces(Path(tmp)) if not args.only_async else []
     (out / f"engine-device-{BACKEND}.json").write_text(json.dumps(report, indent=1))
-    checked = report["parity"] + [r for r in report["async"] if "identical" in r]
+    checked = report["parity"] + [r for r in report["async"] + report["pieces"] if "identical" in r]
     ok = all(r["identical"] == r["prompts"] for r in checked)
     ok = ok and all(r["replays"] > 0 for r in report["parity"] + report["decode"] if r.get("graph_mode") == "device")
+    ok = ok and all(
+        r["piece_replays"] > 0
+        for r in report["pieces"]
+        if r["check"] == "pieces-parity" and r["graph_mode"] == "device"
+    )
     print("engine device check:", "PASS" if ok else "FAIL")
     return 0 if ok else 1
 

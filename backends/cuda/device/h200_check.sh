@@ -8,6 +8,8 @@
 # 3. the engine end to end in eager and CUDA-graph mode, greedy output token for token against transformers, the
 #    backend's graph strategy replaying (replays per captured size); the synchronous and asynchronous scheduling loops
 #    (same tokens under chunked prefill and preemption, decode tok/s of each);
+#    step "pieces" (not in the default list: run it alone, it writes engine-device-cuda.json too): piecewise capture,
+#    parity with mixed steps as pieces and inter-token latency with and without them;
 # 4. decode timings (batch 64/256, context 1k/8k) as a share of the copy bandwidth, and against FlashInfer.
 # H200_STEPS picks steps for a short run (default "conformance engine decode"); PAGED_DEVICE_WHEELS names a folder of
 # wheels installed (offline) for the Python packages the image lacks (msgspec, pyzmq, gguf...).
@@ -66,6 +68,10 @@ done
 if step engine; then
   say "engine end to end (eager and CUDA graphs) vs transformers; scheduling loops"
   timeout 360 "$PY" ci/device_engine_check.py --backend cuda --async --out "$OUT" >> "$LOG" 2>&1 || status=1
+fi
+if step pieces; then
+  say "piecewise capture: parity with mixed steps as pieces; ITL with and without pieces"
+  timeout 420 "$PY" ci/device_engine_check.py --backend cuda --only-pieces --out "$OUT" >> "$LOG" 2>&1 || status=1
 fi
 if step decode; then
   say "decode bandwidth"

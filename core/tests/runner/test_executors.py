@@ -19,10 +19,13 @@ from paged_core.api import (
     GraphSupport,
     UnsupportedConfigError,
 )
+from paged_core.contract.capabilities import AttentionSpec
 from paged_core.engine_config import EngineConfig
 from paged_core.reference.backend import ReferenceBackend
 from paged_core.runner.compile_cache import MANIFEST, CompileCache
 from paged_core.runner.executors import device_graph_refusal, resolve_graph_mode
+from paged_core.runner.forward import TransformersForward
+from paged_core.runner.fused import FusedDecoder
 
 
 def test_unknown_graph_mode_is_refused_with_the_modes() -> None:
@@ -131,3 +134,28 @@ def test_corrupt_or_foreign_cache_is_wiped_not_loaded(tmp_path: Path, damage: st
 def test_a_different_configuration_gets_its_own_folder(tmp_path: Path) -> None:
     assert _cache(tmp_path).folder != _cache(tmp_path, dtype="bfloat16").folder
     assert _cache(tmp_path).folder != _cache(tmp_path, torch="9.9").folder
+
+
+def test_piecewise_auto_is_on_where_whole_step_graphs_leave_steps_eager() -> None:
+    from paged_core.runner.graph_modes import resolve_piecewise
+    from paged_core.runner.piece_graphs import piece_refusal
+
+    fused = object.__new__(FusedDecoder)  # only its type and specs are read
+    fused.specs = [AttentionSpec(num_heads=2, num_kv_heads=1, head_size=8)] * 2
+    assert piece_refusal(fused) is None
+    uniform = _capturing(DeviceGraphStrategy())
+    assert resolve_piecewise(None, "device", uniform, fused)  # device graphs of uniform decode: pieces take the rest
+    assert not resolve_piecewise(None, "device", _capturing(CompiledStrategy()), fused)  # a vendor's: asked for
+    assert resolve_piecewise(True, "device", _capturing(CompiledStrategy()), fused)
+    assert not resolve_piecewise(False, "device", uniform, fused)
+    assert resolve_piecewise(None, "compiled", ReferenceBackend(), fused)  # attention untraceable: pieces
+    assert not resolve_piecewise(None, "compiled", uniform, fused)  # traceable: the whole step compiles
+    assert not resolve_piecewise(None, "eager", ReferenceBackend(), fused)
+    with pytest.raises(UnsupportedConfigError, match="piecewise capture needs graph_mode compiled or device"):
+        resolve_piecewise(True, "eager", ReferenceBackend(), fused)
+    transformers_path = TransformersForward(None, ReferenceBackend(), [])
+    assert not resolve_piecewise(None, "device", uniform, transformers_path)
+    with pytest.raises(UnsupportedConfigError, match="needs the fused decoder, not the transformers path"):
+        resolve_piecewise(True, "device", uniform, transformers_path)
+    fused.specs = [AttentionSpec(num_heads=2, num_kv_heads=1, head_size=8), AttentionSpec(4, 1, 8)]
+    assert "same shape" in (piece_refusal(fused) or "")

@@ -56,7 +56,7 @@ def register(subparsers: Any) -> None:
         "--baseline",
         default="",
         metavar="LIST",
-        help="comma-separated: hf-static, hf-cb, reference, dequantized (same process), vllm, "
+        help="comma-separated: hf-static, hf-cb, reference, dequantized, eager, no-pieces (same process), vllm, "
         "vllm-compiled (vLLM's CPU build in its own environment: bash benchmarks/vllm_env.sh), "
         "llama.cpp (decode-1 on a GGUF: bash benchmarks/llama_cpp_env.sh)",
     )

@@ -98,6 +98,11 @@ def run_model_workload(opts: BenchOptions, requests: Sequence[BenchRequest]) -> 
             ref = LLMEngine(config.replace(block_size=engine.core.scheduler.kv.block_size), loaded)
             runs.append(_timed(ref, requests, "reference", opts.progress))
             del ref
+        elif name in ("eager", "no-pieces"):  # the same weights, another way to run the step
+            change: dict[str, Any] = {"graph_mode": "eager"} if name == "eager" else {"piecewise": False}
+            other = LLMEngine(config.replace(**change), engine.loaded)
+            runs.append(_timed(other, requests, f"paged-{name}", opts.progress))
+            del other
         elif name == "dequantized":  # the same checkpoint with every weight dense, loaded again
             dense = LLMEngine(config.replace(quantization="none"))
             runs.append(_timed(dense, requests, "dequantized", opts.progress))

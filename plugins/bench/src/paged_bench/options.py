@@ -8,9 +8,20 @@ from typing import Any
 from paged_bench.kv_util import KVUtilConfig
 from paged_bench.workloads import WORKLOADS
 
-BASELINES = ("hf-static", "hf-cb", "reference", "dequantized", "vllm", "vllm-compiled", "llama.cpp")
+BASELINES = (
+    "hf-static",
+    "hf-cb",
+    "reference",
+    "dequantized",
+    "eager",
+    "no-pieces",
+    "vllm",
+    "vllm-compiled",
+    "llama.cpp",
+)
 """Systems that can run beside ours: transformers static batching, its continuous batching, our reference backend,
 our engine on the same checkpoint loaded with ``quantization="none"`` (packed weights dequantized: ``dequantized``),
+our engine on the same weights in ``graph_mode="eager"`` (``eager``) or with ``piecewise=False`` (``no-pieces``),
 vLLM's CPU build in its own environment (eager, and its default compiled mode; see ``vllm_run``), and llama.cpp's
 ``llama-bench`` on the same GGUF (``decode-1`` only; see ``llama_cpp_run``)."""
 

@@ -188,11 +188,13 @@ class FusedDecoder:
         q, k, v, residual = self.first(input_ids, positions)
         last = len(self.layers) - 1
         for i in range(last):
-            attn = self.attend(i, q, k, v, kv_caches[i], metadata)
+            # The backend is called here, not through attend(): under a whole-step compile this frame runs
+            # eagerly and dynamo compiles the frames it calls, an attend(i) frame once per layer index.
+            attn = self._attend(q, k, v, kv_caches[i], metadata, self.specs[i])
             q, k, v, residual = self.between(
                 self.layers[i], self.layers[i + 1], self.specs[i + 1], attn, residual, positions
             )
-        hidden, residual = self.last(self.attend(last, q, k, v, kv_caches[last], metadata), residual)
+        hidden, residual = self.last(self._attend(q, k, v, kv_caches[last], metadata, self.specs[last]), residual)
         return self.logits(hidden, residual, logits_indices)
 
     # The pieces of a step, split at the attention calls. Each is row-wise (a token's output reads only its own
