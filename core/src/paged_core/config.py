@@ -200,7 +200,7 @@ class SchedulerConfig:
     async_scheduling: bool | None = _opt(
         None,
         "schedule step N+1 while step N runs (outputs unchanged); default: off (measured not to pay on CPU, "
-        "not measured on GPUs yet; see paged_core.engine_core.overlap)",
+        "nor on an H200; see paged_core.engine_core.overlap)",
     )
 
     def __post_init__(self) -> None:

@@ -62,9 +62,11 @@ from paged_core.sched.output import SchedulerOutput
 log = logging.getLogger("paged.engine")
 
 DEFAULT_ON: frozenset[str] = frozenset()
-"""Device kinds where ``async_scheduling=None`` means on: none yet. On a CPU it was measured not to pay (see above);
-on a GPU it is not measured yet (the forward's kernels are queued, so the host's scheduling between them should
-hide; measure with ``paged bench serve --compare-async`` before adding ``cuda`` here)."""
+"""Device kinds where ``async_scheduling=None`` means on: none. On a CPU it was measured not to pay (see above); on
+an H200 (``ci/device_engine_check.py --only-async``, 2026-12-04) it did not either: decode tok/s 0.88x at batch 1
+and 0.84x at batch 64 with device graphs, 0.78x and 1.06x eager
+(``benchmarks/results/2026-12-04-h200-engine-device-cuda.json``); the replayed step is too short for the host's
+scheduling to hide behind it, and the hand-off between threads costs more than it saves."""
 
 
 @dataclass(slots=True)
