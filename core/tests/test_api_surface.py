@@ -19,6 +19,7 @@ SUITE = Path(__file__).resolve().parents[2] / "plugins" / "conformance" / "src" 
 USER_ONLY = {"LLM", "LLMEngine", "SamplingParams", "RequestOutput", "CompletionOutput", "RequestMetrics"}
 USER_ONLY |= {"EngineConfig", "ModelConfig", "CacheConfig", "SchedulerConfig", "GraphConfig", "ParallelConfig"}
 USER_ONLY |= {"RequestRejectedError", "EngineDeadError", "SpeculativeConfig", "BeamSearchOutput", "BeamSequence"}
+USER_ONLY |= {"LoRARequest"}
 
 # The vendor contract, pinned: what a backend implements or calls. A name added here is a promise to every backend.
 CONTRACT = {"AttentionBackend", "Availability", "BackendCapabilities", "AttentionSpec", "GraphSupport"}

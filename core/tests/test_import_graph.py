@@ -20,7 +20,8 @@ The layers, top to bottom:
 10. ``sched``, ``sampling``, ``graph``: the scheduler and its requests, sampling, graph capture.
 11. ``memory``, ``reference``, ``registry``: KV blocks; the reference backend; the backend registry.
 12. ``contract``: what a backend implements (its token-bitmask hook defaults to ``structured``'s).
-13. ``quant``, ``structured``: packed weight formats; structured outputs (constraints, compiler, matchers).
+13. ``quant``, ``structured``, ``lora``: packed weight formats; structured outputs (constraints, compiler,
+    matchers); LoRA adapters (requests, loading, device slots).
 14. ``engine_config``, ``data_parallel``, ``config``, ``sizes``: configuration.
 15. ``errors``, ``extras``, ``_lazy``, ``_version``, ``text``, ``process``: foundations.
 
@@ -55,7 +56,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("sched", "sampling", "graph"),
     ("memory", "reference", "registry"),
     ("contract",),
-    ("quant", "structured"),
+    ("quant", "structured", "lora"),
     ("engine_config", "data_parallel", "config", "sizes"),
     ("errors", "extras", "_lazy", "_version", "text", "process"),
 )

@@ -50,6 +50,7 @@ _LAZY: dict[str, str] = {
     "RequestMetrics": "paged_core.frontend.outputs",
     "RequestOutput": "paged_core.frontend.outputs",
     "SamplingParams": "paged_core.sampling.params",
+    "LoRARequest": "paged_core.lora.request",
 }
 
 
@@ -71,6 +72,7 @@ __all__ = [
     "EngineDeadError",
     "GraphConfig",
     "LLMEngine",
+    "LoRARequest",
     "ModelConfig",
     "PagedError",
     "ParallelConfig",

@@ -110,6 +110,9 @@ class ModelConfig:
         "tokens do not depend on what it is batched with), naming each part that is not; "
         "the engine logs and reports it either way",
     )
+    enable_lora: bool = _opt(False, "serve LoRA adapters (PEFT checkpoints) over the base model, several per batch")
+    max_loras: int = _opt(4, "LoRA adapters resident on the device at once (a step uses at most this many)")
+    max_lora_rank: int = _opt(16, "the highest LoRA rank an adapter may have")
 
     def __post_init__(self) -> None:
         for name in ("model", "backend", "device"):
@@ -120,6 +123,9 @@ class ModelConfig:
         _require_choice("quantization", self.quantization, QUANTIZATIONS)
         _require_int("seed", self.seed, 0, MAX_SEED)
         _require_bool("batch_invariant", self.batch_invariant)
+        _require_bool("enable_lora", self.enable_lora)
+        _require_int("max_loras", self.max_loras, 1)
+        _require_int("max_lora_rank", self.max_lora_rank, 1, 512)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -23,6 +23,12 @@ op                            meaning (``T`` tokens; every input may be a stride
                               dense tensor or a :class:`~paged_core.quant.QuantizedWeight`
 ``linear(x, packed)``         ``x @ w.T + b`` for ``x`` ``[T, K]``; returns ``[T, N]`` in ``x.dtype``
                               (a packed ``w`` as if dequantized exactly, see below)
+``lora_shrink(x, a, slots)``  multi-LoRA, first product: ``out[t] = x[t] @ a[slots[t]].T`` for ``a``
+                              ``[S, R, K]`` (every resident adapter's stacked A); ``[T, R]`` in fp32,
+                              zero where ``slots[t] < 0`` (a token without an adapter)
+``lora_expand(y, s, b, slots)`` second product, in place: ``y[t] += s[t] @ b[slots[t]].T`` for ``b``
+                              ``[S, N, R]`` (scaling folded in); rows with ``slots[t] < 0`` untouched;
+                              returns ``y``
 ============================  =====================================================================
 
 **Packed weights.** ``linear_formats`` names the packed formats
@@ -215,6 +221,38 @@ class FusedOps:
             # row stride exceeds its width when K is not a multiple of 32 (NaN from beyond the view, measured).
             x = x.contiguous()
         return torch.nn.functional.linear(x, packed.weight, packed.bias)
+
+    def lora_shrink(self, x: torch.Tensor, a: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+        """Multi-LoRA shrink: ``[T, R]`` fp32 with row ``t`` = ``x[t] @ a[slots[t]].T`` (0 where ``slots[t] < 0``).
+
+        ``x`` ``[T, K]`` is the projection's input, ``a`` ``[S, R, K]`` the A matrices of every resident
+        adapter slot (ranks zero-padded to ``R``; a merged projection's parts stacked along ``R``), ``slots``
+        ``[T]`` int64 each token's adapter slot. The reference groups the tokens by slot (one product per
+        adapter in the batch); punica's segmented kernels are the GPU form of the same.
+        """
+        out = torch.zeros(x.shape[0], a.shape[1], dtype=torch.float32, device=x.device)
+        for slot in torch.unique(slots).tolist():
+            if slot < 0:
+                continue
+            rows = (slots == slot).nonzero().squeeze(1)
+            out.index_copy_(0, rows, x.index_select(0, rows).float() @ a[slot].float().T)
+        return out
+
+    def lora_expand(self, y: torch.Tensor, shrunk: torch.Tensor, b: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+        """Multi-LoRA expand, in place: ``y[t] += shrunk[t] @ b[slots[t]].T`` (rounded once to ``y.dtype``).
+
+        ``y`` ``[T, N]`` is the base projection's output, ``shrunk`` ``[T, R]`` what :meth:`lora_shrink`
+        returned, ``b`` ``[S, N, R]`` the B matrices of every slot with the adapter's scaling folded in (a
+        merged projection's parts block-diagonal: part ``i``'s rows read only its own rank columns); tokens
+        with ``slots[t] < 0`` are left as they are. Returns ``y``.
+        """
+        for slot in torch.unique(slots).tolist():
+            if slot < 0:
+                continue
+            rows = (slots == slot).nonzero().squeeze(1)
+            delta = shrunk.index_select(0, rows) @ b[slot].float().T
+            y.index_copy_(0, rows, (y.index_select(0, rows).float() + delta).to(y.dtype))
+        return y
 
     def apply_token_bitmask(
         self, logits: torch.Tensor, bitmask: torch.Tensor, rows: Sequence[int] | torch.Tensor

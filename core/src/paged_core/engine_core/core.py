@@ -31,6 +31,7 @@ from paged_core.engine_core.rows import Rows
 from paged_core.engine_core.sampled import Sampled, SampledGroups
 from paged_core.errors import DistributedError, RequestRejectedError
 from paged_core.loading.build import LoadedModel, build_parts
+from paged_core.lora import LoRAError
 from paged_core.sampling.sampler import Sampler
 from paged_core.sched.output import SchedulerOutput
 from paged_core.sched.request import RequestStatus
@@ -183,10 +184,26 @@ class EngineCore:
         rid = request.request_id
         if rid in self.sampled or rid in self.beams:
             raise RequestRejectedError(f"request id {rid!r} is already in use")
+        if request.lora is not None:
+            self._register_lora(request)
         if request.beam is not None:
             self.beams.add(request, request.beam)
             return
         self.sampled.add(request)
+
+    def _register_lora(self, request: CoreRequest) -> None:
+        """Load (once) and check the request's adapter, so a bad one is refused at once, naming it."""
+        lora = request.lora
+        assert lora is not None
+        slots = self.runner.lora
+        if slots is None:
+            raise RequestRejectedError(f"LoRA adapter {lora.name!r} requested, but the engine runs without enable_lora")
+        if request.beam is not None:
+            raise RequestRejectedError("beam search with a LoRA adapter is not supported yet")
+        try:
+            slots.register(lora)
+        except LoRAError as exc:
+            raise RequestRejectedError(str(exc)) from None
 
     def abort(self, abort: CoreAbort) -> None:
         """End whole requests and single sequences; their blocks are freed at once."""

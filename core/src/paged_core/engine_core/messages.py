@@ -14,6 +14,7 @@ from __future__ import annotations
 import msgspec
 
 from paged_core.engine_core.beam_params import BeamParams, BeamResult
+from paged_core.lora.request import LoRARequest
 from paged_core.sampling.params import SamplingParams
 
 
@@ -28,6 +29,8 @@ class CoreRequest(msgspec.Struct, tag="add", frozen=True):
     arrival_time: float = 0.0
     beam: BeamParams | None = None
     """Beam search instead of sampling (``params`` greedy: see :func:`.check_beam`)."""
+    lora: LoRARequest | None = None
+    """The LoRA adapter this request runs on (``None``: the base model)."""
 
 
 class CoreRequests(msgspec.Struct, tag="add_many", frozen=True):

@@ -164,6 +164,7 @@ class SampledGroups:
             ignore_eos=params.ignore_eos,
             priority=req.priority,
             cache_salt=req.cache_salt,
+            lora=req.lora,
         )
 
     def abort(self, request_id: str, status: RequestStatus) -> bool:

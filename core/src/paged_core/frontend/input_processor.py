@@ -16,6 +16,7 @@ import numpy as np
 from paged_core.engine_core.beam_params import BeamParams, BeamRequestError, check_beam
 from paged_core.engine_core.messages import CoreFacts, CoreRequest
 from paged_core.errors import RequestRejectedError
+from paged_core.lora.request import LoRARequest
 from paged_core.sampling.params import INT64_MAX, INT64_MIN, SamplingParams
 
 Message = Mapping[str, Any]
@@ -142,6 +143,7 @@ class InputProcessor:
         priority: int = 0,
         arrival_time: float | None = None,
         beam: BeamParams | None = None,
+        lora: LoRARequest | None = None,
     ) -> CoreRequest:
         """A :class:`CoreRequest` with everything a step computes with bounded.
 
@@ -157,6 +159,8 @@ class InputProcessor:
             raise InputError(f"priority must be an int in [-2**63, 2**63 - 1]; got {shown!r}", "priority")
         if cache_salt is not None and not isinstance(cache_salt, str):
             raise InputError(f"cache_salt must be a string, got {type(cache_salt).__name__}", "cache_salt")
+        if lora is not None and not isinstance(lora, LoRARequest):
+            raise InputError(f"lora_request must be a LoRARequest, got {type(lora).__name__}", "lora_request")
         params = params.for_vocabulary(self.vocab_size)
         if beam is not None:
             try:
@@ -165,4 +169,4 @@ class InputProcessor:
                 raise InputError(str(exc), exc.param) from None
         ids = self.tokenize(prompt)
         when = time.monotonic() if arrival_time is None else arrival_time
-        return CoreRequest(request_id, ids, params, cache_salt, priority, when, beam=beam)
+        return CoreRequest(request_id, ids, params, cache_salt, priority, when, beam=beam, lora=lora)

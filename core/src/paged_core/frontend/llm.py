@@ -17,6 +17,7 @@ from paged_core.frontend.beam_outputs import BeamSearchOutput
 from paged_core.frontend.input_processor import PROMPT_KINDS, InputError, prompt_type_problem
 from paged_core.frontend.llm_engine import LLMEngine
 from paged_core.frontend.outputs import RequestMetrics, RequestOutput
+from paged_core.lora.request import LoRARequest
 from paged_core.sampling.params import SamplingParams
 
 log = logging.getLogger("paged.llm")
@@ -74,8 +75,12 @@ class LLM:
         *,
         use_tqdm: bool = True,
         cache_salt: str | None = None,
+        lora_request: LoRARequest | Seq[LoRARequest | None] | None = None,
     ) -> list[RequestOutput]:
         """Complete every prompt (text, or a list of token ids); outputs come back in prompt order.
+
+        ``lora_request`` runs every prompt on one LoRA adapter, or each on its own (a list; ``None`` entries
+        run the base model); the engine needs ``enable_lora=True``.
 
         Token ids may be Python or numpy ints (a list, a tuple or a 1-D numpy array); a prompt of any
         other type (bytes, a dict, nested lists, bools, floats...) is refused naming its index and type.
@@ -84,7 +89,13 @@ class LLM:
         """
         batch = _as_batch(prompts)
         params = _per_prompt(sampling_params, len(batch))
-        return self._run(batch, params, use_tqdm, cache_salt)
+        if lora_request is None or isinstance(lora_request, LoRARequest):
+            loras: list[LoRARequest | None] = [lora_request] * len(batch)
+        else:
+            loras = list(lora_request)
+            if len(loras) != len(batch):
+                raise InputError(f"lora_request has {len(loras)} entries for {len(batch)} prompts", "lora_request")
+        return self._run(batch, params, use_tqdm, cache_salt, loras=loras)
 
     def beam_search(
         self,
@@ -184,6 +195,7 @@ class LLM:
         cache_salt: str | None,
         beam: BeamParams | None = None,
         refused: Mapping[int, PagedError] | None = None,
+        loras: Seq[LoRARequest | None] | None = None,
     ) -> list[RequestOutput]:
         """Outputs of ``prompts`` in order; ``refused`` holds prompts already refused, by index (never sent)."""
         engine = self.engine
@@ -199,7 +211,11 @@ class LLM:
         added: list[str | PagedError] = []
         if sendable:
             added = engine.add_requests(
-                [prompts[i] for i in sendable], [params[i] for i in sendable], cache_salt=cache_salt, beam=beam
+                [prompts[i] for i in sendable],
+                [params[i] for i in sendable],
+                cache_salt=cache_salt,
+                beam=beam,
+                lora_requests=[loras[i] for i in sendable] if loras is not None else None,
             )
         request_ids: dict[int, str] = {}
         for i, rid_or_error in zip(sendable, added, strict=True):

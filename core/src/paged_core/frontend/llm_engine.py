@@ -19,6 +19,7 @@ from paged_core.frontend.input_processor import InputProcessor
 from paged_core.frontend.output_processor import OutputProcessor
 from paged_core.frontend.outputs import RequestOutput
 from paged_core.loading.build import LoadedModel
+from paged_core.lora.request import LoRARequest
 from paged_core.sampling.params import SamplingParams
 
 
@@ -83,13 +84,16 @@ class LLMEngine:
         cache_salt: str | None = None,
         priority: int = 0,
         beam: BeamParams | None = None,
+        lora_request: LoRARequest | None = None,
     ) -> str:
-        """Queue a request (a beam search with ``beam``); returns its id. Raises :class:`RequestRejectedError`
-        naming what is wrong."""
+        """Queue a request (a beam search with ``beam``; on a LoRA adapter with ``lora_request``); returns its
+        id. Raises :class:`RequestRejectedError` naming what is wrong."""
         rid = request_id if request_id is not None else f"req-{next(self._ids)}"
         if rid in self.output:
             raise RequestRejectedError(f"request id {rid!r} is already in use")
-        request = self.input.process(rid, prompt, params, cache_salt=cache_salt, priority=priority, beam=beam)
+        request = self.input.process(
+            rid, prompt, params, cache_salt=cache_salt, priority=priority, beam=beam, lora=lora_request
+        )
         refused = self.client.add([request])
         if refused:
             raise RequestRejectedError(refused[rid])
@@ -103,17 +107,20 @@ class LLMEngine:
         *,
         cache_salt: str | None = None,
         beam: BeamParams | None = None,
+        lora_requests: Seq[LoRARequest | None] | None = None,
     ) -> list[str | PagedError]:
         """Queue several requests at once (admitted together before the next step, in or out of process).
 
-        Returns, per prompt, its request id or the error that refused it; the others are queued regardless.
+        ``lora_requests`` gives each prompt its adapter (``None``: the base model). Returns, per prompt, its
+        request id or the error that refused it; the others are queued regardless.
         """
         results: list[str | PagedError] = []
         queued: list[tuple[int, CoreRequest, str | None]] = []
         for i, (prompt, p) in enumerate(zip(prompts, params, strict=True)):
             rid = f"req-{next(self._ids)}"
             try:
-                request = self.input.process(rid, prompt, p, cache_salt=cache_salt, beam=beam)
+                lora = lora_requests[i] if lora_requests is not None else None
+                request = self.input.process(rid, prompt, p, cache_salt=cache_salt, beam=beam, lora=lora)
             except PagedError as exc:
                 results.append(exc)
                 continue

@@ -26,6 +26,8 @@ from paged_core.loading.loader import (
     resolve_source,
     serves_packed,
 )
+from paged_core.lora import LoRAAdapter, LoRARequest, LoRASlots, load_adapter
+from paged_core.lora.adapter import model_shapes
 from paged_core.parallel.group import STARTUP_TIMEOUT, TPGroup
 from paged_core.parallel.leader import Leader, start_leader
 from paged_core.parallel.placement import place
@@ -235,6 +237,38 @@ def _forward(config: EngineConfig, loaded: LoadedModel, max_model_len: int) -> M
     )
 
 
+def _lora_slots(config: EngineConfig, loaded: LoadedModel, forward: ModelForward) -> LoRASlots | None:
+    """The adapter slots when ``enable_lora``; refuses, by name, what LoRA does not run with yet."""
+    model = config.model
+    if not model.enable_lora:
+        return None
+    if forward.name != "fused":
+        raise UnsupportedConfigError(
+            f"enable_lora needs the fused decoder, but this model runs on the {forward.name} path (model_impl)"
+        )
+    if config.graph.graph_mode in ("compiled", "device"):
+        raise UnsupportedConfigError(
+            f"enable_lora runs eagerly for now: graph_mode={config.graph.graph_mode!r} is refused (use auto or eager)"
+        )
+    if loaded.tp is not None and loaded.tp.world_size > 1:
+        raise UnsupportedConfigError("enable_lora with tensor_parallel_size > 1 is not supported yet")
+    shapes = model_shapes(loaded.model)
+    max_rank = model.max_lora_rank
+
+    def load(lora: LoRARequest) -> LoRAAdapter:
+        return load_adapter(lora.name, lora.id, lora.path, shapes, max_rank)
+
+    return LoRASlots(
+        shapes,
+        len(loaded.specs),
+        model.max_loras,
+        max_rank,
+        loaded.dtype,
+        loaded.backend.device,
+        load,
+    )
+
+
 def _compile_cache(config: EngineConfig, loaded: LoadedModel) -> CompileCache:
     """The compiled-step cache of this exact configuration (see :mod:`paged_core.runner.compile_cache`)."""
     import importlib.metadata as md
@@ -376,10 +410,12 @@ def _build(config: EngineConfig, loaded: LoadedModel) -> EngineParts:
     cache, sched = config.cache, config.scheduler
     block_size, num_blocks, max_model_len = _resolved(config)
     kv_caches = [backend.allocate_kv_cache(num_blocks, block_size, s, dtype) for s in specs]
-    scheduler = Scheduler(sched, cache)
+    forward = _forward(config, loaded, max_model_len)
+    lora = _lora_slots(config, loaded, forward)
+    scheduler = Scheduler(sched, cache, max_loras=config.model.max_loras if lora is not None else None)
     proposer = _proposer(config, scheduler, draft)
     runner = ModelRunner(
-        _forward(config, loaded, max_model_len),
+        forward,
         backend,
         specs,
         kv_caches,
@@ -387,9 +423,10 @@ def _build(config: EngineConfig, loaded: LoadedModel) -> EngineParts:
         max_num_tokens=sched.max_num_batched_tokens,
         max_num_reqs=sched.max_num_seqs,
         max_model_len=scheduler.max_len,
-        graph_mode=config.graph.graph_mode,
+        graph_mode="eager" if lora is not None else config.graph.graph_mode,
         capture_sizes=config.graph.capture_sizes,
         piecewise=config.graph.piecewise,
+        lora=lora,
         compile_cache=_compile_cache(config, loaded),
     )
     per_block = bytes_per_block(backend, specs, block_size, dtype)

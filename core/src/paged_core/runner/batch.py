@@ -18,6 +18,7 @@ class RowState:
     token_ids: list[int]
     block_ids: list[int]
     num_computed: int
+    lora_id: int | None = None
 
 
 @dataclass
@@ -36,6 +37,8 @@ class StepBatch:
     logits_indices: torch.Tensor
     sample_req_ids: list[str] = field(default_factory=list)
     sample_counts: list[int] = field(default_factory=list)
+    lora_slots: torch.Tensor | None = None
+    """Each token's LoRA slot (``-1``: the base model), or ``None`` when no token of the step has an adapter."""
 
 
 class BatchBuilder:
@@ -57,9 +60,14 @@ class BatchBuilder:
         on_host = device.type == "cpu"
         self._ids_dev = self._ids if on_host else torch.zeros_like(self._ids, device=device)
         self._logits_dev = self._logits if on_host else torch.zeros_like(self._logits, device=device)
+        self._lora = torch.full((max_num_tokens,), -1, dtype=torch.int64)
+        self._lora_dev = self._lora if on_host else torch.zeros_like(self._lora, device=device)
 
     def build(
-        self, scheduled: list[tuple[str, RowState, int]], drafts: Mapping[str, Sequence[int]] | None = None
+        self,
+        scheduled: list[tuple[str, RowState, int]],
+        drafts: Mapping[str, Sequence[int]] | None = None,
+        lora_slots: Mapping[int, int] | None = None,
     ) -> StepBatch:
         """The batch for ``(request id, row, tokens this step)`` rows.
 
@@ -67,6 +75,7 @@ class BatchBuilder:
         tokens (chunked prefills in progress produce nothing to sample). A row
         scheduled past its known tokens runs ``drafts[request id]`` after them
         (speculative verification) and gets logits for each of those positions too.
+        ``lora_slots`` maps a row's adapter id to its device slot (rows without one run the base model).
         """
         rows = [r for r in scheduled if r[2] == 1] + [r for r in scheduled if r[2] != 1]
         query_lens = [n for _, _, n in rows]
@@ -87,6 +96,7 @@ class BatchBuilder:
                 sample_ids.append(rid)
                 counts.append(spec + 1)
         tokens = len(ids)
+        token_loras = self._token_loras(rows, query_lens, lora_slots) if lora_slots else None
         self._ids[:tokens] = torch.tensor(ids, dtype=torch.int64)
         k = len(sample_rows)
         self._logits[:k] = torch.tensor(sample_rows, dtype=torch.int64)
@@ -100,4 +110,19 @@ class BatchBuilder:
             logits_indices=self._logits_dev[:k],
             sample_req_ids=sample_ids,
             sample_counts=counts,
+            lora_slots=token_loras,
         )
+
+    def _token_loras(
+        self, rows: list[tuple[str, RowState, int]], query_lens: list[int], lora_slots: Mapping[int, int]
+    ) -> torch.Tensor | None:
+        """Each token's adapter slot, in the batch's row order (drafts run on their row's adapter)."""
+        slots = [lora_slots[row.lora_id] if row.lora_id is not None else -1 for _, row, _ in rows]
+        if all(s < 0 for s in slots):
+            return None
+        tokens = sum(query_lens)
+        self._lora[:tokens] = torch.repeat_interleave(torch.tensor(slots), torch.tensor(query_lens))
+        if self._lora_dev is self._lora:
+            return self._lora[:tokens]
+        self._lora_dev[:tokens].copy_(self._lora[:tokens], non_blocking=True)
+        return self._lora_dev[:tokens]

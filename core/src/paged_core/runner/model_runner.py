@@ -9,9 +9,11 @@ import torch
 from paged_core.contract.backend import AttentionBackend
 from paged_core.contract.capabilities import AttentionSpec
 from paged_core.errors import PagedError
+from paged_core.lora.slots import LoRASlots
 from paged_core.runner.batch import BatchBuilder, RowState, StepBatch
 from paged_core.runner.executors import StepExecutor, make_executor
 from paged_core.runner.forward import ModelForward
+from paged_core.runner.fused.decoder import LoRAStep
 from paged_core.sched.output import SchedulerOutput
 
 
@@ -42,6 +44,7 @@ class ModelRunner:
         capture_sizes: tuple[int, ...] | None = None,
         compile_cache: Any = None,
         piecewise: bool | None = None,
+        lora: LoRASlots | None = None,
     ) -> None:
         self.forward_impl = forward
         self.backend = backend
@@ -51,6 +54,8 @@ class ModelRunner:
         self.device = backend.device
         self.rows: dict[str, RowState] = {}
         self.num_block_copies = 0
+        self.lora = lora
+        """Adapter slots (``enable_lora``), or ``None``."""
         max_blocks = -(-max_model_len // block_size) + 1
         self.batches = BatchBuilder(max_num_tokens, max_num_reqs, max_blocks, block_size, self.device)
         self.executor: StepExecutor = make_executor(
@@ -85,7 +90,12 @@ class ModelRunner:
         for rid in out.preempted_req_ids:
             self.rows.pop(rid, None)
         for new in out.scheduled_new_reqs:
-            self.rows[new.req_id] = RowState(list(new.token_ids), list(new.block_ids), new.num_computed_tokens)
+            lora_id = None
+            if new.lora is not None:
+                if self.lora is None:
+                    raise PagedError(f"request {new.req_id!r} names LoRA adapter {new.lora.name!r}, but LoRA is off")
+                lora_id = self.lora.register(new.lora).id
+            self.rows[new.req_id] = RowState(list(new.token_ids), list(new.block_ids), new.num_computed_tokens, lora_id)
         cached = out.scheduled_cached_reqs
         for rid, blocks, computed, tokens in zip(
             cached.req_ids, cached.new_block_ids, cached.num_computed_tokens, cached.new_token_ids, strict=True
@@ -116,7 +126,10 @@ class ModelRunner:
             if row is None:
                 raise PagedError(f"scheduler scheduled {rid!r}, which the runner does not know")
             scheduled.append((rid, row, n))
-        batch = self.batches.build(scheduled, out.scheduled_spec_decode_tokens)
+        loras = None
+        if self.lora is not None:
+            loras = self.lora.activate(row.lora_id for _, row, _ in scheduled if row.lora_id is not None)
+        batch = self.batches.build(scheduled, out.scheduled_spec_decode_tokens, loras)
         for _, row, n in scheduled:
             row.num_computed += n
         return batch
@@ -135,4 +148,9 @@ class ModelRunner:
     @torch.inference_mode()
     def forward(self, batch: StepBatch) -> torch.Tensor:
         """One model forward over a prepared batch; logits ``[K, V]`` of its sampled rows."""
+        if hasattr(self.forward_impl, "lora"):  # the fused decoder, shared by engines: this step's adapters
+            step = None
+            if self.lora is not None and batch.lora_slots is not None:
+                step = LoRAStep(self.lora, batch.lora_slots)
+            self.forward_impl.lora = step
         return self.executor.run(batch)

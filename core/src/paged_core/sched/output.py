@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from paged_core.lora.request import LoRARequest
+
 
 @dataclass(slots=True)
 class NewRequestData:
@@ -17,6 +19,8 @@ class NewRequestData:
     token_ids: list[int]
     block_ids: list[int]
     num_computed_tokens: int
+    lora: LoRARequest | None = None
+    """The request's adapter (the runner loads it if it has not yet)."""
 
 
 @dataclass(slots=True)

@@ -9,6 +9,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from paged_core.errors import RequestRejectedError
+from paged_core.lora.request import LoRARequest
 
 
 class RequestStatus(enum.Enum):
@@ -46,6 +47,7 @@ class Request:
         "eos_token_id",
         "extra_keys",
         "ignore_eos",
+        "lora",
         "lora_id",
         "max_tokens",
         "min_tokens",
@@ -78,6 +80,7 @@ class Request:
         cache_salt: str | None = None,
         lora_id: int | str | None = None,
         extra_keys: tuple[Any, ...] = (),
+        lora: LoRARequest | None = None,
     ) -> None:
         if not prompt_token_ids:
             raise RequestRejectedError(f"request {request_id!r}: the prompt is empty")
@@ -100,7 +103,9 @@ class Request:
         # Tie-breaker so equal arrival times still order by submission.
         self._arrival_seq = next(_arrivals)
         self.cache_salt = cache_salt
-        self.lora_id = lora_id
+        self.lora = lora
+        """The adapter this request runs on (its id keys the prefix cache)."""
+        self.lora_id = lora.id if lora is not None else lora_id
         self.extra_keys = extra_keys
         self.num_computed_tokens = 0
         self.num_announced_tokens = 0  # tokens the model runner has been told of (through scheduler outputs)
@@ -160,6 +165,7 @@ class Request:
             cache_salt=self.cache_salt,
             lora_id=self.lora_id,
             extra_keys=self.extra_keys,
+            lora=self.lora,
         )
 
     def check_stop(self, token_id: int, max_len: int) -> RequestStatus | None:

@@ -33,8 +33,11 @@ class Scheduler:
         scheduler_config: SchedulerConfig,
         cache_config: CacheConfig,
         extra_key_providers: Sequence[ExtraKeyProvider] = (),
+        max_loras: int | None = None,
     ) -> None:
         self.config = scheduler_config
+        self.max_loras = max_loras
+        """At most this many distinct LoRA adapters run at once (``None``: adapters are not served)."""
         self.kv = KVCacheManager(cache_config, extra_key_providers)
         self.block_size = self.kv.block_size
         # A request can never outgrow the whole cache, so that is a length cap too.
@@ -248,8 +251,16 @@ class Scheduler:
     ) -> None:
         cfg, kv, waiting = self.config, self.kv, self.waiting
         in_flight = _blocks_in_flight(scheduled, kv.block_size) if kv.enable_caching and waiting else set()
+        loras = {r.lora_id for r in self.running if r.lora_id is not None} if self.max_loras else set()
         while waiting and budget > 0 and len(self.running) < cfg.max_num_seqs:
             req = waiting.peek()
+            if loras and req.lora_id is not None and req.lora_id not in loras and len(loras) >= (self.max_loras or 0):
+                # Every adapter slot is taken by running requests: the first waiting request that needs no new
+                # adapter goes ahead (the others keep their place in the queue).
+                fits = next((r for r in waiting if r.lora_id is None or r.lora_id in loras), None)
+                if fits is None:
+                    break
+                req = fits
             hits, num_hit = kv.get_computed_blocks(req)
             nxt = num_hit // kv.block_size
             if in_flight and nxt < (req.num_tokens - 1) // kv.block_size and req.block_hashes[nxt] in in_flight:
@@ -264,8 +275,13 @@ class Scheduler:
                 num_new = budget
             if kv.allocate_slots(req, num_new, hits, self._lookahead(num_hit + num_new)) is None:
                 break
-            waiting.pop()
+            if req is waiting.peek():
+                waiting.pop()
+            else:
+                waiting.remove(req)
             req.status = _RUNNING
+            if req.lora_id is not None and self.max_loras:
+                loras.add(req.lora_id)
             req.num_computed_tokens = num_hit
             req.num_output_placeholders = 0  # a preempted request got its owed token before it could wait here
             if req.num_cached_tokens < 0:
@@ -302,7 +318,9 @@ class Scheduler:
                 unannounced.discard(rid)
                 replaced.pop(rid, None)  # a new row's block_ids are already final
                 block_ids = kv.block_ids(req)
-                new_reqs.append(NewRequestData(rid, list(req.all_token_ids), block_ids, req.num_computed_tokens))
+                new_reqs.append(
+                    NewRequestData(rid, list(req.all_token_ids), block_ids, req.num_computed_tokens, req.lora)
+                )
             else:
                 cached_ids.append(rid)
                 cached_blocks.append([b.block_id for b in gained] if gained else [])

@@ -13,6 +13,7 @@ from paged_core.contract.capabilities import AttentionSpec, GraphSupport
 from paged_core.contract.fused_ops import FusedOps, PackedLinear
 from paged_core.contract.metadata import AttentionMetadata
 from paged_core.errors import UnsupportedConfigError
+from paged_core.lora.slots import LoRASlots
 from paged_core.quant import QuantizedWeight
 from paged_core.quant.weight import cat_rows
 from paged_core.runner.fused.families import fused_refusal
@@ -34,6 +35,7 @@ class _Layer:
     q_norm: torch.Tensor | None
     k_norm: torch.Tensor | None
     qk_eps: float
+    index: int
 
 
 def _weight(module: Any) -> torch.Tensor | QuantizedWeight:
@@ -151,11 +153,13 @@ class FusedDecoder:
         self.lm_head = route_pack(self.ops, _weight(model.lm_head), getattr(model.lm_head, "bias", None))
         device = self.embed.device
         self.cos_sin = _cos_sin_cache(inner.rotary_emb, max_positions, device)
-        self.layers = [self._layer(layer) for layer in inner.layers]
+        self.layers = [self._layer(i, layer) for i, layer in enumerate(inner.layers)]
         self.shared: dict[str, Any] = {}
         """What engines running this decoder share, e.g. the compiled step (see the executors)."""
+        self.lora: LoRAStep | None = None
+        """The step's adapters (set by the runner before each forward; ``None``: the base model alone)."""
 
-    def _layer(self, layer: Any) -> _Layer:
+    def _layer(self, index: int, layer: Any) -> _Layer:
         attn, mlp = layer.self_attn, layer.mlp
         q_norm, k_norm = getattr(attn, "q_norm", None), getattr(attn, "k_norm", None)
         return _Layer(
@@ -170,6 +174,7 @@ class FusedDecoder:
             q_norm=q_norm.weight.detach() if q_norm is not None else None,
             k_norm=k_norm.weight.detach() if k_norm is not None else None,
             qk_eps=float(q_norm.variance_epsilon) if q_norm is not None else 0.0,
+            index=index,
         )
 
     def forward(
@@ -255,7 +260,7 @@ class FusedDecoder:
         ops = self.ops
         tokens = x.shape[0]
         q_size, kv_size = spec.num_heads * spec.head_size, spec.num_kv_heads * spec.head_size
-        qkv = _linear(ops, x, layer.qkv)
+        qkv = self._adapt(layer, "qkv", x, _linear(ops, x, layer.qkv))
         q = qkv[:, :q_size].view(tokens, spec.num_heads, spec.head_size)
         k = qkv[:, q_size : q_size + kv_size].view(tokens, spec.num_kv_heads, spec.head_size)
         v = qkv[:, q_size + kv_size :].view(tokens, spec.num_kv_heads, spec.head_size)
@@ -268,11 +273,30 @@ class FusedDecoder:
     def _finish(self, layer: _Layer, attn: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """``layer`` after attention: output projection, post-attention norm and MLP."""
         ops, reduce = self.ops, self.reduce
-        hidden = ops.linear(attn.reshape(attn.shape[0], -1), layer.o)
+        flat = attn.reshape(attn.shape[0], -1)
+        hidden = self._adapt(layer, "o", flat, ops.linear(flat, layer.o))
         if reduce is not None:
             hidden = reduce(hidden)
         x, residual = ops.add_rms_norm(hidden, residual, layer.post_norm, layer.post_eps)
-        hidden = ops.linear(ops.silu_and_mul(_linear(ops, x, layer.gate_up)), layer.down)
+        act = ops.silu_and_mul(self._adapt(layer, "gate_up", x, _linear(ops, x, layer.gate_up)))
+        hidden = self._adapt(layer, "down", act, ops.linear(act, layer.down))
         if reduce is not None:
             hidden = reduce(hidden)
         return hidden, residual
+
+    def _adapt(self, layer: _Layer, group: str, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """``y`` (the projection of ``x``) plus each token's adapter, when the step has any."""
+        lora = self.lora
+        if lora is None:
+            return y
+        stacked = lora.slots.layers[layer.index][group]
+        shrunk = self.ops.lora_shrink(x, stacked.a, lora.token_slots)
+        return self.ops.lora_expand(y, shrunk, stacked.b, lora.token_slots)
+
+
+@dataclass
+class LoRAStep:
+    """The adapters of one step: the resident slots' weights and each token's slot (``-1``: none)."""
+
+    slots: LoRASlots
+    token_slots: torch.Tensor
