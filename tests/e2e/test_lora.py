@@ -117,7 +117,7 @@ def test_adapters_change_the_output(setup: dict[str, Any]) -> None:
     assert len(changed) >= 6, changed
 
 
-@pytest.mark.parametrize("case", ["together", "two-slots", "chunked-prefill", "preemption"], ids=lambda c: str(c))
+@pytest.mark.parametrize("case", ["together", "two-slots", "chunked-prefill", "preemption", "speculative", "n2"])
 def test_mixed_batch_matches_peft(setup: dict[str, Any], case: str) -> None:
     changes: dict[str, Any] = {}
     if case == "two-slots":  # three adapters, two slots: the scheduler holds one back, slots swap
@@ -126,9 +126,16 @@ def test_mixed_batch_matches_peft(setup: dict[str, Any], case: str) -> None:
         changes = {"max_num_batched_tokens": 24, "max_num_seqs": 5}
     if case == "preemption":
         changes = {"kv_cache_memory": 2 * 2 * 2 * 64 * 4 * 16 * 12}
+    if case == "speculative":  # verify rows run on their request's adapter
+        changes = {"speculative": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1}
+    params = dataclasses.replace(PARAMS, n=2) if case == "n2" else PARAMS  # forks keep the adapter
     llm = setup["llm"].reconfigured(**changes)
-    outs = llm.generate(setup["prompts"], PARAMS, use_tqdm=False, lora_request=setup["assigned"])
+    outs = llm.generate(setup["prompts"], params, use_tqdm=False, lora_request=setup["assigned"])
     assert_same_tokens(outs, setup["want"])
+    if case == "n2":
+        assert all(o.outputs[1].token_ids == o.outputs[0].token_ids for o in outs)
+    if case == "speculative":
+        assert llm.engine.core.spec_stats.draft_tokens > 0
     slots = llm.engine.core.runner.lora
     assert slots is not None
     if case == "two-slots":
