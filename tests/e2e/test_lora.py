@@ -17,6 +17,7 @@ import torch
 from paged_core import LLM, LoRARequest, RequestRejectedError
 
 from .e2e_helpers import GREEDY, assert_same_tokens
+from .lora_helpers import peft_greedy, save_adapter
 from .tiny_models import VOCAB, save_tiny_model
 
 PARAMS = dataclasses.replace(GREEDY, max_tokens=12)
@@ -32,48 +33,6 @@ ADAPTERS: dict[str, dict[str, Any]] = {
 }
 
 
-def _save_adapter(base: Path, name: str, spec: dict[str, Any], out: Path, seed: int) -> Path:
-    """A PEFT adapter with random A and B (PEFT starts B at zero, which would change nothing)."""
-    from peft import LoraConfig, get_peft_model
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
-    peft_model = get_peft_model(model, LoraConfig(**spec))
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for key, param in peft_model.named_parameters():
-            if "lora_" in key:
-                param.copy_(torch.randn(param.shape, generator=gen) * 0.3)
-    path = out / name
-    peft_model.save_pretrained(path)
-    return path
-
-
-def _peft_greedy(base: Path, adapter: Path | None, prompts: list[list[int]], new: int) -> list[list[int]]:
-    """transformers' ``generate`` on the base model, through PEFT's adapter when one is given."""
-    from transformers import AutoModelForCausalLM
-
-    model: Any = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32, attn_implementation="eager")
-    if adapter is not None:
-        from peft import PeftModel
-
-        model = PeftModel.from_pretrained(model, adapter)
-    outs = []
-    with torch.inference_mode():
-        for ids in prompts:
-            x = torch.tensor([ids])
-            y = model.generate(
-                input_ids=x,
-                attention_mask=torch.ones_like(x),
-                max_new_tokens=new,
-                do_sample=False,
-                eos_token_id=None,
-                pad_token_id=0,
-            )
-            outs.append(y[0, len(ids) :].tolist())
-    return outs
-
-
 _SETUPS: dict[str, Any] = {}
 
 
@@ -85,7 +44,7 @@ def setup(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFacto
         root = Path(tmp_path_factory.mktemp(f"lora-{arch}"))
         base = save_tiny_model(arch, root)
         loras = [
-            LoRARequest(name, i + 1, str(_save_adapter(base, name, spec, root, seed=i)))
+            LoRARequest(name, i + 1, str(save_adapter(base, name, spec, root, seed=i)))
             for i, (name, spec) in enumerate(ADAPTERS.items())
         ]
         rng = random.Random(4)
@@ -95,7 +54,7 @@ def setup(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFacto
         for lora in [None, *loras]:
             idx = [i for i, a in enumerate(assigned) if a is lora]
             path = Path(lora.path) if lora is not None else None
-            for i, out in zip(idx, _peft_greedy(base, path, [prompts[i] for i in idx], PARAMS.max_tokens), strict=True):
+            for i, out in zip(idx, peft_greedy(base, path, [prompts[i] for i in idx], PARAMS.max_tokens), strict=True):
                 want[i] = out
         llm = LLM(str(base), backend="reference", dtype="float32", kv_cache_memory="8MiB", enable_lora=True)
         _SETUPS[arch] = {
@@ -112,7 +71,7 @@ def setup(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFacto
 def test_adapters_change_the_output(setup: dict[str, Any]) -> None:
     # Otherwise equality below would prove nothing about the adapters.
     want, assigned = setup["want"], setup["assigned"]
-    base_only = _peft_greedy(setup["base"], None, setup["prompts"], PARAMS.max_tokens)
+    base_only = peft_greedy(setup["base"], None, setup["prompts"], PARAMS.max_tokens)
     changed = [i for i, a in enumerate(assigned) if a is not None and want[i] != base_only[i]]
     assert len(changed) >= 6, changed
 
