@@ -11,8 +11,11 @@ def test_parse_baselines() -> None:
     assert parse_baselines("hf-static, hf-cb,hf-static") == ("hf-static", "hf-cb")
     assert parse_baselines("") == ()
     assert parse_baselines("vllm,vllm-compiled") == ("vllm", "vllm-compiled")
+    assert parse_baselines("eager,no-pieces") == ("eager", "no-pieces")
     with pytest.raises(
-        ValueError, match=r"unknown baseline\(s\) sglang; choose from hf-static, hf-cb, reference, dequantized, vllm"
+        ValueError,
+        match=r"unknown baseline\(s\) sglang; choose from hf-static, hf-cb, reference, dequantized, eager, no-pieces, "
+        r"vllm",
     ):
         parse_baselines("hf-cb,sglang")
 
