@@ -350,6 +350,72 @@ def pieces(root: Path) -> list[dict[str, Any]]:
     return rows
 
 
+LORA_SPECS = (
+    {"r": 4, "lora_alpha": 8, "target_modules": ["q_proj", "v_proj"]},
+    {"r": 8, "lora_alpha": 16, "use_rslora": True, "target_modules": ["q_proj", "k_proj", "o_proj", "down_proj"]},
+    {"r": 16, "lora_alpha": 32, "target_modules": ["gate_proj", "up_proj", "down_proj"]},
+)
+
+
+def lora(root: Path) -> list[dict[str, Any]]:
+    """Multi-LoRA on the device: a batch mixing the base model and three PEFT adapters (ranks 4/8/16), token for
+    token against transformers + PEFT on the same device, together, with chunked prefill, and with two slots."""
+    from peft import LoraConfig, PeftModel, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    from paged_core import LoRARequest, SamplingParams
+
+    path = tiny_llama(root, "parity", torch.float32)
+    loras = []
+    for i, spec in enumerate(LORA_SPECS):
+        model = get_peft_model(AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32), LoraConfig(**spec))
+        gen = torch.Generator().manual_seed(i)
+        with torch.no_grad():
+            for key, param in model.named_parameters():
+                if "lora_" in key:
+                    param.copy_(torch.randn(param.shape, generator=gen) * 0.05)
+        model.save_pretrained(root / f"lora{i}")
+        loras.append(LoRARequest(f"lora{i}", i + 1, str(root / f"lora{i}")))
+    rng = random.Random(5)
+    prompts = [[rng.randrange(3, 1024) for _ in range(rng.randint(3, 150))] for _ in range(16)]
+    assigned = [([None, *loras])[i % 4] for i in range(len(prompts))]
+    want: list[list[int]] = [[] for _ in prompts]
+    for adapter in [None, *loras]:
+        base: Any = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation="eager")
+        model = PeftModel.from_pretrained(base, adapter.path) if adapter is not None else base
+        model = model.to(DEVICE).eval()
+        with torch.inference_mode():
+            for i in (i for i, a in enumerate(assigned) if a is adapter):
+                x = torch.tensor([prompts[i]], device=DEVICE)
+                y = model.generate(
+                    input_ids=x,
+                    attention_mask=torch.ones_like(x),
+                    max_new_tokens=24,
+                    do_sample=False,
+                    eos_token_id=None,
+                    pad_token_id=0,
+                )
+                want[i] = y[0, x.shape[1] :].tolist()
+        del model, base
+        accel().empty_cache()
+    params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
+    rows: list[dict[str, Any]] = []
+    first = engine(path, "float32", "auto", "fused", enable_lora=True)
+    for case, changes in (
+        ("together", {}),
+        ("chunked prefill", {"max_num_batched_tokens": 64}),
+        ("two slots, three adapters", {"max_loras": 2}),
+    ):
+        llm = first.reconfigured(**changes) if changes else first
+        got = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False, lora_request=assigned)]
+        same = sum(g == w for g, w in zip(got, want, strict=True))
+        slots = llm.engine.core.runner.lora
+        row = {"check": "lora", "case": case, "prompts": len(prompts), "identical": same, "loads": slots.loads}
+        rows.append({**row, **stats(llm), "fused_ops": llm.engine.loaded.backend.fused_ops().name})
+        print(json.dumps(rows[-1]), flush=True)
+    return rows
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--out", default=os.environ.get("OUT", "reports"))
@@ -358,6 +424,7 @@ def main() -> int:
     parser.add_argument("--async", dest="async_", action="store_true", help="also compare the two scheduling loops")
     parser.add_argument("--only-async", action="store_true", help="only the scheduling loops (a short device run)")
     parser.add_argument("--only-pieces", action="store_true", help="only piecewise capture: parity and ITL")
+    parser.add_argument("--only-lora", action="store_true", help="only multi-LoRA parity against PEFT")
     args = parser.parse_args()
     global BACKEND, DEVICE
     BACKEND, DEVICE = args.backend, args.device
@@ -368,13 +435,14 @@ def main() -> int:
         return 3
     report: dict[str, Any] = {"device": accel().get_device_name(), "torch": torch.__version__, "backend": BACKEND}
     with tempfile.TemporaryDirectory() as tmp:
-        only = args.only_async or args.only_pieces
+        only = args.only_async or args.only_pieces or args.only_lora
         report["parity"] = [] if only else parity(Path(tmp))
         report["decode"] = [] if only else decode_speed(Path(tmp))
         report["async"] = async_loops(Path(tmp)) if (args.async_ and not only) or args.only_async else []
-        report["pieces"] = pieces(Path(tmp)) if not args.only_async else []
+        report["pieces"] = pieces(Path(tmp)) if not (args.only_async or args.only_lora) else []
+        report["lora"] = lora(Path(tmp)) if args.only_lora else []
     (out / f"engine-device-{BACKEND}.json").write_text(json.dumps(report, indent=1))
-    checked = report["parity"] + [r for r in report["async"] + report["pieces"] if "identical" in r]
+    checked = report["parity"] + [r for r in report["async"] + report["pieces"] + report["lora"] if "identical" in r]
     ok = all(r["identical"] == r["prompts"] for r in checked)
     ok = ok and all(r["replays"] > 0 for r in report["parity"] + report["decode"] if r.get("graph_mode") == "device")
     ok = ok and all(

@@ -9,7 +9,8 @@
 #    backend's graph strategy replaying (replays per captured size); the synchronous and asynchronous scheduling loops
 #    (same tokens under chunked prefill and preemption, decode tok/s of each);
 #    step "pieces" (not in the default list: run it alone, it writes engine-device-cuda.json too): piecewise capture,
-#    parity with mixed steps as pieces and inter-token latency with and without them;
+#    parity with mixed steps as pieces and inter-token latency with and without them; step "lora" (also run alone):
+#    multi-LoRA greedy parity against transformers + PEFT with the cuda backend and with the Triton kernels;
 # 4. decode timings (batch 64/256, context 1k/8k) as a share of the copy bandwidth, and against FlashInfer.
 # H200_STEPS picks steps for a short run (default "conformance engine decode"); PAGED_DEVICE_WHEELS names a folder of
 # wheels installed (offline) for the Python packages the image lacks (msgspec, pyzmq, gguf...).
@@ -27,14 +28,14 @@ say() { echo "== $*" | tee -a "$LOG"; }
 "$PY" -c 'import torch; assert torch.cuda.is_available(); print("device:", torch.cuda.get_device_name(), "sm", torch.cuda.get_device_capability(), "torch", torch.__version__)' \
   2>&1 | tee -a "$LOG" || { say "no CUDA GPU visible to $PY"; exit 3; }
 if [ -n "${PAGED_DEVICE_WHEELS:-}" ]; then
-  for mod in msgspec zmq gguf rich psutil pluggy tqdm; do
+  for mod in msgspec zmq gguf rich psutil pluggy tqdm accelerate peft; do
     "$PY" -c "import $mod" 2>/dev/null && continue
     pkg=$mod; [ "$mod" = zmq ] && pkg=pyzmq
     "$PY" -m pip install --quiet --no-index --find-links "$PAGED_DEVICE_WHEELS" "$pkg" >> "$LOG" 2>&1 \
       && say "installed $pkg from $PAGED_DEVICE_WHEELS" || say "$pkg: not installed"
   done
 fi
-"$PY" -m pip install --quiet --no-deps --no-index --no-build-isolation -e core -e plugins/conformance -e backends/cuda \
+"$PY" -m pip install --quiet --no-deps --no-index --no-build-isolation -e core -e plugins/conformance -e backends/cuda -e backends/triton -e backends/rocm \
   >> "$LOG" 2>&1 || { say "install failed"; exit 3; }
 STEPS=" ${H200_STEPS:-conformance engine decode} "
 step() { [[ "$STEPS" == *" $1 "* ]]; }
@@ -72,6 +73,12 @@ fi
 if step pieces; then
   say "piecewise capture: parity with mixed steps as pieces; ITL with and without pieces"
   timeout 420 "$PY" ci/device_engine_check.py --backend cuda --only-pieces --out "$OUT" >> "$LOG" 2>&1 || status=1
+fi
+if step lora; then
+  say "multi-LoRA: a batch of base and three PEFT adapters against transformers + PEFT on the GPU"
+  for backend in cuda rocm; do  # rocm: the shared Triton kernels (paged_triton) on this GPU
+    timeout 200 "$PY" ci/device_engine_check.py --backend "$backend" --only-lora --out "$OUT" >> "$LOG" 2>&1 || status=1
+  done
 fi
 if step decode; then
   say "decode bandwidth"
