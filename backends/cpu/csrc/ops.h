@@ -64,6 +64,11 @@ std::string quant_q8_isa();
 // Whether the q8 path runs 16-row tiles on AMX (quant_amx.cpp: the CPU and OS allow it, PAGED_CPU_AMX is not 0).
 bool quant_amx();
 std::string linear_activations();
+
+// Multi-LoRA (lora_ops.cpp): out[t] = x[t] @ a[slots[t]].T in fp32 (0 where slots[t] < 0), and in place
+// y[t] += shrunk[t] @ b[slots[t]].T rounded once to y's dtype (rows with slots[t] < 0 untouched).
+at::Tensor lora_shrink(const at::Tensor& x, const at::Tensor& a, const at::Tensor& slots);
+void lora_expand(const at::Tensor& y, const at::Tensor& shrunk, const at::Tensor& b, const at::Tensor& slots);
 std::string set_linear_activations(const std::string& mode);
 
 }  // namespace paged_cpu

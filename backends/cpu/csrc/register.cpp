@@ -29,6 +29,8 @@ TORCH_LIBRARY(paged_cpu, m) {
   m.def("quant_amx() -> bool", &paged_cpu::quant_amx);
   m.def("linear_activations() -> str", &paged_cpu::linear_activations);
   m.def("set_linear_activations(str mode) -> str", &paged_cpu::set_linear_activations);
+  m.def("lora_shrink(Tensor x, Tensor a, Tensor slots) -> Tensor");
+  m.def("lora_expand(Tensor(a!) y, Tensor shrunk, Tensor b, Tensor slots) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(paged_cpu, CPU, m) {
@@ -43,6 +45,8 @@ TORCH_LIBRARY_IMPL(paged_cpu, CPU, m) {
   m.impl("pack_linear", &paged_cpu::pack_linear);
   m.impl("linear", &paged_cpu::linear);
   m.impl("quant_linear", &paged_cpu::quant_linear);
+  m.impl("lora_shrink", &paged_cpu::lora_shrink);
+  m.impl("lora_expand", &paged_cpu::lora_expand);
 }
 
 // Importing paged_backend_cpu._C runs the static registrations above; the module itself is empty.

@@ -37,7 +37,8 @@ from dataclasses import dataclass
 import torch
 
 from paged_backend_cpu import ops
-from paged_core.api import FusedOps, PackedLinear, QuantizedWeight
+from paged_backend_cpu.fused_lora import CpuLoraOps
+from paged_core.api import PackedLinear, QuantizedWeight
 
 UNLIMITED = 1 << 62
 """A ``max_rows`` that sends every row count to the native kernel."""
@@ -141,8 +142,9 @@ def default_max_rows() -> dict[torch.dtype, int]:
     return dict(KERNEL_MAX_ROWS.get(ops.supported_isas()[0], {}))
 
 
-class CpuFusedOps(FusedOps):
-    """The reference's layer ops, overridden by the cpu backend's C++ kernels.
+class CpuFusedOps(CpuLoraOps):
+    """The reference's layer ops, overridden by the cpu backend's C++ kernels (the multi-LoRA pair in
+    :class:`~paged_backend_cpu.fused_lora.CpuLoraOps`).
 
     ``max_rows`` overrides :func:`default_max_rows` (per weight dtype; a dtype left out never
     uses the native linear), for measurements and tests. It is read by :meth:`pack_linear`:

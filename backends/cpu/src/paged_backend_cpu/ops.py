@@ -41,7 +41,7 @@ def _attention_fake(
 
 
 def _no_result(*args: object) -> None:
-    """``write_kv`` and ``copy_blocks`` only mutate their cache arguments."""
+    """``write_kv``, ``copy_blocks``, ``apply_token_bitmask`` and ``lora_expand`` only mutate an argument."""
 
 
 def _rms_norm_fake(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -85,6 +85,10 @@ def _quant_linear_fake(
     return x.new_empty((x.shape[0], out_features))
 
 
+def _lora_shrink_fake(x: torch.Tensor, a: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+    return x.new_empty((x.shape[0], a.shape[1]), dtype=torch.float32)
+
+
 if LOAD_ERROR is None:
     torch.library.register_fake("paged_cpu::attention", _attention_fake)
     torch.library.register_fake("paged_cpu::write_kv", _no_result)
@@ -97,6 +101,8 @@ if LOAD_ERROR is None:
     torch.library.register_fake("paged_cpu::pack_linear", _pack_linear_fake)
     torch.library.register_fake("paged_cpu::linear", _linear_fake)
     torch.library.register_fake("paged_cpu::quant_linear", _quant_linear_fake)
+    torch.library.register_fake("paged_cpu::lora_shrink", _lora_shrink_fake)
+    torch.library.register_fake("paged_cpu::lora_expand", _no_result)
 
 
 def attention(
@@ -227,6 +233,23 @@ def interleave_q4(data: torch.Tensor, fmt: int) -> torch.Tensor:
     nibbles = t[..., head:].reshape(n // 8, blocks, 8, 4, 4).permute(0, 1, 3, 2, 4)  # [.., vector g, row, byte]
     parts.append(nibbles.reshape(n // 8, blocks, 128))
     return torch.cat(parts, dim=-1).reshape(n // 8, -1).contiguous()
+
+
+def lora_shrink(x: torch.Tensor, a: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+    """Multi-LoRA shrink: a new fp32 ``[T, R]``, row ``t`` = ``x[t] @ a[slots[t]].T`` (0 where ``slots[t] < 0``).
+
+    ``x`` ``[T, K]``, ``a`` ``[S, R, K]`` and ``slots`` int64 ``[T]`` on the CPU; ``x`` and ``a`` fp32, bf16 or fp16.
+    Runs of at least 16 consecutive tokens of one slot (and slots with 16 scattered tokens) are one GEMM each, the
+    other tokens go through the row kernels (csrc/lora_ops.cpp); :func:`lora_expand` does the same from 8.
+    """
+    out: torch.Tensor = torch.ops.paged_cpu.lora_shrink(x, a, slots)
+    return out
+
+
+def lora_expand(y: torch.Tensor, shrunk: torch.Tensor, b: torch.Tensor, slots: torch.Tensor) -> None:
+    """Multi-LoRA expand in place: ``y[t] += shrunk[t] @ b[slots[t]].T``, summed in fp32 and rounded once to
+    ``y.dtype``; rows with ``slots[t] < 0`` untouched. ``b`` is ``[S, N, R]``, ``shrunk`` ``[T, R]``."""
+    torch.ops.paged_cpu.lora_expand(y, shrunk, b, slots)
 
 
 def linear_activations() -> str:

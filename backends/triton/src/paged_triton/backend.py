@@ -18,6 +18,7 @@ from paged_core.api import (
     BackendCapabilities,
     DeviceGraphStrategy,
     EagerStrategy,
+    FusedOps,
     GraphCaptureStrategy,
     GraphSupport,
     PagedError,
@@ -59,6 +60,12 @@ class TritonBackend(AttentionBackend):
             gqa_ratios=GQA_RATIOS,
             graph_support=GraphSupport.ANY,
         )
+
+    def fused_ops(self) -> FusedOps:
+        """The reference's layer ops with the multi-LoRA pair as Triton kernels (:mod:`paged_triton.fused`)."""
+        from paged_triton.fused import TritonFusedOps
+
+        return TritonFusedOps()
 
     def graph_strategy(self) -> GraphCaptureStrategy:
         """Device graphs on a CUDA/HIP or XPU device (any batch: see the class docstring); eager in the interpreter."""

@@ -65,3 +65,29 @@ def _attention_fake(
     scale: float,
 ) -> torch.Tensor:
     return query.new_empty(query.shape)
+
+
+@torch.library.custom_op("paged_triton::lora_shrink", mutates_args=())
+def lora_shrink(x: torch.Tensor, a: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+    """Multi-LoRA shrink (see :func:`paged_triton.lora_launch.lora_shrink`)."""
+    from paged_triton import lora_launch
+
+    return lora_launch.lora_shrink(x, a, slots)
+
+
+@lora_shrink.register_fake
+def _lora_shrink_fake(x: torch.Tensor, a: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+    return x.new_empty((x.shape[0], a.shape[1]), dtype=torch.float32)
+
+
+@torch.library.custom_op("paged_triton::lora_expand", mutates_args=("y",))
+def lora_expand(y: torch.Tensor, shrunk: torch.Tensor, b: torch.Tensor, slots: torch.Tensor) -> None:
+    """Multi-LoRA expand, in place on ``y`` (see :func:`paged_triton.lora_launch.lora_expand`)."""
+    from paged_triton import lora_launch
+
+    lora_launch.lora_expand(y, shrunk, b, slots)
+
+
+@lora_expand.register_fake
+def _lora_expand_fake(y: torch.Tensor, shrunk: torch.Tensor, b: torch.Tensor, slots: torch.Tensor) -> None:
+    return None

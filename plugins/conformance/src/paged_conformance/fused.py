@@ -23,7 +23,16 @@ from paged_core.api import LINEAR_KINDS, AttentionBackend, FusedOps
 
 REFERENCE = FusedOps()
 """The oracle of every fused check."""
-METHODS: tuple[str, ...] = ("rms_norm", "add_rms_norm", "silu_and_mul", "rotary", "pack_linear", "linear")
+METHODS: tuple[str, ...] = (
+    "rms_norm",
+    "add_rms_norm",
+    "silu_and_mul",
+    "rotary",
+    "pack_linear",
+    "linear",
+    "lora_shrink",
+    "lora_expand",
+)
 """The overridable methods of :class:`FusedOps`."""
 ROW_SCALES: tuple[float, ...] = (1e-3, 1.0, 40.0, 0.1)
 """Magnitudes of successive norm input rows: at 1e-3 the mean square (1e-6) is of the order of ``eps``, so

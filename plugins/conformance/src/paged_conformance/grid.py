@@ -555,6 +555,8 @@ def iter_universe() -> Iterator[tuple[str, str]]:
         yield "fused", op
     yield "fused", "trace"
     yield "structured", "token_bitmask"
+    yield "lora", "shrink_expand"
+    yield "lora", "trace"
     for name in LINEAR_FORMATS:
         yield "linear_format", name
     yield "linear_format", "fallback"
