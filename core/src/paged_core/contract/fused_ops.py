@@ -62,7 +62,9 @@ bit for bit; the engine reports whether a running configuration is invariant fro
 Like attention, these are called inside captured or compiled steps: an
 override must be a torch custom op with a fake (meta) implementation, must
 not read tensors on the host, and must return new tensors (inputs are never
-modified).
+modified), except ``lora_expand``, which adds into ``y`` (declare the
+mutation in its schema). The reference's LoRA pair reads the slots on the
+host (it groups tokens by adapter), so the engine runs LoRA steps eagerly.
 """
 
 from __future__ import annotations
