@@ -76,7 +76,9 @@ def test_adapters_change_the_output(setup: dict[str, Any]) -> None:
     assert len(changed) >= 6, changed
 
 
-@pytest.mark.parametrize("case", ["together", "two-slots", "chunked-prefill", "preemption", "speculative", "n2"])
+@pytest.mark.parametrize(
+    "case", ["together", "two-slots", "chunked-prefill", "preemption", "prefix-hits", "speculative", "n2"]
+)
 def test_mixed_batch_matches_peft(setup: dict[str, Any], case: str) -> None:
     changes: dict[str, Any] = {}
     if case == "two-slots":  # three adapters, two slots: the scheduler holds one back, slots swap
@@ -90,6 +92,9 @@ def test_mixed_batch_matches_peft(setup: dict[str, Any], case: str) -> None:
     params = dataclasses.replace(PARAMS, n=2) if case == "n2" else PARAMS  # forks keep the adapter
     llm = setup["llm"].reconfigured(**changes)
     outs = llm.generate(setup["prompts"], params, use_tqdm=False, lora_request=setup["assigned"])
+    if case == "prefix-hits":  # the same batch again: every request hits its own adapter's blocks
+        outs = llm.generate(setup["prompts"], params, use_tqdm=False, lora_request=setup["assigned"])
+        assert sum(o.metrics.num_cached_tokens > 0 for o in outs) >= 8, [o.metrics.num_cached_tokens for o in outs]
     assert_same_tokens(outs, setup["want"])
     if case == "n2":
         assert all(o.outputs[1].token_ids == o.outputs[0].token_ids for o in outs)
