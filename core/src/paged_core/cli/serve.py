@@ -7,7 +7,9 @@ import os
 from typing import Any
 
 from paged_core.cli.engine_args import add_engine_args, engine_config_from
+from paged_core.errors import ConfigError
 from paged_core.process.logs import setup_logging
+from paged_core.serve.lora_modules import RUNTIME_UPDATES_ENV, LoRAModule, parse_lora_module, runtime_updates_from_env
 
 EXTRA = "serve"
 """The optional part of paged-core this subcommand needs (``paged-core[serve]``)."""
@@ -96,13 +98,31 @@ def register(subparsers: Any) -> None:
         "(chatml-tools: ChatML offering tools, calls read by --tool-call-parser hermes)",
     )
     g.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"))
+    lora = parser.add_argument_group("LoRA adapters")
+    lora.add_argument(
+        "--lora-modules",
+        nargs="+",
+        action="extend",
+        default=[],
+        type=_lora_module,
+        metavar="NAME=PATH",
+        help="serve the PEFT adapter at PATH as the model NAME (also vLLM's JSON form "
+        '\'{"name": ..., "path": ..., "base_model_name": ...}\'); loaded and checked at start-up; turns on '
+        "--enable-lora",
+    )
+    lora.add_argument(
+        "--enable-lora-runtime-updates",
+        action="store_true",
+        default=runtime_updates_from_env(),
+        help="add POST /v1/load_lora_adapter and /v1/unload_lora_adapter (any client can then make the server "
+        f"read an adapter directory); turns on --enable-lora (default: ${RUNTIME_UPDATES_ENV}=True, as vLLM)",
+    )
     add_engine_args(parser)
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     """Load the engine and serve until interrupted."""
-    from paged_core.errors import ConfigError
     from paged_core.serve.chat_template import chat_template_text
     from paged_core.serve.server import run_server
     from paged_core.serve.settings import ServeConfig
@@ -130,5 +150,21 @@ def run(args: argparse.Namespace) -> int:
         enable_auto_tool_choice=args.enable_auto_tool_choice,
         tool_call_parser=args.tool_call_parser,
         chat_template=None if args.chat_template is None else chat_template_text(args.chat_template),
+        lora_modules=tuple(args.lora_modules),
+        enable_lora_runtime_updates=args.enable_lora_runtime_updates,
     )
-    return run_server(engine_config_from(args), config, in_process=args.engine_in_process)
+    return run_server(engine_config_from(args, **lora_overrides(args)), config, in_process=args.engine_in_process)
+
+
+def lora_overrides(args: argparse.Namespace) -> dict[str, Any]:
+    """``enable_lora`` turned on when the server is given adapters or may load them at run time."""
+    wants = bool(args.lora_modules) or args.enable_lora_runtime_updates
+    return {"enable_lora": True} if wants and not args.enable_lora else {}
+
+
+def _lora_module(text: str) -> LoRAModule:
+    """argparse's type for ``--lora-modules`` (its errors read as a usage error naming the flag)."""
+    try:
+        return parse_lora_module(text)
+    except ConfigError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None

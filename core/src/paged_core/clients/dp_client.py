@@ -233,12 +233,12 @@ class DataParallelClient(AsyncCoreClient):
         for core, part in self.router.split_abort(abort).items():
             self.clients[core].abort(part)
 
-    async def call(self, method: str) -> Any:
+    async def call(self, method: str, *args: Any) -> Any:
         """Call every live core: boolean answers are combined with ``all`` (``reset_prefix_cache``), others listed."""
         live = [c for i, c in enumerate(self.clients) if i not in self._dead]
         if not live:
             raise EngineDeadError("every engine core is dead")
-        results = await asyncio.gather(*(c.call(method) for c in live))
+        results = await asyncio.gather(*(c.call(method, *args) for c in live))
         return all(results) if all(isinstance(r, bool) for r in results) else results
 
     def shutdown(self, timeout: float = 5.0) -> None:

@@ -98,13 +98,13 @@ class EventLoopClient(AsyncCoreClient):
         if self.alive:
             self.transport.send(abort)
 
-    async def call(self, method: str) -> Any:
+    async def call(self, method: str, *args: Any) -> Any:
         self._require_alive()
         call_id = next(self._call_ids)
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._calls[call_id] = future
         try:
-            self.transport.send(CoreUtility(call_id, method))
+            self.transport.send(CoreUtility(call_id, method, args))
             return await future
         finally:
             self._calls.pop(call_id, None)

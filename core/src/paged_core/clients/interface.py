@@ -77,8 +77,8 @@ class AsyncCoreClient(CoreClient):
         """
 
     @abstractmethod
-    async def call(self, method: str) -> Any:
-        """A utility call (``reset_prefix_cache``, ``stats``)."""
+    async def call(self, method: str, *args: Any) -> Any:
+        """A utility call (``reset_prefix_cache``, ``stats``; ``load_lora`` and ``remove_lora`` take ``args``)."""
 
     @property
     @abstractmethod

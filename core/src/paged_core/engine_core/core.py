@@ -31,7 +31,7 @@ from paged_core.engine_core.rows import Rows
 from paged_core.engine_core.sampled import Sampled, SampledGroups
 from paged_core.errors import DistributedError, RequestRejectedError
 from paged_core.loading.build import LoadedModel, build_parts
-from paged_core.lora import LoRAError
+from paged_core.lora import LoRAError, LoRARequest
 from paged_core.sampling.sampler import Sampler
 from paged_core.sched.output import SchedulerOutput
 from paged_core.sched.request import RequestStatus
@@ -164,15 +164,38 @@ class EngineCore:
             grammar=self.grammars.stats.snapshot(),
         )
 
-    def call(self, method: str) -> Any:
-        """A utility call by name (``reset_prefix_cache``, ``stats``, ``facts``); unknown names raise ValueError."""
+    def call(self, method: str, *args: Any) -> Any:
+        """A utility call by name (``reset_prefix_cache``, ``stats``, ``facts``, ``load_lora``, ``remove_lora``);
+        unknown names raise ValueError.
+
+        ``load_lora(name, id, path)`` loads and checks an adapter now (a server's runtime load): None, or the
+        problem's text (the adapter is then not registered). ``remove_lora(id)`` forgets one (True if it was
+        registered); the caller makes sure no request still runs on it.
+        """
         if method == "reset_prefix_cache":
             return self.scheduler.reset_prefix_cache()
         if method == "stats":
             return self.stats()
         if method == "facts":
             return self.facts()
-        raise ValueError(f"unknown utility call {method!r}; known: facts, reset_prefix_cache, stats")
+        if method == "load_lora":
+            return self._load_lora(LoRARequest(*args))
+        if method == "remove_lora":
+            (lora_id,) = args
+            return self.runner.lora is not None and self.runner.lora.remove(int(lora_id))
+        raise ValueError(
+            f"unknown utility call {method!r}; known: facts, load_lora, remove_lora, reset_prefix_cache, stats"
+        )
+
+    def _load_lora(self, lora: LoRARequest) -> str | None:
+        slots = self.runner.lora
+        if slots is None:
+            return f"LoRA adapter {lora.name!r}: the engine runs without enable_lora"
+        try:
+            slots.register(lora)
+        except LoRAError as exc:
+            return str(exc)
+        return None
 
     # ---- requests -------------------------------------------------------
     def add_request(self, request: CoreRequest) -> None:

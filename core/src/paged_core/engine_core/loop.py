@@ -140,7 +140,7 @@ class CoreLoop:
         if isinstance(message, CoreUtility):
             try:
                 dropped = message.method == "dropped_messages"
-                result = self.channel.dropped if dropped else core.call(message.method)
+                result = self.channel.dropped if dropped else core.call(message.method, *message.args)
                 self.send(CoreUtilityResult(message.call_id, result))
             except Exception as exc:
                 self.send(CoreUtilityResult(message.call_id, None, f"{type(exc).__name__}: {exc}"))

@@ -50,10 +50,12 @@ class CoreAbort(msgspec.Struct, tag="abort", frozen=True):
 
 
 class CoreUtility(msgspec.Struct, tag="utility", frozen=True):
-    """A call answered with :class:`CoreUtilityResult` of the same ``call_id``: ``reset_prefix_cache``, ``stats``."""
+    """A call answered with :class:`CoreUtilityResult` of the same ``call_id``: ``reset_prefix_cache``, ``stats``,
+    ``load_lora`` and ``remove_lora`` (whose ``args`` are plain msgpack values, see :meth:`.EngineCore.call`)."""
 
     call_id: int
     method: str
+    args: tuple[object, ...] = ()
 
 
 class CoreShutdown(msgspec.Struct, tag="shutdown", frozen=True):

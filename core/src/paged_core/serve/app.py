@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -9,9 +10,11 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from paged_core.clients.factory import thread_client
-from paged_core.serve import anthropic, chat, completions, openapi
+from paged_core.errors import ConfigError
+from paged_core.serve import anthropic, chat, completions, lora_routes, openapi
 from paged_core.serve.async_engine import AsyncEngine
 from paged_core.serve.auth import BearerAuth
 from paged_core.serve.body import parse_body
@@ -23,6 +26,8 @@ from paged_core.serve.protocol import DetokenizeRequest, TokenizeRequest
 from paged_core.serve.settings import ServeConfig
 from paged_core.serve.state import ServerState, get_state
 from paged_core.serve.tokens import Tokens
+
+log = logging.getLogger("paged.serve")
 
 
 def build_app(engine: AsyncEngine | Any, config: ServeConfig | None = None) -> FastAPI:
@@ -53,6 +58,7 @@ def build_app(engine: AsyncEngine | Any, config: ServeConfig | None = None) -> F
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         aengine.start()
         try:
+            await _load_modules(state)
             yield
         finally:
             aengine.stop()
@@ -69,9 +75,13 @@ def build_app(engine: AsyncEngine | Any, config: ServeConfig | None = None) -> F
     # (auth included) are caught before Starlette's last-resort handler.
     app.add_middleware(CatchUnexpected)
     app.add_middleware(HealthProbe, healthy=lambda: aengine.healthy, engines=aengine.core_health)
+    app.add_middleware(QuietStartupFailure, state=state)
     app.include_router(completions.router)
     app.include_router(chat.router)
     app.include_router(anthropic.router)  # Anthropic's Messages API
+    if config.enable_lora_runtime_updates:  # as vLLM: without it the routes do not exist (404)
+        log.warning("runtime LoRA loading is on: any client can make the server read an adapter directory")
+        app.include_router(lora_routes.router)
     _add_info_routes(app)
     return app
 
@@ -90,16 +100,22 @@ def _add_info_routes(app: FastAPI) -> None:
 
     @app.get("/v1/models", openapi_extra=openapi.MODELS)
     async def models(request: Request) -> JSONResponse:
-        """The one model this server serves."""
+        """The base model, then each LoRA adapter (``parent``: the base model's served name, ``root``: its path)."""
         s = get_state(request)
-        card = {
+        base = {
             "id": s.model_name,
             "object": "model",
             "created": s.created,
             "owned_by": "paged",
             "max_model_len": s.max_model_len,
+            "root": s.engine.facts.model_path,
+            "parent": None,
         }
-        return JSONResponse({"object": "list", "data": [card]})
+        cards = [base]
+        for lora in s.loras.adapters.values():
+            card = {**base, "id": lora.name, "root": lora.path, "parent": s.model_name}
+            cards.append(card)
+        return JSONResponse({"object": "list", "data": cards})
 
     @app.post("/tokenize", openapi_extra=openapi.TOKENIZE)
     async def tokenize(request: Request) -> JSONResponse:
@@ -127,6 +143,37 @@ def _add_info_routes(app: FastAPI) -> None:
         s.check_model(req.model, required=False)
         text = await s.tokens.offload(_detokenize, s.tokens, req.tokens)
         return JSONResponse({"prompt": text})
+
+
+class QuietStartupFailure:
+    """Pure ASGI middleware: a start-up that failed for a reason already logged in a line (``state.startup_error``,
+    e.g. an adapter that did not load) reaches uvicorn without Starlette's traceback, which says nothing more."""
+
+    def __init__(self, app: ASGIApp, state: ServerState) -> None:
+        self.app = app
+        self.state = state
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "lifespan":
+            await self.app(scope, receive, send)
+            return
+
+        async def quiet(message: Message) -> None:
+            if message["type"] == "lifespan.startup.failed" and self.state.startup_error is not None:
+                message = {**message, "message": ""}
+            await send(message)
+
+        await self.app(scope, receive, quiet)
+
+
+async def _load_modules(state: ServerState) -> None:
+    """Load ``--lora-modules`` as the app starts; a failure is logged by name and stops the start-up."""
+    try:
+        await state.loras.load_modules(state.config.lora_modules)
+    except ConfigError as exc:
+        state.startup_error = str(exc)
+        log.error("%s", exc)
+        raise
 
 
 def _detokenize(tokens: Tokens, ids: list[int]) -> str:

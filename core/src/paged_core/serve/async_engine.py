@@ -23,6 +23,7 @@ from paged_core.errors import EngineDeadError, PagedError, RequestRejectedError
 from paged_core.frontend.input_processor import InputProcessor
 from paged_core.frontend.output_processor import OutputProcessor
 from paged_core.frontend.outputs import RequestOutput
+from paged_core.lora.request import LoRARequest
 from paged_core.sampling.params import SamplingParams
 
 log = logging.getLogger("paged.serve")
@@ -141,8 +142,10 @@ class AsyncEngine:
         priority: int = 0,
         sink: Sink | None = None,
         beam: BeamParams | None = None,
+        lora: LoRARequest | None = None,
     ) -> RequestStream:
-        """Send a request (a beam search with ``beam``) and return its stream at once; outputs go to ``sink`` if given.
+        """Send a request (a beam search with ``beam``, on the adapter ``lora``) and return its stream at once;
+        outputs go to ``sink`` if given.
 
         The input is the route's, validated where it entered (token ids, params bounded by the vocabulary, beam
         rules, priority): nothing is checked again here. A refusal by the core ends the stream with
@@ -152,7 +155,7 @@ class AsyncEngine:
             raise EngineDeadError(f"engine is not running ({self._dead or 'stopped'})")
         if request_id in self._streams:
             raise PagedError(f"request id {request_id!r} is already in use")
-        request = CoreRequest(request_id, prompt, params, cache_salt, priority, time.monotonic(), beam=beam)
+        request = CoreRequest(request_id, prompt, params, cache_salt, priority, time.monotonic(), beam=beam, lora=lora)
         stream = RequestStream(request_id, sink)
         self._streams[request_id] = stream
         self.output.add(request)
@@ -191,6 +194,22 @@ class AsyncEngine:
     async def reset_prefix_cache(self) -> bool:
         """Drop every cached prefix block in the core (False if some are in use)."""
         return bool(await self.client.call("reset_prefix_cache"))
+
+    async def load_lora(self, lora: LoRARequest) -> str | None:
+        """Load and check ``lora`` in the core (every core, with data parallelism) now: None, or what is wrong."""
+        if not self.healthy:
+            raise EngineDeadError(f"engine is not running ({self._dead or 'stopped'})")
+        result = await self.client.call("load_lora", lora.name, lora.id, lora.path)
+        answers = result if isinstance(result, list) else [result]
+        problem = next((str(a) for a in answers if a is not None), None)
+        if problem is not None and len(answers) > 1:  # some cores may have taken it: leave none holding it
+            await self.client.call("remove_lora", lora.id)
+        return problem
+
+    async def remove_lora(self, lora_id: int) -> None:
+        """Make the core forget adapter ``lora_id`` (no request may still run on it); a dead core is left alone."""
+        if self.healthy:
+            await self.client.call("remove_lora", lora_id)
 
     # ---- from the core (event loop side) --------------------------------
     def _on_outputs(self, outputs: CoreOutputs) -> None:

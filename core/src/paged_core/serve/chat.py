@@ -41,11 +41,13 @@ async def create_chat_completion(request: Request) -> Response:
     state = get_state(request)
     req = await parse_body(request, ChatCompletionRequest, state.config.max_body_bytes)
     ids, params = await prepare_chat(state, req)
+    lora = state.check_model(req.model)  # checked in prepare_chat already: the adapter it names, if any
     parser = tool_parser_for(req, state.config)  # checked in prepare_chat already: None under "none"
     gen = Generation(state, request, "chatcmpl")
-    gen.start([ids], [params], req.cache_salt, req.priority)
+    gen.start([ids], [params], req.cache_salt, req.priority, lora=lora)
+    model = state.served_name(lora)
     if req.stream:
-        return stream_response(gen, _chunks(gen, req, state, parser))
+        return stream_response(gen, _chunks(gen, req, state, parser, ids, model))
     try:
         (out,) = await collect(gen, 1)
     except ClientGone:
@@ -54,10 +56,12 @@ async def create_chat_completion(request: Request) -> Response:
         "id": gen.id,
         "object": "chat.completion",
         "created": int(time.time()),
-        "model": state.model_name,
+        "model": model,
         "choices": [_choice(c, req, state, parser) for c in out.outputs],
         "usage": usage([out]),
     }
+    if req.return_token_ids:  # vLLM's places: the prompt's ids on the response, each choice's own on the choice
+        body["prompt_token_ids"] = ids
     return JSONResponse(body)
 
 
@@ -109,33 +113,51 @@ def _choice(
     message: dict[str, Any] = {"role": "assistant", "content": c.text}
     if parser is not None:
         message = tool_message(parser, c.text, req.parallel_tool_calls)
-    return {
+    choice = {
         "index": c.index,
         "message": message,
         "logprobs": logprobs,
         "finish_reason": finish_reason(c.finish_reason, "tool_calls" in message),
         "stop_reason": c.stop_reason,
     }
+    if req.return_token_ids:
+        choice["token_ids"] = c.token_ids
+    return choice
 
 
 async def _chunks(
-    gen: Generation, req: ChatCompletionRequest, state: ServerState, parser: ToolParser | None = None
+    gen: Generation,
+    req: ChatCompletionRequest,
+    state: ServerState,
+    parser: ToolParser | None,
+    prompt: list[int],
+    model: str,
 ) -> AsyncIterator[str]:
+    """The stream's chunks; with ``return_token_ids`` the first chunk carries ``prompt_token_ids`` and each choice's
+    chunks the ``token_ids`` they add (vLLM's shape), every generated id exactly once."""
     created = int(time.time())
     streams = ChoiceStreams(parser, req.parallel_tool_calls) if parser is not None else None
     include_usage = req.stream_options is not None and req.stream_options.include_usage
+    with_ids = bool(req.return_token_ids)
     final: RequestOutput | None = None
 
-    def chunk(index: int, delta: dict[str, Any], logprobs: Any = None, finish: str | None = None) -> str:
+    def chunk(
+        index: int, delta: dict[str, Any], logprobs: Any = None, finish: str | None = None, ids: list[int] | None = None
+    ) -> str:
+        choice: dict[str, Any] = {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
+        if with_ids:
+            choice["token_ids"] = ids or []
         body: dict[str, Any] = {
             "id": gen.id,
             "object": "chat.completion.chunk",
             "created": created,
-            "model": state.model_name,
-            "choices": [{"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}],
+            "model": model,
+            "choices": [choice],
         }
         if include_usage:
             body["usage"] = None
+        if with_ids and index == 0 and delta.get("role") == "assistant":
+            body["prompt_token_ids"] = prompt
         return sse(body)
 
     # OpenAI opens every choice with a role-only delta.
@@ -148,6 +170,7 @@ async def _chunks(
         for c in out.outputs:
             if c.index in done:
                 continue
+            pending = list(c.new_token_ids) if with_ids else []  # sent with this step's first chunk of the choice
             logprobs = None
             if req.logprobs and c.logprobs is not None and c.new_token_ids:
                 entries = c.logprobs[-len(c.new_token_ids) :]
@@ -157,19 +180,23 @@ async def _chunks(
                 if logprobs is not None and not deltas:
                     deltas = [{}]
                 for k, delta in enumerate(deltas):
-                    yield chunk(c.index, delta, logprobs if k == 0 else None)
+                    yield chunk(c.index, delta, logprobs if k == 0 else None, ids=pending)
+                    pending = []
             elif c.new_text or logprobs is not None:
-                yield chunk(c.index, {"content": c.new_text}, logprobs)
+                yield chunk(c.index, {"content": c.new_text}, logprobs, ids=pending)
+                pending = []
             if c.finish_reason is not None:
                 done.add(c.index)
                 called = streams is not None and c.index in streams.called
-                yield chunk(c.index, {}, None, finish_reason(c.finish_reason, called))
+                yield chunk(c.index, {}, None, finish_reason(c.finish_reason, called), ids=pending)
+            elif pending:  # tokens without text yet (held back, or part of a character): their ids still go out
+                yield chunk(c.index, {}, ids=pending)
     if include_usage and final is not None:
         body = {
             "id": gen.id,
             "object": "chat.completion.chunk",
             "created": created,
-            "model": state.model_name,
+            "model": model,
             "choices": [],
             "usage": usage([final]),
         }

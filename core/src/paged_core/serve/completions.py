@@ -29,6 +29,7 @@ from paged_core.serve.params import (
 from paged_core.serve.protocol import CompletionRequest
 from paged_core.serve.responses import collect, sse, stream_response, usage
 from paged_core.serve.state import ServerState, get_state
+from paged_core.serve.token_ids import TokenIdFields
 
 router = APIRouter()
 
@@ -76,7 +77,7 @@ async def create_completion(request: Request) -> Response:
     """OpenAI's completions endpoint."""
     state = get_state(request)
     req = await parse_body(request, CompletionRequest, state.config.max_body_bytes)
-    state.check_model(req.model)
+    lora = state.check_model(req.model)
     check_limits(req, state.config)
     # Validates every field once, before paying for tokenization or computing any token budget.
     limit = state.config.max_tokens_limit
@@ -91,43 +92,61 @@ async def create_completion(request: Request) -> Response:
     # replace() re-validates: a default budget below min_tokens is refused there, naming min_tokens.
     params = [dataclasses.replace(first, max_tokens=budget) for budget in budgets]
     gen = Generation(state, request, "cmpl")
-    gen.start(prompts, params, req.cache_salt, req.priority, beam=beam)
+    gen.start(prompts, params, req.cache_salt, req.priority, beam=beam, lora=lora)
     echoes = await state.tokens.offload(_echoes, prompts, state) if req.echo else [""] * len(prompts)
     if req.stream:
-        return stream_response(gen, _chunks(gen, req, state, echoes))
+        return stream_response(gen, _chunks(gen, req, state, echoes, prompts, state.served_name(lora)))
     try:
         outputs = await collect(gen, len(prompts))
     except ClientGone:
         return Response(status_code=499)
     choices = [
-        _choice(i * req.n + c.index, c, echoes[i], req, state) for i, out in enumerate(outputs) for c in out.outputs
+        _choice(i * req.n + c.index, c, echoes[i], req, state, prompts[i])
+        for i, out in enumerate(outputs)
+        for c in out.outputs
     ]
     body = {
         "id": gen.id,
         "object": "text_completion",
         "created": int(time.time()),
-        "model": state.model_name,
+        "model": state.served_name(lora),
         "choices": choices,
         "usage": usage(outputs),
     }
     return JSONResponse(body)
 
 
-def _choice(index: int, c: CompletionOutput, echo: str, req: CompletionRequest, state: ServerState) -> dict[str, Any]:
+def _choice(
+    index: int, c: CompletionOutput, echo: str, req: CompletionRequest, state: ServerState, prompt: list[int]
+) -> dict[str, Any]:
     logprobs = None
     if req.logprobs is not None and c.logprobs is not None:
         logprobs = completion_logprobs(state.tokens, c.token_ids, c.logprobs, req.logprobs, len(echo))
-    return {
+    choice: dict[str, Any] = {
         "index": index,
         "text": echo + c.text,
         "logprobs": logprobs,
         "finish_reason": c.finish_reason,
         "stop_reason": c.stop_reason,
     }
+    if req.return_token_ids:  # vLLM's places: both on the choice (each choice has its own prompt here)
+        choice["prompt_token_ids"] = prompt
+        choice["token_ids"] = c.token_ids
+    return choice
 
 
-async def _chunks(gen: Generation, req: CompletionRequest, state: ServerState, echoes: list[str]) -> AsyncIterator[str]:
+async def _chunks(
+    gen: Generation,
+    req: CompletionRequest,
+    state: ServerState,
+    echoes: list[str],
+    prompts: list[list[int]],
+    model: str,
+) -> AsyncIterator[str]:
+    """The stream's chunks; with ``return_token_ids`` each choice's first chunk carries its ``prompt_token_ids``
+    and every chunk the ``token_ids`` it adds (vLLM's shape)."""
     created = int(time.time())
+    ids = TokenIdFields(prompts, req.n) if req.return_token_ids else None
     include_usage = req.stream_options is not None and req.stream_options.include_usage
     finals: dict[int, RequestOutput] = {}
     sent_finish: set[int] = set()
@@ -135,7 +154,8 @@ async def _chunks(gen: Generation, req: CompletionRequest, state: ServerState, e
     for i, echo in enumerate(echoes):  # an echoed prompt goes out first, as its own chunk per choice
         for j in range(req.n if echo else 0):
             offsets[i * req.n + j] = len(echo)
-            yield sse(_chunk(gen.id, created, state, i * req.n + j, echo, None, None, include_usage))
+            body = _chunk(gen.id, created, model, i * req.n + j, echo, None, None, include_usage)
+            yield sse(ids.add(body, i * req.n + j, []) if ids is not None else body)
     async for i, out in gen.events():
         if out.finished:
             finals[i] = out
@@ -152,13 +172,14 @@ async def _chunks(gen: Generation, req: CompletionRequest, state: ServerState, e
             offsets[index] = offsets.get(index, 0) + len(c.new_text)
             if c.finish_reason is not None:
                 sent_finish.add(index)
-            yield sse(_chunk(gen.id, created, state, index, c.new_text, logprobs, c.finish_reason, include_usage))
+            body = _chunk(gen.id, created, model, index, c.new_text, logprobs, c.finish_reason, include_usage)
+            yield sse(ids.add(body, index, c.new_token_ids) if ids is not None else body)
     if include_usage:
         body = {
             "id": gen.id,
             "object": "text_completion",
             "created": created,
-            "model": state.model_name,
+            "model": model,
             "choices": [],
             "usage": usage(finals[i] for i in sorted(finals)),
         }
@@ -168,7 +189,7 @@ async def _chunks(gen: Generation, req: CompletionRequest, state: ServerState, e
 def _chunk(
     rid: str,
     created: int,
-    state: ServerState,
+    model: str,
     index: int,
     text: str,
     logprobs: dict[str, Any] | None,
@@ -179,7 +200,7 @@ def _chunk(
         "id": rid,
         "object": "text_completion",
         "created": created,
-        "model": state.model_name,
+        "model": model,
         "choices": [{"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish}],
     }
     if include_usage:

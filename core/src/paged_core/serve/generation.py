@@ -18,6 +18,7 @@ from fastapi import Request
 from paged_core.engine_core.beam_params import BeamParams
 from paged_core.errors import EngineDeadError, PagedError
 from paged_core.frontend.outputs import RequestOutput
+from paged_core.lora.request import LoRARequest
 from paged_core.sampling.params import SamplingParams
 from paged_core.serve.admission import Ticket
 from paged_core.serve.errors import APIError, internal_error, rejected
@@ -40,6 +41,7 @@ class Generation:
         self._pending: set[str] = set()
         self._watcher: asyncio.Task[None] | None = None
         self._ticket: Ticket | None = None
+        self._lora: LoRARequest | None = None
 
     def start(
         self,
@@ -48,18 +50,24 @@ class Generation:
         cache_salt: str | None,
         priority: int = 0,
         beam: BeamParams | None = None,
+        lora: LoRARequest | None = None,
     ) -> None:
         """Send every prompt (validated by the route) and start watching the connection; nothing waits for the core.
 
         First the request's admission ticket grows to its number of sequences (prompts x ``n``): a 429 if that
-        would exceed the in-flight bound. A request the core refuses surfaces in :meth:`events` as a 400.
+        would exceed the in-flight bound. A request the core refuses surfaces in :meth:`events` as a 400. With
+        ``lora`` every prompt runs on that adapter, held (see :class:`~paged_core.serve.lora.LoRARegistry`) until
+        :meth:`close`: a 404 if it was unloaded since the route resolved it.
         """
         engine = self.state.engine
         self._admit(sum(p.n for p in params))
         try:
+            if lora is not None:
+                self.state.loras.acquire(lora)
+                self._lora = lora
             for i, (ids, p) in enumerate(zip(prompts, params, strict=True)):
                 rid = f"{self.id}-{i}"
-                engine.add(rid, ids, p, cache_salt, priority, sink=self._sink, beam=beam)
+                engine.add(rid, ids, p, cache_salt, priority, sink=self._sink, beam=beam, lora=lora)
                 self.request_ids.append(rid)
                 self._pending.add(rid)
         except EngineDeadError as exc:  # before PagedError, which it is: a dead core is a 503, never a 400
@@ -110,6 +118,9 @@ class Generation:
         self._pending.clear()
         if self._ticket is not None:
             self._ticket.release()
+        if self._lora is not None:  # after the aborts above: the core has them before any removal of the adapter
+            lora, self._lora = self._lora, None
+            self.state.loras.release(lora)
         if self._watcher is not None and self._watcher is not asyncio.current_task():
             self._watcher.cancel()
         self._watcher = None

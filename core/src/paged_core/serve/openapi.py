@@ -17,7 +17,14 @@ from fastapi import FastAPI
 from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
-from paged_core.serve.protocol import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
+from paged_core.serve.protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    DetokenizeRequest,
+    LoadLoRAAdapterRequest,
+    TokenizeRequest,
+    UnloadLoRAAdapterRequest,
+)
 
 _REF = "#/components/schemas/{model}"
 
@@ -54,6 +61,10 @@ class CompletionChoice(BaseModel):
     logprobs: dict[str, Any] | None = None
     finish_reason: str | None = None
     stop_reason: str | int | None = None
+    prompt_token_ids: list[int] | None = None
+    """With ``return_token_ids``: this choice's prompt as token ids."""
+    token_ids: list[int] | None = None
+    """With ``return_token_ids``: the generated token ids."""
 
 
 class CompletionResponse(BaseModel):
@@ -85,6 +96,8 @@ class ChatChoice(BaseModel):
     logprobs: dict[str, Any] | None = None
     finish_reason: str | None = None
     stop_reason: str | int | None = None
+    token_ids: list[int] | None = None
+    """With ``return_token_ids``: the generated token ids."""
 
 
 class ChatCompletionResponse(BaseModel):
@@ -96,16 +109,21 @@ class ChatCompletionResponse(BaseModel):
     model: str
     choices: list[ChatChoice]
     usage: Usage
+    prompt_token_ids: list[int] | None = None
+    """With ``return_token_ids``: the rendered conversation as token ids."""
 
 
 class ModelCard(BaseModel):
-    """The served model."""
+    """A served model: the base model, or a LoRA adapter over it (``parent`` names the base, ``root`` is the
+    adapter's path)."""
 
     id: str
     object: Literal["model"]
     created: int
     owned_by: str
     max_model_len: int
+    root: str | None = None
+    parent: str | None = None
 
 
 class ModelList(BaseModel):
@@ -134,6 +152,8 @@ REQUEST_MODELS: tuple[type[BaseModel], ...] = (
     ChatCompletionRequest,
     TokenizeRequest,
     DetokenizeRequest,
+    LoadLoRAAdapterRequest,
+    UnloadLoRAAdapterRequest,
 )
 RESPONSE_MODELS: tuple[type[BaseModel], ...] = (
     ErrorBody,
@@ -147,7 +167,7 @@ RESPONSE_MODELS: tuple[type[BaseModel], ...] = (
 _ERRORS = {
     400: "Invalid request: malformed JSON, wrong type, unknown field, value out of range, prompt too long.",
     401: "Missing or wrong API key (with --api-key).",
-    404: "Unknown model.",
+    404: "Unknown model (or LoRA adapter).",
     413: "Body over --max-body-bytes.",
     429: "Server at capacity (max_num_seqs + max_queued_requests sequences in flight); see Retry-After.",
     500: "Internal error; the body carries an id to find in the server log.",
@@ -195,6 +215,9 @@ CHAT_COMPLETIONS = operation(ChatCompletionRequest, {**_json(ChatCompletionRespo
 TOKENIZE = operation(TokenizeRequest, _json(TokenizeResponse), _POST_ERRORS)
 DETOKENIZE = operation(DetokenizeRequest, _json(DetokenizeResponse), _POST_ERRORS)
 MODELS = operation(None, _json(ModelList), (401, 500))
+_TEXT = {"text/plain": {"schema": {"type": "string"}}}
+LOAD_LORA = operation(LoadLoRAAdapterRequest, _TEXT, (400, 401, 413, 500, 503))
+UNLOAD_LORA = operation(UnloadLoRAAdapterRequest, _TEXT, (400, 401, 404, 413, 500, 503))
 HEALTH = operation(None, {"application/json": {"schema": {"type": "object"}}}, (500, 503), secured=False)
 METRICS = operation(None, {"text/plain": {"schema": {"type": "string"}}}, (500,), secured=False)
 

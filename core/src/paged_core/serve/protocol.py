@@ -85,6 +85,8 @@ class _SamplingFields(_Strict):
     """False: no speculative drafts for this request (where the server runs speculative decoding)."""
     cache_salt: str | None = Field(default=None, min_length=1)
     priority: int = 0
+    return_token_ids: bool | None = None
+    """vLLM's: the prompt's token ids (``prompt_token_ids``) and each choice's (``token_ids``) in the response."""
     # Structured outputs: at most one of these (see paged_core.serve.constraints).
     response_format: ResponseFormat | None = None
     structured_outputs: StructuredOutputsField | None = None
@@ -167,3 +169,17 @@ class DetokenizeRequest(_Strict):
 
     model: str | None = None
     tokens: TokenIds
+
+
+class LoadLoRAAdapterRequest(_Strict):
+    """``POST /v1/load_lora_adapter`` (with runtime updates on): serve the PEFT adapter at ``lora_path`` as the
+    model ``lora_name``."""
+
+    lora_name: str = Field(min_length=1)
+    lora_path: str = Field(min_length=1)
+
+
+class UnloadLoRAAdapterRequest(_Strict):
+    """``POST /v1/unload_lora_adapter`` (with runtime updates on): stop serving the adapter ``lora_name``."""
+
+    lora_name: str = Field(min_length=1)

@@ -69,7 +69,15 @@ def run_server(engine_config: EngineConfig, config: ServeConfig, in_process: boo
         log.info(
             "serving %s on http://%s:%d (%s, %s)", app.state.paged.model_name, config.host, config.port, auth, mode
         )
-        server.run()
+        try:
+            server.run()
+        except SystemExit:
+            if server.started:
+                raise
+            # uvicorn exits (status 3) when the app's start-up failed; the reason is told below instead
     finally:
         engine.stop()  # idempotent; the app's lifespan normally did it
+    if not server.started:  # the app did not start (a --lora-modules adapter that did not load, say: logged)
+        log.error("the server did not start")
+        return 1
     return 1 if died else 0

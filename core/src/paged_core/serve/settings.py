@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from paged_core.errors import ConfigError
+from paged_core.serve.lora_modules import LoRAModule, check_modules
 
 MiB = 1 << 20
 
@@ -35,6 +36,10 @@ class ServeConfig:
     parser named ``tool_call_parser`` (see :mod:`paged_core.serve.tools`); an unknown name is refused here.
     ``chat_template`` (Jinja text) replaces the model's own chat template for every chat request, e.g. one
     that offers tools where the model's does not.
+
+    LoRA: ``lora_modules`` are loaded (and checked) as the server starts, each served under its name (the engine
+    needs ``enable_lora``); ``enable_lora_runtime_updates`` adds ``POST /v1/load_lora_adapter`` and
+    ``/v1/unload_lora_adapter`` (see :mod:`paged_core.serve.lora`).
     """
 
     host: str = "127.0.0.1"
@@ -55,6 +60,8 @@ class ServeConfig:
     enable_auto_tool_choice: bool = False
     tool_call_parser: str | None = None
     chat_template: str | None = None
+    lora_modules: tuple[LoRAModule, ...] = ()
+    enable_lora_runtime_updates: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.port, int) or not 0 <= self.port <= 65535:
@@ -79,5 +86,8 @@ class ServeConfig:
             from paged_core.serve.tools.registry import tool_parser_class  # the serve extra's, loaded only when set
 
             tool_parser_class(self.tool_call_parser)
+        check_modules(self.lora_modules)
+        if self.served_model_name is not None and any(m.name == self.served_model_name for m in self.lora_modules):
+            raise ConfigError(f"LoRA module name {self.served_model_name!r} is the base model's served name")
         if self.enable_auto_tool_choice and self.tool_call_parser is None:
             raise ConfigError("enable_auto_tool_choice needs a tool_call_parser (--tool-call-parser NAME)")

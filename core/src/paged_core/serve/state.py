@@ -8,10 +8,12 @@ from typing import TYPE_CHECKING
 
 from fastapi import Request
 
+from paged_core.lora.request import LoRARequest
 from paged_core.serve.admission import Admission
 from paged_core.serve.async_engine import AsyncEngine
 from paged_core.serve.constraints import RouteCompiler
 from paged_core.serve.errors import APIError
+from paged_core.serve.lora import LoRARegistry
 from paged_core.serve.metrics import ServerMetrics
 from paged_core.serve.settings import ServeConfig
 from paged_core.serve.tokens import Tokens
@@ -35,6 +37,10 @@ class ServerState:
     """The in-flight bound of generation requests (``max_num_seqs + max_queued_requests`` sequences)."""
     grammar: RouteCompiler = field(init=False)
     """Compiles each request's constraint once, for this model's tokenizer (built on the first one)."""
+    loras: LoRARegistry = field(init=False)
+    """The LoRA adapters served beside the base model (``--lora-modules`` and runtime loads)."""
+    startup_error: str | None = None
+    """Why the app failed to start (a ``--lora-modules`` adapter that did not load), logged in one line."""
 
     def __post_init__(self) -> None:
         running = int(self.engine.facts.max_num_seqs)
@@ -43,23 +49,25 @@ class ServerState:
         )
         self.metrics.in_flight_limit.set(self.admission.capacity)
         self.grammar = RouteCompiler(self._grammar_compiler)
+        self.loras = LoRARegistry(self.engine, self.model_name)
 
     def _grammar_compiler(self) -> GrammarCompiler:
         from paged_core.structured.compiler import GrammarCompiler
 
         return GrammarCompiler(self.engine.tokenizer, int(self.engine.facts.vocab_size))
 
-    def check_model(self, name: str | None, required: bool = True) -> None:
-        """A 404 (as OpenAI answers) for a model this server does not serve."""
+    def check_model(self, name: str | None, required: bool = True) -> LoRARequest | None:
+        """The LoRA adapter the request's ``model`` names (None: the base model, or no name where not
+        ``required``); a 404 (as OpenAI answers) for a model this server does not serve."""
         if name is None and not required:
-            return
-        if name != self.model_name:
-            raise APIError(
-                404,
-                f"the model '{name}' does not exist; this server serves '{self.model_name}'",
-                param="model",
-                code="model_not_found",
-            )
+            return None
+        if name is None:  # the schema makes it required; kept for callers that skip it
+            raise APIError(400, "missing required parameter: 'model'", param="model")
+        return self.loras.resolve(name)
+
+    def served_name(self, lora: LoRARequest | None) -> str:
+        """The ``model`` a response names: the adapter's name, or the base model's served name."""
+        return self.model_name if lora is None else lora.name
 
 
 def get_state(request: Request) -> ServerState:

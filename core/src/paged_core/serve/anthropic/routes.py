@@ -43,13 +43,15 @@ async def create_message(request: Request) -> Response:
         parser = tool_parser_for(converted.chat, state.config)  # checked in prepare_chat: None under "none"
     except APIError as exc:
         raise converted.renamed(exc) from None
+    lora = state.check_model(req.model)  # checked in prepare_chat: the LoRA adapter it names, if any
+    model = state.served_name(lora)
     parallel = converted.chat.parallel_tool_calls
     gen = Generation(state, request, "msg")
     message_id = "msg_" + gen.id.removeprefix("msg-")
-    gen.start([ids], [params], None)
+    gen.start([ids], [params], None, lora=lora)
     if req.stream:
         streams = ChoiceStreams(parser, parallel) if parser is not None else None
-        return _stream(gen, _events(gen, MessageEvents(message_id, state.model_name, len(ids)), streams))
+        return _stream(gen, _events(gen, MessageEvents(message_id, model, len(ids)), streams))
     try:
         (out,) = await collect(gen, 1)
     except ClientGone:
@@ -57,7 +59,7 @@ async def create_message(request: Request) -> Response:
     c = out.outputs[0]
     blocks = content_blocks(c.text, parser, parallel)
     called = any(b["type"] == "tool_use" for b in blocks)
-    body = message_body(message_id, state.model_name, blocks, stop_reason(c, called), len(ids), len(c.token_ids))
+    body = message_body(message_id, model, blocks, stop_reason(c, called), len(ids), len(c.token_ids))
     return JSONResponse(body)
 
 
