@@ -83,8 +83,8 @@ def test_throughput_with_every_baseline(tiny_model: str, tmp_path: Path) -> None
     assert all(run["output_tokens"] == 8 for run in r["runs"])
     assert r["roofline"]["kind"] == "flops" and r["roofline"]["gemm"]["shape"] == [256, 576, 49152]
     figures = ["paged_vs_hf-static", "paged_vs_hf-cb", "roofline_fraction", "constrained_vs_same_lengths"]
-    assert [g["figure"] for g in r["goals"]] == figures
-    assert r["goals"][-1]["value"] is None  # no --constrained: not measured
+    assert [g["figure"] for g in r["goals"]] == [*figures, "lora_vs_paged"]
+    assert r["goals"][-2]["value"] is None and r["goals"][-1]["value"] is None  # no --constrained, --lora
     # Ours runs as a user starts it: dtype auto, resolved for this CPU and recorded.
     assert r["config"]["engine"]["dtype"] == "auto"
     assert r["engine"]["dtype"] in ("bfloat16", "float32") and r["engine"]["model_path"] == "fused"

@@ -4,6 +4,7 @@ Examples::
 
     paged bench throughput --baseline hf-static,hf-cb --json out.json --plot out.png
     paged bench throughput --num-requests 64 --constrained
+    paged bench throughput --num-requests 64 --lora 4
     paged bench kv-util --plot kv.png
     paged bench prefix --num-requests 16 --json prefix.json
     paged bench serve --servers mp,inproc --concurrency 32 --json serve.json
@@ -75,6 +76,18 @@ def register(subparsers: Any) -> None:
         help="throughput: also run every request with a JSON schema (8 bounded schemas) on the same engine, "
         "and report constrained against unconstrained output tok/s, mask time per step and compile p50/p99",
     )
+    parser.add_argument(
+        "--lora",
+        type=int,
+        default=None,
+        metavar="N",
+        help="also run the requests spread round-robin over N random LoRA adapters (all seven projections, "
+        "written to a temporary directory) on an engine with enable_lora and the same weights, beside the base "
+        "model; --max-loras defaults to max(4, N) here",
+    )
+    parser.add_argument(
+        "--lora-rank", type=int, default=16, metavar="R", help="rank of the --lora adapters (default 16)"
+    )
     parser.add_argument("--no-progress", action="store_true", help="hide progress bars")
     parser.add_argument("-v", "--verbose", action="store_true", help="log engine set-up")
     add_engine_args(parser)
@@ -82,6 +95,8 @@ def register(subparsers: Any) -> None:
     # Ours runs as a user starts it (dtype auto: bf16 where the CPU has bf16 dot products, else fp32; the
     # report records which); the KV budget is fixed so figures compare across runs and machines.
     parser.set_defaults(func=run, kv_cache_memory=DEFAULT_KV_CACHE)
+    # Unset unless given, so --lora can raise them to fit its adapters (options_from fills them in).
+    parser.set_defaults(max_loras=None, max_lora_rank=None)
 
 
 def options_from(args: argparse.Namespace) -> Any:
@@ -91,7 +106,7 @@ def options_from(args: argparse.Namespace) -> Any:
     from paged_core.cli.engine_args import engine_config_from
 
     try:
-        config = engine_config_from(args)
+        config = engine_config_from(args, **lora_limits(args))
         sched = config.scheduler
         kv = KVUtilConfig(
             kv_tokens=args.kv_tokens,
@@ -111,9 +126,25 @@ def options_from(args: argparse.Namespace) -> Any:
             kv_util=kv,
             progress=not args.no_progress,
             constrained=args.constrained,
+            lora=args.lora,
+            lora_rank=args.lora_rank,
         )
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
+
+
+def lora_limits(args: argparse.Namespace) -> dict[str, int]:
+    """``max_loras`` and ``max_lora_rank`` where not given: the engine's defaults, raised to fit ``--lora N``
+    (N adapters resident at once, of rank ``--lora-rank``)."""
+    from paged_core.config import ModelConfig
+
+    defaults = ModelConfig()
+    out: dict[str, int] = {}
+    if getattr(args, "max_loras", None) is None:
+        out["max_loras"] = max(defaults.max_loras, args.lora or 0)
+    if getattr(args, "max_lora_rank", None) is None:
+        out["max_lora_rank"] = max(defaults.max_lora_rank, args.lora_rank if args.lora else 0)
+    return out
 
 
 def run(args: argparse.Namespace) -> int:
@@ -127,7 +158,7 @@ def run(args: argparse.Namespace) -> int:
     if args.workload == "serve":
         from paged_bench import serve_cli
 
-        for flag, given in (("--baseline", args.baseline), ("--plot", args.plot)):
+        for flag, given in (("--baseline", args.baseline), ("--plot", args.plot), ("--lora", args.lora)):
             if given:
                 print(f"paged bench serve: {flag} does not apply here, ignored", file=sys.stderr)
         return serve_cli.run(args)

@@ -18,6 +18,7 @@ from tqdm.auto import tqdm
 from paged_bench.result import RunResult, summarize
 from paged_bench.workloads import BenchRequest
 from paged_core.frontend.llm_engine import LLMEngine
+from paged_core.lora.request import LoRARequest
 from paged_core.sampling.params import SamplingParams
 from paged_core.sched.output import SchedulerOutput
 from paged_core.sched.scheduler import Scheduler
@@ -63,10 +64,16 @@ def _params(r: BenchRequest, constraint: StructuredOutputs | None = None) -> Sam
     return SamplingParams(temperature=0.0, max_tokens=r.max_tokens, ignore_eos=True, structured_outputs=constraint)
 
 
-def warm_up(engine: LLMEngine) -> None:
-    """Run :data:`WARMUP` to completion (untimed)."""
-    for r in WARMUP:
-        engine.add_request(r.prompt_token_ids, _params(r))
+def warm_up(engine: LLMEngine, loras: Sequence[LoRARequest] = ()) -> None:
+    """Run :data:`WARMUP` to completion (untimed).
+
+    With ``loras``, the long prompt runs on the first adapter and the short one on each: every adapter is
+    loaded and put in a slot (as many as fit) before the timed run, and the LoRA kernels see both shapes.
+    """
+    engine.add_request(WARMUP[0].prompt_token_ids, _params(WARMUP[0]), lora_request=loras[0] if loras else None)
+    short: Sequence[LoRARequest | None] = loras or [None]
+    for lora in short:
+        engine.add_request(WARMUP[1].prompt_token_ids, _params(WARMUP[1]), lora_request=lora)
     while engine.has_unfinished_requests():
         engine.step()
     engine.core.scheduler.reset_prefix_cache()
@@ -88,17 +95,21 @@ def run_engine(
     name: str,
     progress: bool = True,
     constraints: Sequence[StructuredOutputs] | None = None,
+    loras: Sequence[LoRARequest | None] | None = None,
 ) -> RunResult:
     """Submit every request at once, step until all finish, and measure (greedy, EOS ignored).
 
     With ``constraints`` (one per request) every request is constrained: it ends when its grammar does, so
     the run's output tokens are those produced, and its ``structured`` figures say how (see
-    :func:`grammar_figures`).
+    :func:`grammar_figures`). With ``loras`` (one per request, ``None``: the base model) each request runs on
+    its adapter.
     """
     if engine.has_unfinished_requests():
         raise RuntimeError(f"{name}: the engine still has requests in flight; benchmarks need it idle")
     if constraints is not None and len(constraints) != len(requests):
         raise ValueError(f"{name}: {len(constraints)} constraints for {len(requests)} requests")
+    if loras is not None and len(loras) != len(requests):
+        raise ValueError(f"{name}: {len(loras)} adapters for {len(requests)} requests")
     grammar0 = _grammar_counts(engine)
     finish: dict[str, int] = {}
     valid_json = 0
@@ -114,7 +125,11 @@ def run_engine(
     try:
         start = time.perf_counter()
         index = {
-            engine.add_request(r.prompt_token_ids, _params(r, constraints[i] if constraints else None)): i
+            engine.add_request(
+                r.prompt_token_ids,
+                _params(r, constraints[i] if constraints else None),
+                lora_request=loras[i] if loras else None,
+            ): i
             for i, r in enumerate(requests)
         }
         done = 0

@@ -18,6 +18,8 @@ import torch
 from paged_bench.constrained import CONSTRAINED, SAME_LENGTHS, schema_for
 from paged_bench.engine_run import engine_config_summary, run_engine, warm_up, warm_up_constrained
 from paged_bench.hf_runs import run_hf_cb, run_hf_static
+from paged_bench.lora import lora_engine_fields
+from paged_bench.lora_run import run_lora
 from paged_bench.machine import measure_copy_bandwidth, measure_gemm
 from paged_bench.options import BenchOptions
 from paged_bench.result import RunResult
@@ -52,6 +54,8 @@ def run_model_workload(opts: BenchOptions, requests: Sequence[BenchRequest]) -> 
     config = EngineConfig.of(**opts.engine)
     if opts.workload == "prefix":
         config = config.replace(enable_prefix_caching=True)
+    if opts.lora is not None:  # ours is then the base model, the figure the LoRA run is compared against
+        config = config.replace(enable_lora=False)
     if {"vllm", "vllm-compiled"} & set(opts.baselines):  # a missing vLLM environment fails now, not after our run
         from paged_bench.vllm_run import check_ready
 
@@ -75,6 +79,10 @@ def run_model_workload(opts: BenchOptions, requests: Sequence[BenchRequest]) -> 
         lengths = constrained.structured["output_lens"]
         matched = [BenchRequest(r.prompt_token_ids, max(1, n)) for r, n in zip(requests, lengths, strict=True)]
         runs.append(_timed(engine, matched, SAME_LENGTHS, opts.progress))
+    if opts.lora is not None:
+        # Same weights and requests, each on one of N random adapters: what serving adapters costs.
+        lora_config = config.replace(**lora_engine_fields(opts.engine, opts.lora, opts.lora_rank))
+        runs.append(run_lora(engine, lora_config, requests, opts.lora, opts.lora_rank, opts.seed, opts.progress))
     if opts.workload == "prefix":
         # Same weights, fresh cache and scheduler, prefix caching off: the figure caching must beat.
         off = LLMEngine(config.replace(enable_prefix_caching=False), engine.loaded)

@@ -58,6 +58,10 @@ class BenchOptions:
     progress: bool = True
     constrained: bool = False
     """``throughput`` only: run the same requests again with a JSON schema each (see ``constrained``)."""
+    lora: int | None = None
+    """Model workloads: also run the requests spread over this many random adapters (see ``paged_bench.lora``)."""
+    lora_rank: int = 16
+    """The random adapters' rank (at most the engine's ``max_lora_rank``)."""
 
     def __post_init__(self) -> None:
         if self.workload not in WORKLOADS:
@@ -73,6 +77,20 @@ class BenchOptions:
             raise ValueError(f"hf_batch must be an int >= 1, got {self.hf_batch!r}")
         if self.constrained and self.workload != "throughput":
             raise ValueError(f"--constrained applies to the throughput workload only, not {self.workload!r}")
+        self._check_lora()
+
+    def _check_lora(self) -> None:
+        for name in ("lora", "lora_rank"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+                raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+        if self.lora is None:
+            return
+        if not self.uses_model:
+            raise ValueError(f"--lora needs a model workload; {self.workload!r} runs no model")
+        max_rank = self.engine.get("max_lora_rank")
+        if max_rank is not None and self.lora_rank > max_rank:
+            raise ValueError(f"--lora-rank {self.lora_rank} is above --max-lora-rank {max_rank}")
 
     @property
     def uses_model(self) -> bool:
@@ -91,4 +109,5 @@ class BenchOptions:
             "engine": dict(self.engine),
             "kv_util": self.kv_util.to_dict() if not self.uses_model else None,
             "constrained": self.constrained,
+            "lora": None if self.lora is None else {"adapters": self.lora, "rank": self.lora_rank},
         }

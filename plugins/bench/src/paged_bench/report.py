@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from paged_bench.constrained import CONSTRAINED, SAME_LENGTHS
+from paged_bench.lora import LORA
 from paged_bench.result import RunResult, percentile
 from paged_bench.trace import UtilizationTrace
 from paged_bench.workloads import BenchRequest
@@ -26,6 +27,8 @@ GOALS: tuple[tuple[str, str, str, float], ...] = (
     # Like for like: the same prompts and output lengths unconstrained (a constrained request stops early, and
     # against the full-length run the fixed prefill alone would sink its output tok/s).
     ("throughput", "constrained output tok/s vs unconstrained, same lengths", "constrained_vs_same_lengths", 0.9),
+    # The same requests on N random adapters (--lora N) against the base model, same weights and engine settings.
+    ("throughput", "LoRA output tok/s vs the base model", "lora_vs_paged", 0.75),
     ("kv-util", "KV utilization", "utilization", 0.95),
     ("kv-util", "peak concurrent requests vs reservation", "peak_concurrency_ratio", 3.0),
     ("prefix", "fewer prefill tokens with caching on", "prefill_reduction", 0.90),
@@ -48,7 +51,8 @@ def workload_stats(requests: Sequence[BenchRequest]) -> dict[str, Any]:
 
 
 def ratios(runs: Sequence[RunResult]) -> dict[str, float]:
-    """Our output tok/s over each other system's (``paged_vs_<name>``), plus prefix-cache figures when present."""
+    """Our output tok/s over each other system's (``paged_vs_<name>``), plus the constrained, LoRA and
+    prefix-cache figures when present."""
     by_name = {r.name: r for r in runs}
     ours = by_name.get("paged")
     out: dict[str, float] = {}
@@ -63,6 +67,9 @@ def ratios(runs: Sequence[RunResult]) -> dict[str, float]:
         same = by_name.get(SAME_LENGTHS)
         if same is not None:  # the same tokens unconstrained: the cost of constraining alone
             out["constrained_vs_same_lengths"] = constrained.output_tok_s / same.output_tok_s
+    lora = by_name.get(LORA)
+    if lora is not None:  # the same requests and tokens on adapters: what serving them costs
+        out["lora_vs_paged"] = lora.output_tok_s / ours.output_tok_s
     off = by_name.get("paged-no-prefix-cache")
     if off is not None:
         if off.prefill_tokens_computed and ours.prefill_tokens_computed is not None:

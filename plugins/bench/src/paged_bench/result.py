@@ -61,6 +61,8 @@ class RunResult:
     """Tokens produced per verifying sequence step (kept drafts + 1)."""
     structured: dict[str, Any] | None = None
     """Constrained runs: mask time per step, rows per step, compile times, finish reasons (see ``engine_run``)."""
+    lora: dict[str, Any] | None = None
+    """LoRA runs: the adapters (count, rank, targets), how requests were spread, slots and loads (see ``lora``)."""
 
     def __post_init__(self) -> None:
         if not self.seconds > 0:
@@ -79,7 +81,8 @@ class RunResult:
         return percentile(self.ttft, 50) if self.ttft else None
 
     def to_dict(self) -> dict[str, Any]:
-        """The JSON record (see the schema in the bench README); ``structured`` only for a constrained run."""
+        """The JSON record (see the schema in the bench README); ``structured`` only for a constrained run,
+        ``lora`` only for a LoRA run."""
         record: dict[str, Any] = {
             "name": self.name,
             "seconds": self.seconds,
@@ -101,4 +104,6 @@ class RunResult:
         }
         if self.structured is not None:
             record["structured"] = self.structured
+        if self.lora is not None:
+            record["lora"] = self.lora
         return record

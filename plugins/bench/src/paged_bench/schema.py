@@ -111,6 +111,19 @@ RUN["properties"]["structured"] = _obj(
     }
 )
 """Optional (the ``--constrained`` run): the engine's grammar figures over the run (see ``engine_run``)."""
+RUN["properties"]["lora"] = _obj(
+    {
+        "adapters": INT,
+        "rank": INT,
+        "targets": {"type": "array", "items": STR},
+        "assignment": {"type": "string", "enum": ["round-robin"]},
+        "max_loras": INT,
+        "max_lora_rank": INT,
+        "slot_loads": INT,
+    }
+)
+"""Optional (the ``--lora N`` run): its adapters, how requests were spread, and adapter copies into device slots
+while timed (0 when all fit: ``max_loras >= adapters``; see ``lora_run``)."""
 
 REPORT = _obj(
     {
@@ -169,6 +182,9 @@ REPORT = _obj(
         },
     }
 )
+
+REPORT["properties"]["config"]["properties"]["lora"] = _obj({"adapters": INT, "rank": INT}, nullable=True)
+"""Optional (reports before ``--lora`` lack it): the ``--lora`` adapters asked for, or null."""
 
 _TYPES: dict[str, tuple[type, ...]] = {
     "object": (dict,),

@@ -121,6 +121,22 @@ def constrained_lines(report: dict[str, Any]) -> list[str]:
     return lines
 
 
+def lora_lines(report: dict[str, Any]) -> list[str]:
+    """The ``--lora`` comparison in words (empty without a LoRA run)."""
+    runs = {r["name"]: r for r in report["runs"]}
+    lora, base = runs.get("paged-lora"), runs.get("paged")
+    if lora is None or base is None or lora.get("lora") is None or "lora_vs_paged" not in report["ratios"]:
+        return []
+    a = lora["lora"]
+    return [
+        f"LoRA: {lora['output_tok_s']:.1f} output tok/s on {a['adapters']} adapters of rank {a['rank']} "
+        f"({', '.join(a['targets'])}; requests {a['assignment']}), base model {base['output_tok_s']:.1f}: "
+        f"{report['ratios']['lora_vs_paged']:.2f}x",
+        f"  max_loras {a['max_loras']}, max_lora_rank {a['max_lora_rank']}; {a['slot_loads']} adapter loads into "
+        "device slots while timed",
+    ]
+
+
 def print_summary(report: dict[str, Any], console: Console | None = None) -> None:
     """Print every table that applies to the report's workload, then the roofline line."""
     if console is None:
@@ -154,7 +170,7 @@ def print_summary(report: dict[str, Any], console: Console | None = None) -> Non
                         f"{other['peak_bytes_per_s'] / 1e9:.1f} GB/s of weights ({other['fraction']:.1%}); "
                         f"{other['weight_bytes_per_token'] / 1e6:.1f} MB per token"
                     )
-    for line in constrained_lines(report):
+    for line in constrained_lines(report) + lora_lines(report):
         console.print(line)
     if report["goals"]:
         console.print(goals_table(report))
