@@ -81,7 +81,9 @@ def _parse(*argv: str) -> argparse.Namespace:
 def test_the_cli_raises_max_loras_and_rank_only_where_not_given() -> None:
     assert lora_limits(_parse()) == {"max_loras": 4, "max_lora_rank": 16}
     assert lora_limits(_parse("--lora", "6", "--lora-rank", "32")) == {"max_loras": 6, "max_lora_rank": 32}
-    assert lora_limits(_parse("--lora", "6", "--max-loras", "2", "--max-lora-rank", "64")) == {}
+    given = _parse("--lora", "6", "--max-loras", "2", "--max-lora-rank", "64")
+    assert lora_limits(given) == {"max_loras": 2, "max_lora_rank": 64}  # as given
+    assert lora_limits(_parse("--lora", "2", "--max-loras", "4")) == {"max_loras": 4, "max_lora_rank": 16}
     assert lora_limits(_parse("--lora-rank", "32")) == {"max_loras": 4, "max_lora_rank": 16}  # no --lora
 
 

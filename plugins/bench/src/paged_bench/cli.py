@@ -22,6 +22,7 @@ from typing import Any
 
 from paged_bench.serve_cli import add_serve_bench_args
 from paged_core.cli.engine_args import add_engine_args
+from paged_core.config import ModelConfig
 from paged_core.errors import ConfigError
 from paged_core.process.logs import setup_logging
 
@@ -95,8 +96,13 @@ def register(subparsers: Any) -> None:
     # Ours runs as a user starts it (dtype auto: bf16 where the CPU has bf16 dot products, else fp32; the
     # report records which); the KV budget is fixed so figures compare across runs and machines.
     parser.set_defaults(func=run, kv_cache_memory=DEFAULT_KV_CACHE)
-    # Unset unless given, so --lora can raise them to fit its adapters (options_from fills them in).
-    parser.set_defaults(max_loras=None, max_lora_rank=None)
+    # The engine's defaults, marked as not given, so --lora can raise them to fit its adapters (see lora_limits).
+    defaults = ModelConfig()
+    parser.set_defaults(max_loras=NotGiven(defaults.max_loras), max_lora_rank=NotGiven(defaults.max_lora_rank))
+
+
+class NotGiven(int):
+    """An option's default, told apart from the same value given on the command line."""
 
 
 def options_from(args: argparse.Namespace) -> Any:
@@ -136,14 +142,11 @@ def options_from(args: argparse.Namespace) -> Any:
 def lora_limits(args: argparse.Namespace) -> dict[str, int]:
     """``max_loras`` and ``max_lora_rank`` where not given: the engine's defaults, raised to fit ``--lora N``
     (N adapters resident at once, of rank ``--lora-rank``)."""
-    from paged_core.config import ModelConfig
-
-    defaults = ModelConfig()
-    out: dict[str, int] = {}
-    if getattr(args, "max_loras", None) is None:
-        out["max_loras"] = max(defaults.max_loras, args.lora or 0)
-    if getattr(args, "max_lora_rank", None) is None:
-        out["max_lora_rank"] = max(defaults.max_lora_rank, args.lora_rank if args.lora else 0)
+    out: dict[str, int] = {"max_loras": int(args.max_loras), "max_lora_rank": int(args.max_lora_rank)}
+    if isinstance(args.max_loras, NotGiven):
+        out["max_loras"] = max(out["max_loras"], args.lora or 0)
+    if isinstance(args.max_lora_rank, NotGiven):
+        out["max_lora_rank"] = max(out["max_lora_rank"], args.lora_rank if args.lora else 0)
     return out
 
 
