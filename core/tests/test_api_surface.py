@@ -31,6 +31,7 @@ CONTRACT |= {"GraphCaptureStrategy", "StepFn", "EagerStrategy", "CompiledStrateg
 CONTRACT |= {"DeviceHooks", "TorchDeviceHooks", "default_device_hooks"}
 CONTRACT |= {"PagedError", "ConfigError", "UnsupportedConfigError", "BackendUnavailableError", "BackendNotFoundError"}
 CONTRACT |= {"WeightFormatError", "PLUGIN_API_VERSION", "SUPPORTED_PLUGIN_API_VERSIONS", "hookimpl"}
+CONTRACT |= {"QUANTIZED_KV_DTYPES", "is_quantized_kv", "quantize_kv", "dequantize_kv"}
 
 # What a backend's tests use beyond the contract: oracles, test data and the harness.
 TESTING = {"ReferenceBackend", "ReferenceFusedOps", "dequantize", "reference_linear", "round_activations_q8"}
@@ -65,7 +66,7 @@ def test_vendor_contract_holds_no_user_only_names() -> None:
 def test_vendor_contract_is_exactly_the_pinned_names() -> None:
     assert sorted(set(api.__all__) - CONTRACT) == [], "new in paged_core.api: pin it in CONTRACT (a promise to vendors)"
     assert sorted(CONTRACT - set(api.__all__)) == [], "gone from paged_core.api: a break for every backend"
-    assert len(api.__all__) == len(CONTRACT) == 35
+    assert len(api.__all__) == len(CONTRACT) == 39
 
 
 def test_oracles_live_in_testing_not_in_the_contract() -> None:

@@ -20,6 +20,7 @@ from paged_core.contract.device import DeviceHooks, TorchDeviceHooks, default_de
 from paged_core.contract.fused_ops import DENSE_LINEAR_KINDS, LINEAR_KINDS, FusedOps, PackedLinear, linear_kind
 from paged_core.contract.graph_strategy import EagerStrategy, GraphCaptureStrategy, StepFn
 from paged_core.contract.inputs import check_attention_inputs, check_default_cache, check_write_inputs
+from paged_core.contract.kv_quant import QUANTIZED_KV_DTYPES, dequantize_kv, is_quantized_kv, quantize_kv
 from paged_core.contract.metadata import AttentionMetadata, build_attention_metadata
 from paged_core.contract.version import PLUGIN_API_VERSION, SUPPORTED_PLUGIN_API_VERSIONS
 from paged_core.errors import (
@@ -40,6 +41,7 @@ __all__ = [
     "LINEAR_FORMATS",
     "LINEAR_KINDS",
     "PLUGIN_API_VERSION",
+    "QUANTIZED_KV_DTYPES",
     "SUPPORTED_PLUGIN_API_VERSIONS",
     "AttentionBackend",
     "AttentionMetadata",
@@ -69,6 +71,9 @@ __all__ = [
     "check_default_cache",
     "check_write_inputs",
     "default_device_hooks",
+    "dequantize_kv",
     "hookimpl",
+    "is_quantized_kv",
     "linear_kind",
+    "quantize_kv",
 ]

@@ -12,6 +12,7 @@ from paged_core.contract.capabilities import AttentionSpec, BackendCapabilities
 from paged_core.contract.device import DeviceHooks, default_device_hooks
 from paged_core.contract.fused_ops import FusedOps
 from paged_core.contract.graph_strategy import EagerStrategy, GraphCaptureStrategy
+from paged_core.contract.kv_quant import KV_SCALE_ELEMENTS, is_quantized_kv
 from paged_core.contract.metadata import AttentionMetadata
 from paged_core.errors import PagedError
 
@@ -85,11 +86,23 @@ class AttentionBackend(ABC):
         """
         return (2, num_blocks, block_size, num_kv_heads, head_size)
 
+    def kv_cache_shape_for(
+        self, num_blocks: int, block_size: int, spec: AttentionSpec, dtype: torch.dtype
+    ) -> tuple[int, ...]:
+        """Shape of one layer's cache holding KV of ``dtype`` (the KV budget counts blocks with it).
+
+        The default is :meth:`kv_cache_shape`; for a quantized dtype (int8, fp8) each vector carries its
+        scale as :data:`~paged_core.contract.kv_quant.KV_SCALE_ELEMENTS` more elements (the layout of
+        :mod:`paged_core.contract.kv_quant`). A backend keeping scales elsewhere overrides this.
+        """
+        head_size = spec.head_size + (KV_SCALE_ELEMENTS if is_quantized_kv(dtype) else 0)
+        return self.kv_cache_shape(num_blocks, block_size, spec.num_kv_heads, head_size)
+
     def allocate_kv_cache(
         self, num_blocks: int, block_size: int, spec: AttentionSpec, dtype: torch.dtype
     ) -> torch.Tensor:
-        """Allocate one layer's zero-filled KV cache in this backend's shape."""
-        shape = self.kv_cache_shape(num_blocks, block_size, spec.num_kv_heads, spec.head_size)
+        """Allocate one layer's zero-filled KV cache of KV dtype ``dtype`` in this backend's shape."""
+        shape = self.kv_cache_shape_for(num_blocks, block_size, spec, dtype)
         return torch.zeros(shape, dtype=dtype, device=self.device)
 
     def prepare(self, metadata: AttentionMetadata) -> None:  # noqa: B027 - optional hook
