@@ -54,7 +54,27 @@ def _gemma2() -> Any:
     )
 
 
-ARCHITECTURES = {"qwen3": _qwen3, "mistral": _mistral, "gemma2": _gemma2}
+def _gemma3() -> Any:
+    from transformers import Gemma3TextConfig
+
+    # Two sliding layers to one full one (Gemma 3 has five to one): three KV-cache groups of one layer.
+    layers = ["sliding_attention", "sliding_attention", "full_attention"]
+    return Gemma3TextConfig(
+        **_common(num_hidden_layers=3, sliding_window=24, layer_types=layers, query_pre_attn_scalar=48)
+    )
+
+
+def _mistral16() -> Any:
+    from transformers import MistralConfig
+
+    # Every layer slides over 16 tokens: one block of 16 plus the one being written is all a decode needs.
+    return MistralConfig(**_common(sliding_window=16))
+
+
+ARCHITECTURES = {"qwen3": _qwen3, "mistral": _mistral, "gemma2": _gemma2, "gemma3": _gemma3}
+"""The architectures of the parity battery (test_tiny_architectures.py)."""
+EXTRA = {"mistral16": _mistral16}
+"""Further tiny models for single tests."""
 
 
 def save_tiny_model(arch: str, directory: Path, seed: int = 0) -> Path:
@@ -62,7 +82,7 @@ def save_tiny_model(arch: str, directory: Path, seed: int = 0) -> Path:
     from transformers import AutoModelForCausalLM
 
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(ARCHITECTURES[arch](), dtype=torch.float32)
+    model = AutoModelForCausalLM.from_config({**ARCHITECTURES, **EXTRA}[arch](), dtype=torch.float32)
     out = directory / arch
     model.save_pretrained(out)
     return out

@@ -11,7 +11,7 @@ Because the name is not a mask implementation, transformers also skips building 
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -34,6 +34,8 @@ class ForwardContext:
     kv_caches: list[torch.Tensor]
     specs: list[AttentionSpec]
     metadata: AttentionMetadata
+    layer_metadata: Sequence[AttentionMetadata] | None = None
+    """Each layer's metadata when the model has several KV-cache groups (else every layer reads ``metadata``)."""
 
 
 _state = threading.local()
@@ -77,7 +79,8 @@ def paged_attention_forward(
     q = query[0].transpose(0, 1)
     k = key[0].transpose(0, 1)
     v = value[0].transpose(0, 1)
-    out = ctx.backend.forward(q, k, v, ctx.kv_caches[layer], ctx.metadata, spec)
+    metadata = ctx.layer_metadata[layer] if ctx.layer_metadata else ctx.metadata
+    out = ctx.backend.forward(q, k, v, ctx.kv_caches[layer], metadata, spec)
     return out.unsqueeze(0), None
 
 

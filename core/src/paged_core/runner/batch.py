@@ -13,10 +13,14 @@ from paged_core.contract.metadata_builder import MetadataBuilder
 
 @dataclass(slots=True)
 class RowState:
-    """What the runner keeps per request between steps: known token ids, block table, computed count."""
+    """What the runner keeps per request between steps: known token ids, block tables, computed count.
+
+    ``block_ids[g]`` is the table of KV-cache group ``g``; a row with one table uses it for every group
+    (warm-up and profiling rows).
+    """
 
     token_ids: list[int]
-    block_ids: list[int]
+    block_ids: list[list[int]]
     num_computed: int
     lora_id: int | None = None
 
@@ -39,6 +43,8 @@ class StepBatch:
     sample_counts: list[int] = field(default_factory=list)
     lora_slots: torch.Tensor | None = None
     """Each token's LoRA slot (``-1``: the base model), or ``None`` when no token of the step has an adapter."""
+    layer_metadata: tuple[AttentionMetadata, ...] = ()
+    """With several KV-cache groups, each layer's metadata (its group's; ``metadata`` is group 0's); else empty."""
 
 
 class BatchBuilder:
@@ -50,9 +56,21 @@ class BatchBuilder:
     """
 
     def __init__(
-        self, max_num_tokens: int, max_num_reqs: int, max_blocks_per_seq: int, block_size: int, device: torch.device
+        self,
+        max_num_tokens: int,
+        max_num_reqs: int,
+        max_blocks_per_seq: int,
+        block_size: int,
+        device: torch.device,
+        layer_groups: Sequence[int] = (),
     ) -> None:
         self.metadata = MetadataBuilder(max_num_reqs, max_num_tokens, max_blocks_per_seq, block_size, device)
+        # Further KV-cache groups (``layer_groups[i]``: layer i's): their own tables and slots over the same rows.
+        self._layer_groups = tuple(layer_groups)
+        self._more = [
+            MetadataBuilder(max_num_reqs, max_num_tokens, max_blocks_per_seq, block_size, device)
+            for _ in range(max(layer_groups, default=0))
+        ]
         self.device = device
         self._ids = torch.zeros(max_num_tokens, dtype=torch.int64)
         # Verify rows sample several tokens each: any token of the step may need logits.
@@ -80,7 +98,14 @@ class BatchBuilder:
         rows = [r for r in scheduled if r[2] == 1] + [r for r in scheduled if r[2] != 1]
         query_lens = [n for _, _, n in rows]
         seq_lens = [row.num_computed + n for _, row, n in rows]
-        metadata = self.metadata.build(query_lens, seq_lens, [row.block_ids for _, row, _ in rows], validate=False)
+        metadata = self.metadata.build(query_lens, seq_lens, [row.block_ids[0] for _, row, _ in rows], validate=False)
+        per_layer: tuple[AttentionMetadata, ...] = ()
+        if self._more:
+            groups = [metadata]
+            for g, builder in enumerate(self._more, start=1):
+                tables = [row.block_ids[g if g < len(row.block_ids) else 0] for _, row, _ in rows]
+                groups.append(builder.build(query_lens, seq_lens, tables, validate=False))
+            per_layer = tuple(groups[g] for g in self._layer_groups)
         ids: list[int] = []
         sample_rows: list[int] = []
         sample_ids: list[str] = []
@@ -111,6 +136,7 @@ class BatchBuilder:
             sample_req_ids=sample_ids,
             sample_counts=counts,
             lora_slots=token_loras,
+            layer_metadata=per_layer,
         )
 
     def _token_loras(

@@ -10,7 +10,7 @@ Both (:class:`TransformersForward` and :class:`~paged_core.runner.fused.FusedDec
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 import torch
@@ -38,7 +38,11 @@ class ModelForward(Protocol):
         positions: torch.Tensor,
         kv_caches: list[torch.Tensor],
         logits_indices: torch.Tensor | None = None,
-    ) -> torch.Tensor: ...
+        layer_metadata: Sequence[AttentionMetadata] | None = None,
+    ) -> torch.Tensor:
+        """Logits of ``logits_indices`` (every token's when ``None``); ``layer_metadata[i]``, when given, is
+        layer ``i``'s metadata (models with several KV-cache groups), else every layer reads ``metadata``."""
+        ...
 
 
 class TransformersForward:
@@ -58,8 +62,9 @@ class TransformersForward:
         positions: torch.Tensor,
         kv_caches: list[torch.Tensor],
         logits_indices: torch.Tensor | None = None,
+        layer_metadata: Sequence[AttentionMetadata] | None = None,
     ) -> torch.Tensor:
-        ctx = ForwardContext(self.backend, kv_caches, self.specs, metadata)
+        ctx = ForwardContext(self.backend, kv_caches, self.specs, metadata, layer_metadata)
         with forward_context(ctx):
             result = self.model(
                 input_ids=input_ids.unsqueeze(0),

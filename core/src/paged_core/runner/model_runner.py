@@ -45,6 +45,7 @@ class ModelRunner:
         compile_cache: Any = None,
         piecewise: bool | None = None,
         lora: LoRASlots | None = None,
+        layer_groups: tuple[int, ...] = (),
     ) -> None:
         self.forward_impl = forward
         self.backend = backend
@@ -57,7 +58,7 @@ class ModelRunner:
         self.lora = lora
         """Adapter slots (``enable_lora``), or ``None``."""
         max_blocks = -(-max_model_len // block_size) + 1
-        self.batches = BatchBuilder(max_num_tokens, max_num_reqs, max_blocks, block_size, self.device)
+        self.batches = BatchBuilder(max_num_tokens, max_num_reqs, max_blocks, block_size, self.device, layer_groups)
         self.executor: StepExecutor = make_executor(
             graph_mode,
             forward,
@@ -95,7 +96,8 @@ class ModelRunner:
                 if self.lora is None:
                     raise PagedError(f"request {new.req_id!r} names LoRA adapter {new.lora.name!r}, but LoRA is off")
                 lora_id = self.lora.register(new.lora).id
-            self.rows[new.req_id] = RowState(list(new.token_ids), list(new.block_ids), new.num_computed_tokens, lora_id)
+            tables = [list(t) for t in new.block_ids]
+            self.rows[new.req_id] = RowState(list(new.token_ids), tables, new.num_computed_tokens, lora_id)
         cached = out.scheduled_cached_reqs
         for rid, blocks, computed, tokens in zip(
             cached.req_ids, cached.new_block_ids, cached.num_computed_tokens, cached.new_token_ids, strict=True
@@ -104,18 +106,20 @@ class ModelRunner:
             if tokens:
                 row.token_ids.extend(tokens)
             if blocks:
-                row.block_ids.extend(blocks)
+                for table, gained in zip(row.block_ids, blocks, strict=True):
+                    table.extend(gained)
             row.num_computed = computed
         for rid, replaced in out.replaced_block_ids.items():
-            table = self.rows[rid].block_ids
-            for index, block_id in replaced:
-                table[index] = block_id
+            tables = self.rows[rid].block_ids
+            for group, index, block_id in replaced:
+                tables[group][index] = block_id
 
     def copy_blocks(self, pairs: list[tuple[int, int]]) -> None:
         """Copy-on-write: duplicate shared blocks in every layer before attention writes into them."""
         if pairs:
             src_to_dst = torch.tensor(pairs, dtype=torch.int64, device=self.device).view(-1, 2)
-            self.backend.copy_blocks(self.kv_caches, src_to_dst)
+            # Layers of different KV-cache groups share tensors: copy each tensor once.
+            self.backend.copy_blocks(list({id(c): c for c in self.kv_caches}.values()), src_to_dst)
             self.num_block_copies += len(pairs)
 
     def prepare_batch(self, out: SchedulerOutput) -> StepBatch:

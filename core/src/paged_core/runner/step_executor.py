@@ -52,6 +52,15 @@ class StepExecutor:
 
     def _eager(self, batch: StepBatch) -> torch.Tensor:
         self.backend.prepare(batch.metadata)
+        if batch.layer_metadata:
+            return self.forward.forward(
+                batch.metadata,
+                batch.input_ids,
+                batch.positions,
+                self.kv_caches,
+                batch.logits_indices,
+                layer_metadata=batch.layer_metadata,
+            )
         return self.forward.forward(
             batch.metadata, batch.input_ids, batch.positions, self.kv_caches, batch.logits_indices
         )

@@ -35,7 +35,9 @@ def warm_up_batch(
     rows = max(max_num_reqs, len(query_lens))
     with torch.inference_mode(False):  # the runner allocates its buffers at start, outside inference mode
         builder = BatchBuilder(sum(query_lens) + 8, rows, max_blocks_per_seq, block_size, device)
-    scheduled = [(f"warm-up-{i}", RowState([0] * q, [0] * -(-q // block_size), 0), q) for i, q in enumerate(query_lens)]
+    scheduled = [
+        (f"warm-up-{i}", RowState([0] * q, [[0] * -(-q // block_size)], 0), q) for i, q in enumerate(query_lens)
+    ]
     batch = builder.build(scheduled)
     batch.metadata.slot_mapping.fill_(-1)
     return batch

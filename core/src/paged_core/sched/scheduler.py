@@ -6,8 +6,8 @@ from collections.abc import Mapping, Sequence
 
 from paged_core.config import CacheConfig, SchedulerConfig
 from paged_core.errors import RequestRejectedError
-from paged_core.memory.block import KVBlock
-from paged_core.memory.kv_cache_manager import ExtraKeyProvider, KVCacheManager
+from paged_core.memory.kv_cache_manager import ExtraKeyProvider, GroupBlocks, KVCacheManager
+from paged_core.memory.kv_groups import KVCacheGroups
 from paged_core.sched.admission import check_admissible
 from paged_core.sched.output import CachedRequestData, NewRequestData, RequestUpdate, SchedulerOutput
 from paged_core.sched.queue import FcfsQueue, PriorityQueue
@@ -34,15 +34,18 @@ class Scheduler:
         cache_config: CacheConfig,
         extra_key_providers: Sequence[ExtraKeyProvider] = (),
         max_loras: int | None = None,
+        kv_groups: KVCacheGroups | None = None,
     ) -> None:
         self.config = scheduler_config
         self.max_loras = max_loras
         """At most this many distinct LoRA adapters run at once (``None``: adapters are not served)."""
-        self.kv = KVCacheManager(cache_config, extra_key_providers)
+        self.kv = KVCacheManager(cache_config, extra_key_providers, kv_groups)
         self.block_size = self.kv.block_size
-        # A request can never outgrow the whole cache, so that is a length cap too.
+        # A request can never outgrow the whole cache, so that is a length cap too (sliding groups hold only
+        # their window: a model whose every layer slides is capped by max_model_len alone).
         max_model_len = scheduler_config.require_resolved("Scheduler")
-        self.max_len = min(max_model_len, self.kv.pool.num_usable_blocks * self.block_size)
+        self.max_len = _longest_fitting(self.kv, max_model_len)
+        self._sliding = self.kv.groups.has_sliding
         self.waiting: FcfsQueue | PriorityQueue = (
             PriorityQueue() if scheduler_config.policy == "priority" else FcfsQueue()
         )
@@ -170,8 +173,8 @@ class Scheduler:
         req = self.requests.get(request_id)
         return None if req is None else max(req.num_cached_tokens, 0)
 
-    def block_ids(self, request_id: str) -> list[int]:
-        """The KV blocks ``request_id`` holds, in table order (none if unknown)."""
+    def block_ids(self, request_id: str) -> list[list[int]]:
+        """The KV blocks ``request_id`` holds per KV-cache group, in table order (none if unknown)."""
         req = self.requests.get(request_id)
         return [] if req is None else self.kv.block_ids(req)
 
@@ -197,7 +200,7 @@ class Scheduler:
         has_lookahead = self.config.num_lookahead_tokens > 0
         num_sched: dict[str, int] = {}
         # (request, tokens, blocks gained; None for rows the runner does not know yet)
-        scheduled: list[tuple[Request, int, list[KVBlock] | None]] = []
+        scheduled: list[tuple[Request, int, GroupBlocks | None]] = []
         preempted: list[str] = []
         running = self.running
 
@@ -211,6 +214,8 @@ class Scheduler:
                 num_new = budget
             if req.spec_token_ids and req.num_computed_tokens + num_new > max_len:
                 num_new = max_len - req.num_computed_tokens  # drafts never run past the length cap
+            if self._sliding and num_new > 1:
+                num_new = kv.max_chunk(req.num_computed_tokens, num_new)
             if num_new <= 0:
                 i += 1
                 continue
@@ -247,7 +252,7 @@ class Scheduler:
         self,
         budget: int,
         num_sched: dict[str, int],
-        scheduled: list[tuple[Request, int, list[KVBlock] | None]],
+        scheduled: list[tuple[Request, int, GroupBlocks | None]],
     ) -> None:
         cfg, kv, waiting = self.config, self.kv, self.waiting
         in_flight = _blocks_in_flight(scheduled, kv.block_size) if kv.enable_caching and waiting else set()
@@ -273,6 +278,10 @@ class Scheduler:
                 if not cfg.enable_chunked_prefill and req.num_preemptions == 0:
                     break
                 num_new = budget
+            if self._sliding:
+                num_new = kv.max_chunk(num_hit, num_new)
+                if num_new <= 0:
+                    break
             if kv.allocate_slots(req, num_new, hits, self._lookahead(num_hit + num_new)) is None:
                 break
             if req is waiting.peek():
@@ -296,7 +305,7 @@ class Scheduler:
     def _build_output(
         self,
         num_sched: dict[str, int],
-        scheduled: list[tuple[Request, int, list[KVBlock] | None]],
+        scheduled: list[tuple[Request, int, GroupBlocks | None]],
         preempted: list[str],
     ) -> SchedulerOutput:
         kv = self.kv
@@ -323,7 +332,7 @@ class Scheduler:
                 )
             else:
                 cached_ids.append(rid)
-                cached_blocks.append([b.block_id for b in gained] if gained else [])
+                cached_blocks.append([[b.block_id for b in blocks] for blocks in gained] if gained else [])
                 cached_computed.append(req.num_computed_tokens)
                 cached_tokens.append(req.all_token_ids[req.num_announced_tokens :])
             req.num_announced_tokens = known
@@ -485,3 +494,18 @@ def _blocks_in_flight(rows: Sequence[tuple[Request, int, object]], block_size: i
         first, end = req.num_computed_tokens // block_size, -(-(req.num_computed_tokens + n) // block_size)
         out.update(req.block_hashes[first:end])
     return out
+
+
+def _longest_fitting(kv: KVCacheManager, max_model_len: int) -> int:
+    """The longest request (at most ``max_model_len`` tokens) whose blocks the whole cache holds, decoding."""
+    usable = kv.pool.num_usable_blocks
+    if kv.blocks_needed(max_model_len) <= usable:
+        return max_model_len
+    lo, hi = 0, max_model_len
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if kv.blocks_needed(mid) <= usable:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo

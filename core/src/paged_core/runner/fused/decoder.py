@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -184,22 +184,25 @@ class FusedDecoder:
         positions: torch.Tensor,
         kv_caches: list[torch.Tensor],
         logits_indices: torch.Tensor | None = None,
+        layer_metadata: Sequence[AttentionMetadata] | None = None,
     ) -> torch.Tensor:
         """Logits ``[K, V]`` of the tokens at ``logits_indices`` (every token when ``None``).
 
         The step is its pieces in turn (see :meth:`first`): piecewise capture runs the same pieces,
-        captured or compiled, with the same eager attention between them.
+        captured or compiled, with the same eager attention between them. ``layer_metadata[i]`` is layer
+        ``i``'s metadata when the model has several KV-cache groups.
         """
         q, k, v, residual = self.first(input_ids, positions)
         last = len(self.layers) - 1
+        meta = layer_metadata or [metadata] * len(self.layers)
         for i in range(last):
             # The backend is called here, not through attend(): under a whole-step compile this frame runs
             # eagerly and dynamo compiles the frames it calls, an attend(i) frame once per layer index.
-            attn = self._attend(q, k, v, kv_caches[i], metadata, self.specs[i])
+            attn = self._attend(q, k, v, kv_caches[i], meta[i], self.specs[i])
             q, k, v, residual = self.between(
                 self.layers[i], self.layers[i + 1], self.specs[i + 1], attn, residual, positions
             )
-        hidden, residual = self.last(self._attend(q, k, v, kv_caches[last], metadata, self.specs[last]), residual)
+        hidden, residual = self.last(self._attend(q, k, v, kv_caches[last], meta[last], self.specs[last]), residual)
         return self.logits(hidden, residual, logits_indices)
 
     # The pieces of a step, split at the attention calls. Each is row-wise (a token's output reads only its own
