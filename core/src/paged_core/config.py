@@ -27,6 +27,9 @@ QUANTIZATIONS = ("auto", "none", "int8")
 """Which model path runs; see :mod:`paged_core.runner.forward`."""
 GRAPH_MODES = ("auto", "eager", "compiled", "device")
 """How steps run; see :mod:`paged_core.runner.executors`."""
+KV_CACHE_DTYPES = ("auto", "float32", "bfloat16", "float16", "fp8", "fp8_e4m3", "fp8_e5m2", "int8")
+"""``--kv-cache-dtype`` values: the names of :data:`paged_core.contract.kv_quant.KV_CACHE_DTYPE_NAMES` (spelled
+out here so reading the configuration needs no torch); see :mod:`paged_core.loading.kv_dtype`."""
 POLICIES = ("fcfs", "priority")
 DISTRIBUTED_INITS = ("local", "env")
 """How tensor-parallel ranks find each other; see :class:`ParallelConfig`."""
@@ -146,6 +149,12 @@ class CacheConfig:
     enable_prefix_caching: bool = _opt(True, "turn off the prefix cache", flag="--no-prefix-caching")
     hash_algorithm: str = _opt("sha256", "digest chaining the prefix cache's block hashes", choices=HASH_ALGORITHMS)
     num_blocks: int | None = _opt(None, "KV blocks including the null block (default: from kv_cache_memory)")
+    kv_cache_dtype: str = _opt(
+        "auto",
+        "dtype the KV cache stores: auto (the compute dtype), a float dtype, or quantized with per token-head "
+        "scales: int8, fp8_e4m3 (= fp8), fp8_e5m2 (the backend must declare it; see `paged backends`)",
+        choices=KV_CACHE_DTYPES,
+    )
 
     def __post_init__(self) -> None:
         _require_int("block_size", self.block_size, 1, MAX_BLOCK_SIZE, optional=True)
@@ -158,6 +167,7 @@ class CacheConfig:
         _require_bool("enable_prefix_caching", self.enable_prefix_caching)
         _require_choice("hash_algorithm", self.hash_algorithm, HASH_ALGORITHMS)
         _require_int("num_blocks", self.num_blocks, 2, MAX_NUM_BLOCKS, optional=True)
+        _require_choice("kv_cache_dtype", self.kv_cache_dtype, KV_CACHE_DTYPES)
 
     @property
     def kv_cache_bytes(self) -> int | None:

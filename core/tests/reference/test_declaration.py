@@ -21,7 +21,8 @@ def test_capabilities_envelope() -> None:
     caps = ReferenceBackend.capabilities()
     assert caps.default_block_size == 16
     assert sorted(caps.block_sizes) == [1, 2, 4, 8, 16, 32, 64, 128, 256]
-    assert caps.dtypes == caps.effective_kv_cache_dtypes == {torch.float32, torch.bfloat16, torch.float16}
+    assert caps.dtypes == {torch.float32, torch.bfloat16, torch.float16}
+    assert caps.effective_kv_cache_dtypes == caps.dtypes | {torch.int8, torch.float8_e4m3fn, torch.float8_e5m2}
     assert caps.head_sizes is None and caps.gqa_ratios is None
     assert caps.sliding_window and caps.logits_soft_cap
     assert caps.graph_support is GraphSupport.NEVER

@@ -18,6 +18,7 @@ from paged_core.errors import BackendUnavailableError, ConfigError, UnsupportedC
 from paged_core.loading.batch_invariance import BatchInvariance, VariantPart, batch_invariance, model_linear_kinds
 from paged_core.loading.dtype import resolve_dtype
 from paged_core.loading.kv_budget import default_budget
+from paged_core.loading.kv_dtype import describe_kv_dtype, kv_dtype_name, resolve_kv_dtype
 from paged_core.loading.loader import (
     ModelSource,
     check_gguf,
@@ -33,7 +34,7 @@ from paged_core.parallel.leader import Leader, start_leader
 from paged_core.parallel.placement import place
 from paged_core.parallel.shard import shard_model
 from paged_core.parallel.tp_sizes import check_tp_size, local_specs
-from paged_core.registry import BackendStatus, load_registry
+from paged_core.registry import BackendRegistry, BackendStatus, load_registry
 from paged_core.runner.attention import layer_specs, register_paged_attention
 from paged_core.runner.compile_cache import CompileCache
 from paged_core.runner.executors import resolve_graph_mode
@@ -78,10 +79,44 @@ def meta_specs(source: ModelSource) -> tuple[Any, list[AttentionSpec]]:
     return config, layer_specs(model)
 
 
-def _check(cls: type[AttentionBackend], specs: list[AttentionSpec], dtype: torch.dtype, block_size: int) -> None:
+def _check(
+    cls: type[AttentionBackend],
+    specs: list[AttentionSpec],
+    dtype: torch.dtype,
+    block_size: int,
+    kv_dtype: torch.dtype | None = None,
+) -> None:
+    """Refuse what ``cls`` does not declare; ``kv_dtype`` is the KV cache's dtype (``None``: ``dtype``)."""
     caps = cls.capabilities()
     for spec in dict.fromkeys(specs):
-        caps.check(spec, dtype, block_size)
+        caps.check(spec, dtype, block_size, kv_dtype)
+
+
+def _kv_refusal(
+    registry: BackendRegistry,
+    cls: type[AttentionBackend],
+    specs: list[AttentionSpec],
+    dtype: torch.dtype,
+    block_size: int,
+    kv_dtype: torch.dtype,
+) -> tuple[str, bool]:
+    """What to add to a refusal of ``cls`` when it does not declare ``kv_dtype`` (the loaded backends that do),
+    and whether the KV dtype alone refused it."""
+    if kv_dtype in cls.capabilities().effective_kv_cache_dtypes:
+        return "", False
+    others = [
+        r.name
+        for r in registry.records()
+        if r.status is BackendStatus.LOADED
+        and r.backend_cls is not None
+        and kv_dtype in r.backend_cls.capabilities().effective_kv_cache_dtypes
+    ]
+    try:
+        _check(cls, specs, dtype, block_size)
+        alone = True
+    except UnsupportedConfigError:
+        alone = False
+    return f" (backends declaring KV dtype {kv_dtype_name(kv_dtype)}: {', '.join(others) or 'none loaded'})", alone
 
 
 def choose_backend(
@@ -92,14 +127,19 @@ def choose_backend(
     An explicit backend must accept the model (else the error says why); the
     automatic choice takes the highest-priority available backend that does.
     ``packed_weights``: the linear weights will stay packed (see :func:`resolve_dtype`).
+    The KV cache's dtype (``kv_cache_dtype``; ``auto`` is the compute dtype) is part of what a backend must
+    declare: the automatic choice takes the best backend that declares it, with a warning naming the ones it
+    passed over for that alone; an explicit backend that does not is refused, naming what it supports and
+    which installed backends declare the dtype.
     """
     m = config.model
+    kv_name = config.cache.kv_cache_dtype
     registry = load_registry()
     if m.backend:
         candidates = [registry.select(m.backend)]
     else:
         candidates = [r.backend_cls for r in registry.records() if r.status is BackendStatus.LOADED and r.backend_cls]
-    refusals = []
+    refusals: list[tuple[str, str, bool]] = []  # (backend, why, refused for the KV dtype alone)
     for cls in candidates:
         device = torch.device(m.device or cls.availability().device)
         dtype = resolve_dtype(m.dtype, device, packed_weights)
@@ -107,26 +147,36 @@ def choose_backend(
         if m.dtype == "auto" and dtype not in caps.dtypes and torch.float32 in caps.dtypes:
             dtype = torch.float32
         block_size = config.cache.block_size or caps.default_block_size
+        kv_dtype = resolve_kv_dtype(kv_name, dtype)
         try:
-            _check(cls, specs, dtype, block_size)
+            _check(cls, specs, dtype, block_size, kv_dtype)
         except UnsupportedConfigError as exc:
+            hint, kv_alone = _kv_refusal(registry, cls, specs, dtype, block_size, kv_dtype)
             if m.backend:
-                raise UnsupportedConfigError(f"backend {cls.name!r} cannot serve this model: {exc}") from None
-            refusals.append(f"{cls.name}: {exc}")
+                raise UnsupportedConfigError(f"backend {cls.name!r} cannot serve this model: {exc}{hint}") from None
+            refusals.append((cls.name, f"{exc}{hint}", kv_alone))
             continue
-        for refusal in refusals:  # the automatic choice passed over these: say why (shown under -v)
-            log.info("backend %s cannot serve this model, skipped", refusal)
+        for name, why, kv_alone in refusals:  # the automatic choice passed over these: say why
+            if kv_alone:  # a higher-priority backend lost for the KV dtype alone: a warning, not a -v line
+                log.warning("backend %s skipped for kv_cache_dtype %s: %s; using %s", name, kv_name, why, cls.name)
+            else:
+                log.info("backend %s: %s cannot serve this model, skipped", name, why)
         return cls, device, dtype, block_size
-    raise BackendUnavailableError("no available backend can serve this model: " + "; ".join(refusals))
+    raise BackendUnavailableError(
+        "no available backend can serve this model: " + "; ".join(f"{n}: {why}" for n, why, _ in refusals)
+    )
 
 
-def bytes_per_block(backend: AttentionBackend, specs: list[AttentionSpec], block_size: int, dtype: torch.dtype) -> int:
-    """KV bytes one block costs across all layers, in the backend's own layout."""
-    item = torch.empty((), dtype=dtype).element_size()
+def bytes_per_block(
+    backend: AttentionBackend, specs: list[AttentionSpec], block_size: int, kv_dtype: torch.dtype
+) -> int:
+    """KV bytes one block costs across all layers, in the backend's own layout for KV dtype ``kv_dtype``
+    (:meth:`~paged_core.contract.backend.AttentionBackend.kv_cache_shape_for`: a quantized cache's scales count)."""
+    item = torch.empty((), dtype=kv_dtype).element_size()
     total = 0
     for s in specs:
-        one = math.prod(backend.kv_cache_shape(1, block_size, s.num_kv_heads, s.head_size))
-        two = math.prod(backend.kv_cache_shape(2, block_size, s.num_kv_heads, s.head_size))
+        one = math.prod(backend.kv_cache_shape_for(1, block_size, s, kv_dtype))
+        two = math.prod(backend.kv_cache_shape_for(2, block_size, s, kv_dtype))
         total += (two - one) * item
     return total
 
@@ -287,6 +337,7 @@ def _compile_cache(config: EngineConfig, loaded: LoadedModel) -> CompileCache:
         "model_mtime": stat.st_mtime if stat else None,
         "model_config": loaded.model.config.to_json_string(use_diff=False),
         "dtype": str(loaded.dtype),
+        "kv_cache_dtype": config.cache.kv_cache_dtype,
         "backend": backend_cls.name,
         "backend_version": version,
         "device": loaded.backend.device.type,
@@ -306,11 +357,20 @@ def resolve(config: EngineConfig, loaded: LoadedModel, draft: LoadedModel | None
     The block size defaults to the backend's; ``max_model_len`` to the model's
     limit (a larger one is capped, with a warning); the number of blocks comes
     from ``kv_cache_memory`` or, without it, from free memory after a
-    profiling step. A draft model's KV (one block per target block) is paid from the same budget.
+    profiling step, at the bytes a block costs in the KV dtype (``kv_cache_dtype``: an int8 cache holds about
+    twice the blocks of a bf16 one). A draft model's KV (one block per target block) is paid from the same budget.
+    The backend must declare the KV dtype (checked here too, for a model loaded under another configuration).
     """
     backend, specs, dtype = loaded.backend, loaded.specs, loaded.dtype
     cache, sched = config.cache, config.scheduler
     block_size = cache.block_size or type(backend).capabilities().default_block_size
+    kv_dtype = resolve_kv_dtype(cache.kv_cache_dtype, dtype)
+    for model in (loaded, draft) if draft is not None else (loaded,):
+        model_kv = resolve_kv_dtype(cache.kv_cache_dtype, model.dtype)
+        try:
+            _check(type(model.backend), model.specs, model.dtype, block_size, model_kv)
+        except UnsupportedConfigError as exc:
+            raise UnsupportedConfigError(f"backend {model.backend.name!r} cannot serve this model: {exc}") from None
     limit = loaded.model_max_len
     max_model_len = min(sched.max_model_len or limit, limit)
     if sched.max_model_len and sched.max_model_len > limit:
@@ -327,13 +387,15 @@ def resolve(config: EngineConfig, loaded: LoadedModel, draft: LoadedModel | None
                 block_size,
                 sched.max_num_batched_tokens,
                 max_model_len,
+                kv_dtype=kv_dtype,
             )
             budget = default_budget(backend.device_hooks(), cache.memory_fraction, peak)
             if loaded.tp is not None and backend.device.type == "cpu" and config.parallel.distributed_init == "local":
                 budget //= loaded.tp.world_size  # the ranks share this host's RAM (an explicit budget is per rank)
-        per_block = bytes_per_block(backend, specs, block_size, dtype)
+        per_block = bytes_per_block(backend, specs, block_size, kv_dtype)
         if draft is not None:
-            per_block += bytes_per_block(draft.backend, draft.specs, block_size, draft.dtype)
+            draft_kv = resolve_kv_dtype(cache.kv_cache_dtype, draft.dtype)
+            per_block += bytes_per_block(draft.backend, draft.specs, block_size, draft_kv)
         num_blocks = blocks_for_memory(budget, per_block)
         if loaded.tp is not None:  # every rank sized its own budget; all run the count the tightest affords
             num_blocks = loaded.tp.min_int(num_blocks)
@@ -409,7 +471,10 @@ def _build(config: EngineConfig, loaded: LoadedModel) -> EngineParts:
     backend, specs, dtype = loaded.backend, loaded.specs, loaded.dtype
     cache, sched = config.cache, config.scheduler
     block_size, num_blocks, max_model_len = _resolved(config)
-    kv_caches = [backend.allocate_kv_cache(num_blocks, block_size, s, dtype) for s in specs]
+    kv_caches = [
+        backend.allocate_kv_cache(num_blocks, block_size, s, resolve_kv_dtype(cache.kv_cache_dtype, dtype))
+        for s in specs
+    ]
     forward = _forward(config, loaded, max_model_len)
     lora = _lora_slots(config, loaded, forward)
     scheduler = Scheduler(sched, cache, max_loras=config.model.max_loras if lora is not None else None)
@@ -429,9 +494,10 @@ def _build(config: EngineConfig, loaded: LoadedModel) -> EngineParts:
         lora=lora,
         compile_cache=_compile_cache(config, loaded),
     )
-    per_block = bytes_per_block(backend, specs, block_size, dtype)
+    kv_dtype = resolve_kv_dtype(cache.kv_cache_dtype, dtype)
+    per_block = bytes_per_block(backend, specs, block_size, kv_dtype)
     log.info(
-        "model %s (%s) on backend %s, device %s; KV cache: %d blocks of %d tokens (%.2f GiB), "
+        "model %s (%s) on backend %s, device %s; KV cache: %d blocks of %d tokens, %s (%.2f GiB), "
         "at most %d tokens in flight; max_model_len %d",
         loaded.source.name,
         str(dtype).removeprefix("torch."),
@@ -439,6 +505,7 @@ def _build(config: EngineConfig, loaded: LoadedModel) -> EngineParts:
         backend.device,
         num_blocks - 1,
         block_size,
+        describe_kv_dtype(kv_dtype),
         num_blocks * per_block / 2**30,
         (num_blocks - 1) * block_size,
         scheduler.max_len,
@@ -486,7 +553,8 @@ def _proposer(config: EngineConfig, scheduler: Scheduler, draft: LoadedModel | N
             )
         block_size, num_blocks = config.cache.require_resolved("speculative")
         sched = config.scheduler
-        caches = [draft.backend.allocate_kv_cache(num_blocks, block_size, s, draft.dtype) for s in draft.specs]
+        kv_dtype = resolve_kv_dtype(config.cache.kv_cache_dtype, draft.dtype)
+        caches = [draft.backend.allocate_kv_cache(num_blocks, block_size, s, kv_dtype) for s in draft.specs]
         proposer = DraftModelProposer(
             _forward(config, draft, max_len),
             caches,

@@ -8,12 +8,31 @@ from paged_core.contract.backend import AttentionBackend, Availability
 from paged_core.contract.capabilities import AttentionSpec, BackendCapabilities, GraphSupport
 from paged_core.contract.fused_ops import FusedOps
 from paged_core.contract.inputs import check_default_cache
+from paged_core.contract.kv_quant import (
+    KV_SCALE_ELEMENTS,
+    QUANTIZED_KV_DTYPES,
+    dequantize_kv,
+    is_quantized_kv,
+    quantize_kv,
+)
 from paged_core.contract.metadata import AttentionMetadata
 from paged_core.errors import PagedError
 from paged_core.reference.dense import attend, expand_kv
 from paged_core.reference.fused import ReferenceFusedOps
 
 _DTYPES = frozenset({torch.float32, torch.bfloat16, torch.float16})
+_KV_DTYPES = _DTYPES | frozenset(QUANTIZED_KV_DTYPES)
+"""Any float dtype whatever the compute dtype, and the quantized ones of :mod:`paged_core.contract.kv_quant`."""
+
+
+def _head_size(kv_cache: torch.Tensor) -> int:
+    """The head size a cache holds: its last dimension, less the scale of a quantized (default-layout) one."""
+    return kv_cache.shape[4] - (KV_SCALE_ELEMENTS if is_quantized_kv(kv_cache.dtype) else 0)
+
+
+def _read(cache_part: torch.Tensor) -> torch.Tensor:
+    """Cached keys or values as the values they hold: dequantized (float32) for a quantized cache."""
+    return dequantize_kv(cache_part) if is_quantized_kv(cache_part.dtype) else cache_part
 
 
 class ReferenceBackend(AttentionBackend):
@@ -27,6 +46,12 @@ class ReferenceBackend(AttentionBackend):
     with the number of query rows: measured, a prefill chunk and decode rows
     at the same positions differed). Its layer ops are
     :class:`~paged_core.reference.fused.ReferenceFusedOps`, row by row too.
+
+    The KV cache may be any float dtype, whatever the compute dtype, or int8/fp8 in the default quantized
+    layout of :mod:`paged_core.contract.kv_quant` (:func:`~paged_core.contract.kv_quant.quantize_kv` on
+    write, :func:`~paged_core.contract.kv_quant.dequantize_kv` on read). Quantized caches stay
+    batch-invariant: each vector's scale is its own (per token-head), so its stored bits depend on that
+    vector alone, and it is read back elementwise.
     """
 
     name = "reference"
@@ -40,10 +65,10 @@ class ReferenceBackend(AttentionBackend):
 
     @classmethod
     def capabilities(cls) -> BackendCapabilities:
-        """Everything the contract can express, except graph capture."""
+        """Everything the contract can express, except graph capture (quantized KV caches included)."""
         return BackendCapabilities(
             dtypes=_DTYPES,
-            kv_cache_dtypes=_DTYPES,
+            kv_cache_dtypes=_KV_DTYPES,
             block_sizes=(16, 1, 2, 4, 8, 32, 64, 128, 256),
             head_sizes=None,
             gqa_ratios=None,
@@ -56,10 +81,10 @@ class ReferenceBackend(AttentionBackend):
     def write_kv(
         self, key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor, metadata: AttentionMetadata
     ) -> None:
-        """Store each token's key/value at its slot; slots of -1 (padding) are skipped."""
+        """Store each token's key/value at its slot (quantized for an int8/fp8 cache); slots of -1 are skipped."""
         check_default_cache(kv_cache, metadata.block_size)
         num_slots = kv_cache.shape[1] * kv_cache.shape[2]
-        kv_heads, head_size = kv_cache.shape[3], kv_cache.shape[4]
+        kv_heads, head_size = kv_cache.shape[3], _head_size(kv_cache)
         slots = metadata.slot_mapping
         expected = (slots.shape[0], kv_heads, head_size)
         if tuple(key.shape) != expected or tuple(value.shape) != expected:
@@ -71,18 +96,22 @@ class ReferenceBackend(AttentionBackend):
         targets = slots[valid]
         if targets.numel() and int(targets.max()) >= num_slots:
             raise PagedError(f"slot_mapping holds slot {int(targets.max())} but the cache has only {num_slots} slots")
-        flat = kv_cache.view(2, num_slots, kv_heads, head_size)
-        flat[0, targets] = key[valid].to(kv_cache.dtype)
-        flat[1, targets] = value[valid].to(kv_cache.dtype)
+        flat = kv_cache.view(2, num_slots, kv_heads, kv_cache.shape[4])
+        if is_quantized_kv(kv_cache.dtype):
+            flat[0, targets] = quantize_kv(key[valid], kv_cache.dtype)
+            flat[1, targets] = quantize_kv(value[valid], kv_cache.dtype)
+        else:
+            flat[0, targets] = key[valid].to(kv_cache.dtype)
+            flat[1, targets] = value[valid].to(kv_cache.dtype)
 
     def attention(
         self, query: torch.Tensor, kv_cache: torch.Tensor, metadata: AttentionMetadata, spec: AttentionSpec
     ) -> torch.Tensor:
         """For each row: gather its cached keys/values (positions ``0..seq_len-1``) and attend densely."""
         check_default_cache(kv_cache, metadata.block_size)
-        if tuple(kv_cache.shape[3:]) != (spec.num_kv_heads, spec.head_size):
+        if (kv_cache.shape[3], _head_size(kv_cache)) != (spec.num_kv_heads, spec.head_size):
             raise PagedError(
-                f"kv_cache heads/head_size {tuple(kv_cache.shape[3:])} do not match the spec "
+                f"kv_cache heads/head_size {(kv_cache.shape[3], _head_size(kv_cache))} do not match the spec "
                 f"({spec.num_kv_heads}, {spec.head_size})"
             )
         block_size = metadata.block_size
@@ -106,8 +135,9 @@ class ReferenceBackend(AttentionBackend):
             if num_blocks > len(tables[b]):
                 raise PagedError(f"row {b}: seq_len {seq_len} needs {num_blocks} blocks, table has {len(tables[b])}")
             blocks = torch.tensor(tables[b][:num_blocks], dtype=torch.int64, device=kv_cache.device)
-            keys = kv_cache[0, blocks].reshape(-1, spec.num_kv_heads, spec.head_size)[:seq_len]
-            values = kv_cache[1, blocks].reshape(-1, spec.num_kv_heads, spec.head_size)[:seq_len]
+            width = kv_cache.shape[4]
+            keys = _read(kv_cache[0, blocks].reshape(-1, spec.num_kv_heads, width)[:seq_len])
+            values = _read(kv_cache[1, blocks].reshape(-1, spec.num_kv_heads, width)[:seq_len])
             kf, vf = expand_kv(keys, values, spec)
             context = seq_len - q_len
             for t in range(q_len):
