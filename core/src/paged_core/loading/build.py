@@ -29,6 +29,7 @@ from paged_core.loading.loader import (
 )
 from paged_core.lora import LoRAAdapter, LoRARequest, LoRASlots, load_adapter
 from paged_core.lora.adapter import model_shapes
+from paged_core.memory.kv_groups import KVCacheGroups
 from paged_core.parallel.group import STARTUP_TIMEOUT, TPGroup
 from paged_core.parallel.leader import Leader, start_leader
 from paged_core.parallel.placement import place
@@ -174,7 +175,7 @@ def bytes_per_block(
     (:meth:`~paged_core.contract.backend.AttentionBackend.kv_cache_shape_for`: a quantized cache's scales count)."""
     item = torch.empty((), dtype=kv_dtype).element_size()
     total = 0
-    for s in specs:
+    for s in [specs[i] for i in KVCacheGroups.from_specs(specs).tensor_layers()]:  # a block spans one group
         one = math.prod(backend.kv_cache_shape_for(1, block_size, s, kv_dtype))
         two = math.prod(backend.kv_cache_shape_for(2, block_size, s, kv_dtype))
         total += (two - one) * item
@@ -471,13 +472,15 @@ def _build(config: EngineConfig, loaded: LoadedModel) -> EngineParts:
     backend, specs, dtype = loaded.backend, loaded.specs, loaded.dtype
     cache, sched = config.cache, config.scheduler
     block_size, num_blocks, max_model_len = _resolved(config)
-    kv_caches = [
-        backend.allocate_kv_cache(num_blocks, block_size, s, resolve_kv_dtype(cache.kv_cache_dtype, dtype))
-        for s in specs
-    ]
+    groups = kv_cache_groups(config, loaded, draft)
+    kv_caches = _allocate_caches(
+        backend, specs, groups, num_blocks, block_size, resolve_kv_dtype(cache.kv_cache_dtype, dtype)
+    )
     forward = _forward(config, loaded, max_model_len)
     lora = _lora_slots(config, loaded, forward)
-    scheduler = Scheduler(sched, cache, max_loras=config.model.max_loras if lora is not None else None)
+    scheduler = Scheduler(
+        sched, cache, max_loras=config.model.max_loras if lora is not None else None, kv_groups=groups
+    )
     proposer = _proposer(config, scheduler, draft)
     runner = ModelRunner(
         forward,
@@ -488,11 +491,12 @@ def _build(config: EngineConfig, loaded: LoadedModel) -> EngineParts:
         max_num_tokens=sched.max_num_batched_tokens,
         max_num_reqs=sched.max_num_seqs,
         max_model_len=scheduler.max_len,
-        graph_mode="eager" if lora is not None else config.graph.graph_mode,
+        graph_mode="eager" if lora is not None or groups.is_hybrid else config.graph.graph_mode,
         capture_sizes=config.graph.capture_sizes,
         piecewise=config.graph.piecewise,
         lora=lora,
         compile_cache=_compile_cache(config, loaded),
+        layer_groups=groups.layer_group if groups.is_hybrid else (),
     )
     kv_dtype = resolve_kv_dtype(cache.kv_cache_dtype, dtype)
     per_block = bytes_per_block(backend, specs, block_size, kv_dtype)
@@ -515,6 +519,45 @@ def _build(config: EngineConfig, loaded: LoadedModel) -> EngineParts:
     if runner.executor.stats.warmup_seconds:
         log.info("start-up %s took %.1f s", runner.graph_mode, runner.executor.stats.warmup_seconds)
     return EngineParts(loaded, runner, scheduler, scheduler.max_len, config, proposer, invariance)
+
+
+def kv_cache_groups(config: EngineConfig, loaded: LoadedModel, draft: LoadedModel | None = None) -> KVCacheGroups:
+    """The model's KV-cache groups, refusing what they cannot run with, by name.
+
+    Several groups (a model mixing attention kinds) run eagerly, on a backend without a per-step ``prepare``
+    plan (one plan would have to serve several block tables); a draft model shares the target's block
+    tables, so it needs one full-attention group.
+    """
+    groups = KVCacheGroups.from_specs(loaded.specs)
+    if groups.is_hybrid:
+        kinds = sorted({str(g.sliding_window or "full") for g in groups.groups})
+        what = f"{loaded.source.name} mixes attention kinds ({', '.join(kinds)}: {groups.num_groups} KV-cache groups)"
+        if config.graph.graph_mode in ("compiled", "device"):
+            raise UnsupportedConfigError(f"graph_mode={config.graph.graph_mode!r} refused: {what}, which runs eagerly")
+        if type(loaded.backend).prepare is not AttentionBackend.prepare:
+            raise UnsupportedConfigError(
+                f"backend {loaded.backend.name!r} plans each step in prepare(), but {what}; use a backend without "
+                f"a per-step plan (e.g. cpu, triton, reference)"
+            )
+    if draft is not None and groups.has_sliding:
+        raise UnsupportedConfigError(
+            f"speculative decoding with a draft model needs full attention on every layer of the target, and "
+            f"{loaded.source.name} has sliding-window layers; use --speculative ngram"
+        )
+    return groups
+
+
+def _allocate_caches(
+    backend: AttentionBackend,
+    specs: list[AttentionSpec],
+    groups: KVCacheGroups,
+    num_blocks: int,
+    block_size: int,
+    kv_dtype: torch.dtype,
+) -> list[torch.Tensor]:
+    """Each layer's cache: one tensor per layer of a group, shared by the same layer of every group."""
+    tensors = [backend.allocate_kv_cache(num_blocks, block_size, specs[i], kv_dtype) for i in groups.tensor_layers()]
+    return [tensors[groups.layer_tensor[i]] for i in range(len(specs))]
 
 
 def _load_draft(config: EngineConfig, loaded: LoadedModel) -> LoadedModel | None:

@@ -69,6 +69,13 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--seed", type=int, default=0, help="workload seed (0: the published figures)")
     parser.add_argument("--hf-batch", type=int, default=32, help="static batch size of the hf-static baseline")
     parser.add_argument("--kv-tokens", type=int, default=32768, help="kv-util: KV budget in token slots")
+    parser.add_argument(
+        "--layer-windows",
+        default=None,
+        metavar="LIST",
+        help="kv-util: a sliding model, each layer's window or 'full' (e.g. 1024,1024,full); adds the same "
+        "requests with full-attention accounting on the same bytes",
+    )
     parser.add_argument("--json", dest="json_path", default=None, metavar="FILE", help="write the report as JSON")
     parser.add_argument("--plot", default=None, metavar="FILE.png", help="draw the workload's figure")
     parser.add_argument(
@@ -120,6 +127,7 @@ def options_from(args: argparse.Namespace) -> Any:
             max_len=sched.max_model_len or 2048,
             max_num_batched_tokens=sched.max_num_batched_tokens,
             max_num_seqs=sched.max_num_seqs,
+            layer_windows=layer_windows(args.layer_windows),
         )
         return BenchOptions(
             workload=args.workload,
@@ -179,3 +187,19 @@ def run(args: argparse.Namespace) -> int:
     if args.plot:
         print(f"wrote {write_plot(report, args.plot)}", file=sys.stderr)
     return 1 if problems else 0
+
+
+def layer_windows(text: str | None) -> tuple[int | None, ...]:
+    """``--layer-windows``: comma-separated windows or ``full``; refuses anything else naming it."""
+    if not text:
+        return ()
+    out: list[int | None] = []
+    for part in text.split(","):
+        part = part.strip().lower()
+        if part == "full":
+            out.append(None)
+        elif part.isdigit() and int(part) > 0:
+            out.append(int(part))
+        else:
+            raise ValueError(f"--layer-windows: {part!r} is neither a window (an int >= 1) nor 'full'")
+    return tuple(out)

@@ -82,14 +82,22 @@ def ratios(runs: Sequence[RunResult]) -> dict[str, float]:
     return out
 
 
-def kv_util_figures(paged: UtilizationTrace, reserved: UtilizationTrace) -> dict[str, Any]:
-    """Both allocators' traces and the two headline figures."""
-    return {
+def kv_util_figures(
+    paged: UtilizationTrace, reserved: UtilizationTrace, extra: dict[str, UtilizationTrace] | None = None
+) -> dict[str, Any]:
+    """Both allocators' traces and the two headline figures; a sliding model adds its full-accounting run and
+    ``sliding_vs_full_peak_ratio`` (peak concurrent requests of the KV-cache groups over full accounting)."""
+    figures: dict[str, Any] = {
         "paged": paged.to_dict(),
         "reserved": reserved.to_dict(),
         "utilization": paged.utilization,
         "peak_concurrency_ratio": paged.peak_concurrent / max(1, reserved.peak_concurrent),
     }
+    full = (extra or {}).get("full_accounting")
+    if full is not None:
+        figures["full_accounting"] = full.to_dict()
+        figures["sliding_vs_full_peak_ratio"] = paged.peak_concurrent / max(1, full.peak_concurrent)
+    return figures
 
 
 def goals(workload: str, figures: dict[str, float]) -> list[dict[str, Any]]:

@@ -36,12 +36,12 @@ def run_bench(opts: BenchOptions, argv: Sequence[str] | None = None) -> dict[str
                 "kv-util runs no model: --baseline %s ignored (its baseline is the reservation allocator)",
                 ",".join(opts.baselines),
             )
-        paged, reserved = run_kv_util(requests, opts.kv_util, opts.progress)
+        paged, reserved, extra = run_kv_util(requests, opts.kv_util, opts.progress)
         return build_report(
             config=opts.to_dict(),
             machine=machine_info(torch.device("cpu")),
             requests=requests,
-            kv_util=kv_util_figures(paged, reserved),
+            kv_util=kv_util_figures(paged, reserved, extra),
             argv=argv,
         )
     from paged_bench.model_bench import run_model_workload

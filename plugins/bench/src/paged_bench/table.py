@@ -57,8 +57,10 @@ def kv_table(report: dict[str, Any]) -> Table:
     t = Table(title="kv-util: same requests, same KV budget")
     for col in ("allocator", "steps", "utilization", "budget used", "peak reqs", "mean reqs", "preempted"):
         t.add_column(col, justify="left" if col == "allocator" else "right")
-    for key in ("paged", "reserved"):
-        tr = report["kv_util"][key]
+    for key in ("paged", "full_accounting", "reserved"):
+        tr = report["kv_util"].get(key)
+        if tr is None:
+            continue
         t.add_row(
             tr["name"],
             str(tr["steps"]),
