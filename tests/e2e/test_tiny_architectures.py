@@ -1,9 +1,10 @@
 """Greedy parity with transformers on tiny random-weight models of other architectures.
 
-Qwen3 (q/k norms), Mistral (sliding window) and Gemma2 (soft cap, explicit attention scale,
-alternating sliding layers), each under the same battery as the embedded model: 32 mixed prompts
-together, chunked prefill, prefix-cache hits and preemption; Qwen3 and Mistral on every model path
-and CPU graph mode, Gemma2 on transformers' modules.
+Qwen3 (q/k norms), Mistral (sliding window), Gemma2 (soft cap, explicit attention scale,
+alternating sliding layers: two KV-cache groups) and Gemma3 (two sliding layers to one full: three
+groups, sliding ones freeing their blocks), each under the same battery as the embedded model: 32 mixed
+prompts together, chunked prefill, prefix-cache hits and preemption, on the fast backend (cpu where
+installed); Qwen3 and Mistral on every model path and CPU graph mode, the Gemmas on transformers' modules.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import pytest
 from paged_core import LLM
 from paged_core.api import UnsupportedConfigError
 
-from .conftest import VARIANTS
+from .conftest import VARIANTS, fast_backend
 from .e2e_helpers import GREEDY, assert_same_tokens, hf_greedy
 from .tiny_models import ARCHITECTURES, VOCAB, save_tiny_model
 
@@ -30,6 +31,8 @@ CASES = [
     for variant in VARIANTS
     if arch in FUSED or VARIANTS[variant]["model_impl"] == "transformers"
 ]
+KV_GROUPS = {"qwen3": 1, "mistral": 1, "gemma2": 2, "gemma3": 3}
+"""KV-cache groups: Gemma2 alternates sliding and full layers (two groups of one), Gemma3 slides on two of three."""
 _BASES: dict[str, tuple[LLM, list, list]] = {}
 
 
@@ -50,6 +53,9 @@ def tiny(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactor
     base, prompts, want = _base(arch, tmp_path_factory)
     llm = base.reconfigured(**VARIANTS[variant])
     assert llm.engine.core.runner.forward_impl.name == VARIANTS[variant]["model_impl"]
+    # Sliding windows and soft caps run on the fast backend, not the reference one.
+    assert llm.engine.loaded.backend.name == fast_backend()
+    assert llm.engine.core.scheduler.kv.num_groups == KV_GROUPS[arch]
     return llm, prompts, want
 
 
