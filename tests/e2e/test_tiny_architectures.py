@@ -63,7 +63,7 @@ def test_gemma2_is_refused_by_the_fused_decoder_with_the_reason(tmp_path_factory
     base, _, _ = _base("gemma2", tmp_path_factory)
     with pytest.raises(UnsupportedConfigError, match="Gemma2ForCausalLM is not one of the fused families"):
         base.reconfigured(model_impl="fused")
-    with pytest.raises(UnsupportedConfigError, match="compiled' refused: .* mixes attention kinds .* runs eagerly"):
+    with pytest.raises(UnsupportedConfigError, match=r"compiled' refused: .* mixes attention kinds .* runs eagerly"):
         base.reconfigured(graph_mode="compiled")
 
 
