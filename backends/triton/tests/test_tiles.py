@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from paged_core.api import BackendCapabilities, GraphSupport
+from paged_triton.backend import QUANTIZED_KV
 from paged_triton.specializations import POINTER_TYPES, all_specializations
 from paged_triton.tile_shape import MAX_SPLITS
 from paged_triton.tiles import FAMILIES, MIN_PARTITION, attention_tiles, dot_fp32, rdna_supported, split_plan
@@ -13,13 +14,13 @@ from paged_triton.tiles import FAMILIES, MIN_PARTITION, attention_tiles, dot_fp3
 DTYPES = frozenset({torch.float32, torch.bfloat16, torch.float16})
 CAPS = BackendCapabilities(
     dtypes=DTYPES,
-    kv_cache_dtypes=DTYPES,
+    kv_cache_dtypes=DTYPES | QUANTIZED_KV,
     block_sizes=(16, 32, 64),
     head_sizes=frozenset({64, 80, 96, 128, 256}),
     gqa_ratios=frozenset(range(1, 17)),
     graph_support=GraphSupport.ANY,
 )
-"""What the ROCm and XPU backends declare over these kernels."""
+"""What the ROCm backend declares over these kernels (XPU: the same without the quantized KV dtypes)."""
 
 
 @pytest.mark.parametrize("max_seq_len", [1, 255, 256, 257, 1283, 8192, 100_000])
@@ -54,7 +55,7 @@ def test_every_launchable_specialization_is_listed(family: str) -> None:
     specs = all_specializations(CAPS, family)
     compiled = {(s.constexprs, s.pointers[3][1], s.pointers[4][1], s.lanes) for s in specs if s.kernel == "attention"}
     for q in CAPS.dtypes:
-        for kv in CAPS.dtypes:
+        for kv in CAPS.effective_kv_cache_dtypes:
             for head in CAPS.head_sizes or ():
                 if family == "rdna" and not rdna_supported(q, head):
                     continue
@@ -77,3 +78,18 @@ def test_launch_options_follow_the_family() -> None:
     assert by_family["nvidia"]["attention"] == {"maxnreg": 255} and by_family["nvidia"]["write_kv"] == {}
     assert by_family["cdna"]["attention"] == {} and by_family["rdna"]["reduce"] == {}
     assert all({"threads_per_warp", "warp_size"} & set(opts) for opts in by_family["xpu"].values())
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_quantized_caches_have_their_own_specializations(family: str) -> None:
+    """Each 8-bit cache dtype gets attention, write_kv and copy_blocks variants with its pointer type, and the
+    soft cap is compiled as a float argument."""
+    specs = all_specializations(CAPS, family)
+    for kv in QUANTIZED_KV:
+        kinds = {s.kernel for s in specs if POINTER_TYPES[kv] in dict(s.pointers).values()}
+        assert kinds == {"attention", "write_kv", "copy_blocks"}, (kv, kinds)
+    attention = [s for s in specs if s.kernel == "attention"]
+    assert all(
+        s.signature(["scale", "soft_cap", "window"]) == {"scale": "fp32", "soft_cap": "fp32", "window": "i32"}
+        for s in attention
+    )

@@ -13,6 +13,17 @@ loaded once per group. Decode rows use ``BLOCK_M = 16`` (one token, the rest mas
 context into partitions (flash-decoding); prefill rows use larger tiles over their new tokens and attend to
 the cached context plus the causal part of the new tokens.
 
+Sliding windows and soft caps are runtime arguments (``window`` 0 and ``soft_cap`` 0.0 mean none). A windowed
+tile's key loop starts at the ``BLOCK_N`` tile holding the first key its first row sees: block-table entries
+of blocks wholly before the window may be the null block or stale ids, so they are never read (and keys
+before the window inside that first tile are masked out of the loads too). The soft cap
+``c * tanh(s / c)`` applies to the scaled score, before masking and softmax.
+
+Quantized caches (int8, fp8; :mod:`paged_core.contract.kv_quant`'s default layout) are recognised by the
+cache's 8-bit element type: each stored vector has ``head_size + 2`` elements, the last two holding its
+float16 scale; keys and values are dequantized on load in fp32 (``q * scale``), rounded once to the query
+dtype (as the reference's dequantization), and accumulated in fp32 as every other cache.
+
 ``DOT_FP32`` widens the dot operands to fp32 with IEEE precision. It is always on for fp32 queries (so
 they never drop to tf32/xf32), and on for bf16 only under the Triton interpreter, whose ``tl.dot``
 multiplies raw bf16 bits (triton 3.9): bf16 products are exact in fp32, so the result is the same math
@@ -36,6 +47,8 @@ def paged_attention_kernel(
     block_table_ptr,
     row_offset,  # first batch row handled by this launch (decode rows come first)
     scale,
+    soft_cap,  # logits soft cap c (0.0: none)
+    window,  # sliding window in keys, the query's own included (0: none)
     group,  # query heads per KV head (<= BLOCK_M)
     head_size,
     block_size,
@@ -56,12 +69,17 @@ def paged_attention_kernel(
     tile = tl.program_id(1) // num_splits
     split = tl.program_id(1) % num_splits
     kv_head = tl.program_id(2)
+    # An 8-bit cache is a quantized one: each vector carries its float16 scale as two more elements.
+    quant: tl.constexpr = k_cache_ptr.dtype.element_ty.primitive_bitwidth == 8
+    entry = head_size
+    if quant:
+        entry = head_size + 2
     # Output and cache are contiguous, so their strides follow from the sizes: fewer kernel arguments
     # keeps scalar-register pressure (SGPRs on AMD) under the limit.
     stride_oh = head_size
     stride_ot = tl.num_programs(2) * group * head_size
-    stride_ch = head_size
-    stride_cs = tl.num_programs(2) * head_size
+    stride_ch = entry
+    stride_cs = tl.num_programs(2) * entry
     stride_cb = block_size * stride_cs
 
     q_start = tl.load(query_start_loc_ptr + row)
@@ -83,13 +101,18 @@ def paged_attention_kernel(
         q = tl.load(q_ptr + q_rows[:, None] + offs_d[None, :], mask=q_mask, other=0.0)
     pos = context + tok  # absolute position of each query row
 
-    # Keys this program visits: its partition, cut at the last visible position of the tile (causal).
-    last_tok = tl.minimum(tile * tokens_per_tile + tokens_per_tile, q_len)
+    # Keys this program visits: from the first key its first row sees (its window's start, aligned down to a
+    # key tile, which stays inside that key's paged block), cut at the last visible position of the tile
+    # (causal); a split takes its partition of that range.
+    first_tok = tile * tokens_per_tile
+    last_tok = tl.minimum(first_tok + tokens_per_tile, q_len)
     kv_hi = tl.minimum(seq_len, context + last_tok)
-    kv_lo = 0
+    win_lo = tl.where(window > 0, tl.maximum(context + first_tok - window + 1, 0), 0)
+    kv_lo = (win_lo // BLOCK_N) * BLOCK_N
     if SPLIT:
-        kv_lo = split * partition
+        kv_lo = kv_lo + split * partition
         kv_hi = tl.minimum(kv_hi, kv_lo + partition)
+    row_lo = tl.where(window > 0, pos - window, -1)  # each row sees keys in (row_lo, pos]
 
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
@@ -102,12 +125,22 @@ def paged_attention_kernel(
         block = tl.load(table_row + start // block_size).to(tl.int64)
         base = block * stride_cb + kv_head * stride_ch
         offs_n = start + tl.arange(0, BLOCK_N)
-        n_ok = offs_n < kv_hi
-        kv_offs = (offs_n % block_size)[:, None] * stride_cs + offs_d[None, :]
+        n_ok = (offs_n < kv_hi) & (offs_n >= win_lo)
+        kv_rows = (offs_n % block_size) * stride_cs
+        kv_offs = kv_rows[:, None] + offs_d[None, :]
         kv_mask = n_ok[:, None] & d_ok[None, :]
-        v = tl.load(v_cache_ptr + base + kv_offs, mask=kv_mask, other=0.0).to(q_ptr.dtype.element_ty)
+        v = tl.load(v_cache_ptr + base + kv_offs, mask=kv_mask, other=0.0)
+        if quant:
+            # Each key/value row's float16 scale sits right after its head_size elements (an even byte offset).
+            v_scale = tl.load((v_cache_ptr + base + kv_rows + head_size).to(tl.pointer_type(tl.float16)), mask=n_ok)
+            k_scale = tl.load((k_cache_ptr + base + kv_rows + head_size).to(tl.pointer_type(tl.float16)), mask=n_ok)
+            v = v.to(tl.float32) * v_scale.to(tl.float32)[:, None]
+        v = v.to(q_ptr.dtype.element_ty)
         if D_CHUNK == HEAD_PAD:
-            k = tl.load(k_cache_ptr + base + kv_offs, mask=kv_mask, other=0.0).to(q_ptr.dtype.element_ty)
+            k = tl.load(k_cache_ptr + base + kv_offs, mask=kv_mask, other=0.0)
+            if quant:
+                k = k.to(tl.float32) * k_scale.to(tl.float32)[:, None]
+            k = k.to(q_ptr.dtype.element_ty)
             if DOT_FP32:
                 s = tl.dot(q.to(tl.float32), tl.trans(k.to(tl.float32)), input_precision="ieee")
             else:
@@ -122,15 +155,25 @@ def paged_attention_kernel(
                 # make the whole query live in registers again).
                 c_ok = (offs_c < head_size) & (offs_c * 0 + start >= kv_lo)
                 qc = tl.load(q_ptr + q_rows[:, None] + offs_c[None, :], mask=row_ok[:, None] & c_ok[None, :], other=0.0)
-                kc_offs = (offs_n % block_size)[:, None] * stride_cs + offs_c[None, :]
+                kc_offs = kv_rows[:, None] + offs_c[None, :]
                 kc = tl.load(k_cache_ptr + base + kc_offs, mask=n_ok[:, None] & c_ok[None, :], other=0.0)
+                if quant:
+                    kc = kc.to(tl.float32) * k_scale.to(tl.float32)[:, None]
                 kc = kc.to(q_ptr.dtype.element_ty)
                 if DOT_FP32:
                     s += tl.dot(qc.to(tl.float32), tl.trans(kc.to(tl.float32)), input_precision="ieee")
                 else:
                     s += tl.dot(qc, tl.trans(kc))
-        visible = (offs_n[None, :] <= pos[:, None]) & n_ok[None, :]
-        s = tl.where(visible, s * qk_scale, float("-inf"))
+        if soft_cap > 0.0:
+            # c * tanh(x / c) on the scaled score, tanh from exp2 of -2|x| (no overflow), then in log2 units.
+            capped = s * (scale / soft_cap)
+            e = tl.exp2(-2.8853900817779268 * tl.abs(capped))
+            th = (1.0 - e) / (1.0 + e)
+            s = tl.where(capped < 0.0, -th, th) * (soft_cap * 1.4426950408889634)
+        else:
+            s = s * qk_scale
+        visible = (offs_n[None, :] <= pos[:, None]) & (offs_n[None, :] > row_lo[:, None]) & n_ok[None, :]
+        s = tl.where(visible, s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
         # A row that has seen no visible key yet keeps m = -inf; subtract 0 instead so exp2 gives 0, not NaN.
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)

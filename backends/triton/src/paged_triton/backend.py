@@ -8,6 +8,7 @@ capability envelope of the kernels and the calls into :mod:`paged_triton.ops` li
 from __future__ import annotations
 
 from types import ModuleType
+from typing import ClassVar
 
 import torch
 
@@ -25,12 +26,20 @@ from paged_core.api import (
     check_attention_inputs,
     check_default_cache,
     check_write_inputs,
+    is_quantized_kv,
 )
 
 DTYPES = frozenset({torch.float32, torch.bfloat16, torch.float16})
 HEAD_SIZES = frozenset({64, 80, 96, 128, 256})
 BLOCK_SIZES = (16, 32, 64)
 GQA_RATIOS = frozenset(range(1, 17))
+QUANTIZED_KV = frozenset({torch.int8, torch.float8_e4m3fn, torch.float8_e5m2})
+"""The quantized KV dtypes the kernels implement (paged_core's default layout: ``head_size + 2`` per vector)."""
+
+
+def cache_head_size(kv_cache: torch.Tensor) -> int:
+    """The head size a default-layout cache holds (a quantized vector carries two more elements: its scale)."""
+    return int(kv_cache.shape[4]) - (2 if is_quantized_kv(kv_cache.dtype) else 0)
 
 
 class TritonBackend(AttentionBackend):
@@ -41,6 +50,9 @@ class TritonBackend(AttentionBackend):
     """
 
     api_version = 1
+    quantized_kv_dtypes: ClassVar[frozenset[torch.dtype]] = frozenset()
+    """Quantized KV dtypes (a subset of :data:`QUANTIZED_KV`) a vendor declares: each opts in for the
+    formats its targets compile and convert (see its ahead-of-time check)."""
 
     def _load_kernels(self) -> None:
         """Import the kernels (and so triton) and check this process's Triton mode can serve the device."""
@@ -51,13 +63,16 @@ class TritonBackend(AttentionBackend):
 
     @classmethod
     def capabilities(cls) -> BackendCapabilities:
-        """fp32/bf16/fp16 (any mix of compute and cache dtype), head sizes 64-256, blocks 16/32/64, GQA 1-16."""
+        """fp32/bf16/fp16 (any mix of compute and cache dtype) plus the vendor's quantized KV dtypes, head sizes
+        64-256, blocks 16/32/64, GQA 1-16, sliding windows and soft caps."""
         return BackendCapabilities(
             dtypes=DTYPES,
-            kv_cache_dtypes=DTYPES,
+            kv_cache_dtypes=DTYPES | cls.quantized_kv_dtypes,
             block_sizes=BLOCK_SIZES,
             head_sizes=HEAD_SIZES,
             gqa_ratios=GQA_RATIOS,
+            sliding_window=True,
+            logits_soft_cap=True,
             graph_support=GraphSupport.ANY,
         )
 
@@ -76,18 +91,20 @@ class TritonBackend(AttentionBackend):
     def write_kv(
         self, key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor, metadata: AttentionMetadata
     ) -> None:
-        """Store this step's keys and values at ``metadata.slot_mapping`` (padding slots skipped in-kernel)."""
+        """Store this step's keys and values at ``metadata.slot_mapping`` (padding slots skipped in-kernel);
+        an int8/fp8 cache stores each vector quantized with its scale."""
         check_default_cache(kv_cache, metadata.block_size)
-        check_write_inputs(key, value, metadata, kv_cache.shape[3], kv_cache.shape[4])
+        check_write_inputs(key, value, metadata, kv_cache.shape[3], cache_head_size(kv_cache))
         self._ops.write_kv(key, value, kv_cache, metadata.slot_mapping)
 
     def attention(
         self, query: torch.Tensor, kv_cache: torch.Tensor, metadata: AttentionMetadata, spec: AttentionSpec
     ) -> torch.Tensor:
-        """Causal attention over the paged cache: decode rows first (split-K), then prefill rows."""
+        """Causal attention over the paged cache (window and soft cap as in ``spec``): decode rows first
+        (split-K), then prefill rows."""
         check_default_cache(kv_cache, metadata.block_size)
         check_attention_inputs(
-            self.capabilities(), query, kv_cache.dtype, (kv_cache.shape[3], kv_cache.shape[4]), metadata, spec
+            self.capabilities(), query, kv_cache.dtype, (kv_cache.shape[3], cache_head_size(kv_cache)), metadata, spec
         )
         out: torch.Tensor = self._ops.attention(
             query,
@@ -100,6 +117,8 @@ class TritonBackend(AttentionBackend):
             metadata.max_query_len,
             metadata.max_seq_len,
             float(spec.softmax_scale),
+            float(spec.logits_soft_cap or 0.0),
+            int(spec.sliding_window or 0),
         )
         return out
 

@@ -130,7 +130,10 @@ def _unit_last(t: torch.Tensor) -> torch.Tensor:
 
 
 def write_kv(key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
-    """Store ``key``/``value`` ``[T, kv_heads, D]`` at ``slot_mapping`` (slots of -1 are skipped on the device)."""
+    """Store ``key``/``value`` ``[T, kv_heads, D]`` at ``slot_mapping`` (slots of -1 are skipped on the device).
+
+    An int8/fp8 ``kv_cache`` (``D + 2`` per vector) gets each vector quantized with its float16 scale.
+    """
     tokens, kv_heads, head_size = key.shape
     if tokens == 0:
         return
@@ -165,8 +168,14 @@ def attention(
     max_query_len: int,
     max_seq_len: int,
     scale: float,
+    soft_cap: float = 0.0,
+    window: int = 0,
 ) -> torch.Tensor:
-    """Paged attention of ``query`` ``[T, H, D]``: decode rows (split-K + reduce), then prefill rows (tiled)."""
+    """Paged attention of ``query`` ``[T, H, D]``: decode rows (split-K + reduce), then prefill rows (tiled).
+
+    ``soft_cap`` (0.0: none) and ``window`` (keys a query sees, itself included; 0: none) as in
+    ``AttentionSpec``. An int8/fp8 ``kv_cache`` is in the default quantized layout (``D + 2`` per vector).
+    """
     tokens, num_heads, head_size = query.shape
     query = _unit_last(query)
     k_cache, v_cache = kv_cache[0], kv_cache[1]
@@ -207,6 +216,8 @@ def attention(
             block_table,
             row_offset,
             scale,
+            soft_cap,
+            window,
             group,
             head_size,
             block_size,
@@ -220,7 +231,10 @@ def attention(
 
     if num_decodes > 0:
         block_n = attention_tiles(query.dtype, head_size, block_size, True, False, family, big_tiles).block_n
-        splits, partition = split_plan(num_decodes, kv_heads, max_seq_len, block_n)
+        # A windowed decode row reads at most window + block_n - 1 keys (its start aligned down to a key
+        # tile): the partitions split that span, counted from the row's first key.
+        span = max_seq_len if window <= 0 else min(max_seq_len, window + block_n - 1)
+        splits, partition = split_plan(num_decodes, kv_heads, span, block_n)
         parts = (out, out)  # unused when not split
         if splits > 1:
             pad = head_pad(head_size)

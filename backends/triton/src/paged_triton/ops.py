@@ -35,6 +35,8 @@ def attention(
     max_query_len: int,
     max_seq_len: int,
     scale: float,
+    soft_cap: float = 0.0,
+    window: int = 0,
 ) -> torch.Tensor:
     """Paged attention over the cache (see :func:`paged_triton.launch.attention`)."""
     return kernels.attention(
@@ -48,6 +50,8 @@ def attention(
         max_query_len,
         max_seq_len,
         scale,
+        soft_cap,
+        window,
     )
 
 
@@ -63,6 +67,8 @@ def _attention_fake(
     max_query_len: int,
     max_seq_len: int,
     scale: float,
+    soft_cap: float = 0.0,
+    window: int = 0,
 ) -> torch.Tensor:
     return query.new_empty(query.shape)
 

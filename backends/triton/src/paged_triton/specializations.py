@@ -27,8 +27,15 @@ from paged_triton.tiles import (
     rdna_supported,
 )
 
-POINTER_TYPES = {torch.float32: "*fp32", torch.bfloat16: "*bf16", torch.float16: "*fp16"}
-"""Triton pointer type of a tensor of each dtype."""
+POINTER_TYPES = {
+    torch.float32: "*fp32",
+    torch.bfloat16: "*bf16",
+    torch.float16: "*fp16",
+    torch.int8: "*i8",
+    torch.float8_e4m3fn: "*fp8e4nv",
+    torch.float8_e5m2: "*fp8e5",
+}
+"""Triton pointer type of a tensor of each dtype (the 8-bit ones: quantized KV caches)."""
 
 
 @dataclass(frozen=True)
@@ -109,7 +116,7 @@ def attention_specializations(caps: BackendCapabilities, family: str) -> Iterato
                                 ("block_table_ptr", "*i32"),
                             ),
                             tiles.lanes,
-                            ("scale",),
+                            ("scale", "soft_cap"),
                             _options("attention", family),
                         )
     for q in sorted(caps.dtypes, key=_name):

@@ -8,49 +8,12 @@ from __future__ import annotations
 
 import pytest
 import torch
+from triton_cases import run_case, write
 
-from paged_core.api import AttentionMetadata, AttentionSpec, UnsupportedConfigError, build_attention_metadata
+from paged_core.api import AttentionMetadata, AttentionSpec, UnsupportedConfigError
 from paged_core.testing import ReferenceBackend
 from paged_triton import launch
 from paged_triton.tiles import INTERPRET_TILES_ENV
-
-TOL = {torch.float32: 2e-4, torch.bfloat16: 3e-2, torch.float16: 1e-2}
-
-
-@pytest.fixture(params=["cdna", "xpu"])
-def family(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    """Run the test with this family's device tiles (AMD/NVIDIA-style, Intel) instead of the interpreter's own."""
-    monkeypatch.setenv(INTERPRET_TILES_ENV, request.param)
-    return str(request.param)
-
-
-def _write(key: torch.Tensor, value: torch.Tensor, cache: torch.Tensor, md: AttentionMetadata) -> None:
-    launch.write_kv(key, value, cache, md.slot_mapping)
-
-
-def _attend(q: torch.Tensor, cache: torch.Tensor, md: AttentionMetadata, spec: AttentionSpec) -> torch.Tensor:
-    return launch.attention(
-        q,
-        cache,
-        md.query_start_loc,
-        md.seq_lens,
-        md.block_table,
-        md.num_decodes,
-        md.num_prefills,
-        md.max_query_len,
-        md.max_seq_len,
-        float(spec.softmax_scale),
-    )
-
-
-def _tables(seq_lens: list[int], block: int, num_blocks: int, gen: torch.Generator) -> list[list[int]]:
-    perm = (torch.randperm(num_blocks - 1, generator=gen) + 1).tolist()
-    out, i = [], 0
-    for s in seq_lens:
-        n = -(-s // block)
-        out.append(perm[i : i + n])
-        i += n
-    return out
 
 
 def _run(
@@ -64,27 +27,7 @@ def _run(
     seq_lens: list[int],
     scale: float | None = None,
 ) -> None:
-    gen = torch.Generator().manual_seed(hash((str(dtype), head, block, heads, kv_heads)) % 2**31)
-    spec = AttentionSpec(heads, kv_heads, head, scale=scale)
-    num_blocks = sum(-(-s // block) for s in seq_lens) + 3
-    tables = _tables(seq_lens, block, num_blocks, gen)
-    whole = build_attention_metadata(seq_lens, seq_lens, tables, block)
-    step = build_attention_metadata(query_lens, seq_lens, tables, block)
-    k = torch.randn(sum(seq_lens), kv_heads, head, generator=gen).to(kv_dtype).to(dtype)
-    v = torch.randn(sum(seq_lens), kv_heads, head, generator=gen).to(kv_dtype).to(dtype)
-    ref = ReferenceBackend("cpu")
-    want_cache = ref.allocate_kv_cache(num_blocks, block, spec, dtype)
-    got_cache = ref.allocate_kv_cache(num_blocks, block, spec, kv_dtype)  # the same [2, blocks, block, Hkv, D]
-    ref.write_kv(k, v, want_cache, whole)
-    _write(k, v, got_cache, whole)
-    assert torch.equal(got_cache.to(dtype), want_cache), "write_kv stored different values than the reference"
-    # Query as a strided view (every other head of a wider tensor), as from a fused projection.
-    q = torch.randn(sum(query_lens), 2 * heads, head, generator=gen).to(dtype)[:, ::2]
-    want = ref.attention(q, want_cache, step, spec)
-    got = _attend(q, got_cache, step, spec)
-    tol = max(TOL[dtype], TOL[kv_dtype])
-    err = (got.float() - want.float()).abs().max().item()
-    assert got.dtype == dtype and err <= tol, f"max error {err} > {tol}"
+    run_case(dtype, kv_dtype, heads, kv_heads, head, block, query_lens, seq_lens, scale=scale).check()
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
@@ -142,7 +85,7 @@ def test_padding_slots_are_not_written(family: str) -> None:
         max_seq_len=2,
     )
     kv = torch.ones(2, 2, 64)
-    _write(kv, 2 * kv, cache, md)
+    write(kv, 2 * kv, cache, md)
     assert int((cache != 0).sum()) == 2 * 2 * 64, "exactly one token's keys and values must be stored"
     launch.copy_blocks([cache], torch.tensor([[1, 3]]))
     assert torch.equal(cache[:, 3], cache[:, 1]) and float(cache[1, 3, 0, 0, 0]) == 2.0
