@@ -2,16 +2,27 @@
 //
 // Included by each kernel translation unit inside its own namespace, after it
 // defines: kBf16Dot, stage_rows<K, D>, stage_pairs<K, D>, dot_pairs<D>, axpy_rows<D>,
-// scale_max, exp_sum, scale_vec, and (used only when kBf16Dot) dot_pairs_bf16<D>,
-// axpy_rows_bf16<D>, finish_acc<D>, to_bf16. The dot and axpy primitives call tick()
-// once per step of their inner loop, which paces the prefetch of the next chunk.
+// scale_max, exp_sum, scale_vec, widen_f16, and (used only when kBf16Dot) dot_pairs_bf16<D>,
+// axpy_rows_bf16<D>, finish_acc<D>, to_bf16, stage_pairs_bf16<K, D>, stage_rows_bf16<K, D>.
+// The dot and axpy primitives call tick() once per step of their inner loop, which paces the
+// prefetch of the next chunk.
 //
 // One work item is a tile of query tokens of one row against a run of KV heads
 // and a range of keys. The tokens * group query rows of a KV head share every
 // key and value read (GQA: a KV block is read once per group of query heads).
-// Keys are taken in chunks of whole 16-key groups; per chunk and head: scores for
-// all rows (keys in the pair layout of kernel_api.h), an online-softmax update,
-// then the probability-weighted values. Keys past a row's own position are masked.
+// Keys are taken in chunks of whole 16-key groups, the chunks ending at multiples
+// of the chunk length (absolute key positions, so a row sums its keys in the same
+// pieces whichever item holds it); per chunk and head: scores for all rows (keys in
+// the pair layout of kernel_api.h), an online-softmax update, then the
+// probability-weighted values. Each row sees the keys in [window start, own position]:
+// the others are masked to exact zeros, and an item never starts before its first
+// row's window (block-table entries wholly before it are never read).
+//
+// Quantized caches (I8, E4M3, E5M2) are read in place: elements are widened to fp32 (or
+// to bf16, exactly, for bf16 dot products), the dot products run on the unscaled
+// elements, and each key's scale multiplies its score, each value's scale its weight
+// (sum_j p_j * (s_j * v_j) = sum_j (p_j * s_j) * v_j): two multiplies per key and row
+// instead of one per element, all in fp32.
 
 // The next chunk's key and value lines, requested a few at a time as the current chunk's work ticks.
 // Blocks sit anywhere in memory, out of the hardware prefetcher's sight, so the requests are made in
@@ -58,7 +69,8 @@ class ChunkPrefetch {
 
 template <KvType K, int D>
 void attend_item_t(const AttnProblem& p, const WorkItem& w, float* ws, float* partials) {
-  constexpr int64_t elem = K == KvType::F32 ? 4 : 2;
+  constexpr int64_t elem = kv_elem_bytes(K);
+  constexpr bool quant = is_quantized(K);
   constexpr int kMaxGroups = kMaxChunk / kKeyGroup;
   const int G = p.num_heads / p.num_kv_heads;
   const int per_head = w.q_count * G;  // rows of one KV head
@@ -75,7 +87,12 @@ void attend_item_t(const AttnProblem& p, const WorkItem& w, float* ws, float* pa
   // [buffer][head][group]: where this chunk's and the next chunk's 16-key groups start.
   const char* kgroup[2][kMaxItemHeads][kMaxGroups];
   const char* vgroup[2][kMaxItemHeads][kMaxGroups];
+  // Quantized caches: where those groups' 16 float16 scales start in the key plane (the value plane's
+  // are at the same offset from its tile).
+  const char* sgroup[2][kMaxItemHeads][kMaxGroups];
+  float kscale[kMaxChunk], vscale[kMaxChunk];  // this chunk's scales, times staged_unit (and the keys' by p.scale)
   const float* kf[kMaxGroups];
+  const uint16_t* kh[kMaxGroups];
   const float* vf[kMaxChunk];
   const void* hv[kMaxChunk];
 
@@ -87,7 +104,8 @@ void attend_item_t(const AttnProblem& p, const WorkItem& w, float* ws, float* pa
       for (int i = 0; i < G * D; ++i) dst[i] = src[i];
     }
   }
-  const bool bf16_dot = kBf16Dot && K == KvType::BF16 && p.bf16_query;
+  // bf16 queries meet bf16 keys (or quantized ones widened to bf16, exactly) in bf16 dot products.
+  const bool bf16_dot = kBf16Dot && (K == KvType::BF16 || quant) && p.bf16_query;
   if (bf16_dot) to_bf16(q, M * D, qb);
   const bool bf16_pv = bf16_dot && D % 32 == 0;  // values through bf16 pair dot products too
   for (int r = 0; r < M; ++r) {
@@ -101,6 +119,9 @@ void attend_item_t(const AttnProblem& p, const WorkItem& w, float* ws, float* pa
   const auto* vcache = static_cast<const char*>(p.v_cache);
   const int bs = p.block_size;
   const int64_t pair_stride = 2 * static_cast<int64_t>(bs);  // elements between a key group's dimension pairs
+  const int64_t scale_row = static_cast<int64_t>(bs) * D;    // quantized: bytes from a tile to its scales
+  const float key_unit = staged_unit(K) * p.scale;            // folded into the key scales
+  const float score_scale = quant ? 1.0f : p.scale;
 
   // Byte offset, in either plane, of the tile of the item's KV head `hh` in the block holding `key`.
   auto tile_of = [&](int key, int hh) {
@@ -115,23 +136,26 @@ void attend_item_t(const AttnProblem& p, const WorkItem& w, float* ws, float* pa
         const int64_t tile = tile_of(key, hh);
         kgroup[buf][hh][g] = kcache + tile + 2 * off * elem;
         vgroup[buf][hh][g] = vcache + tile + static_cast<int64_t>(off) * D * elem;
+        if constexpr (quant) sgroup[buf][hh][g] = kcache + tile + scale_row + 2 * off;
       }
     }
   };
-  auto chunk_len = [&](int c) { return w.k_end - c < CH ? w.k_end - c : CH; };
+  // Chunks end at multiples of CH (and at the item's end): fixed key positions whatever the item's start.
+  auto chunk_end = [&](int c) { return (c / CH + 1) * CH < w.k_end ? (c / CH + 1) * CH : w.k_end; };
   // Chunk i is computed while the lines of chunk i + 1 are requested (two chunks ahead measured slower).
   ChunkPrefetch prefetch;
   int prefetched_block = w.k_begin / bs;  // the first chunk's blocks are not prefetched
-  locate(w.k_begin, chunk_len(w.k_begin), 0);
-  for (int c0 = w.k_begin, cur = 0; c0 < w.k_end; c0 += CH, cur ^= 1) {
-    const int n = chunk_len(c0);
+  locate(w.k_begin, chunk_end(w.k_begin) - w.k_begin, 0);
+  for (int c0 = w.k_begin, cur = 0; c0 < w.k_end; c0 = chunk_end(c0), cur ^= 1) {
+    const int n = chunk_end(c0) - c0;
     const int ng = (n + kKeyGroup - 1) / kKeyGroup;
-    const int c1 = c0 + CH;
+    const int c1 = c0 + n;
     prefetch.restart();
     if (c1 < w.k_end) {
-      locate(c1, chunk_len(c1), cur ^ 1);
+      const int n1 = chunk_end(c1) - c1;
+      locate(c1, n1, cur ^ 1);
       // Whole blocks, each once: the item's key tiles of a block are adjacent, and so are its value tiles.
-      for (int key = c1; key < c1 + chunk_len(c1); key = (key / bs + 1) * bs) {
+      for (int key = c1; key < c1 + n1; key = (key / bs + 1) * bs) {
         if (key / bs == prefetched_block) continue;
         prefetched_block = key / bs;
         const int64_t tile = tile_of(key, 0);
@@ -143,9 +167,24 @@ void attend_item_t(const AttnProblem& p, const WorkItem& w, float* ws, float* pa
       const int64_t hq = static_cast<int64_t>(hh) * per_head * D;  // this head's rows in q, qb and acc
       float* sh = s + static_cast<int64_t>(hh) * per_head * CH;
       const char* const* kg = kgroup[cur][hh];
+      if constexpr (quant) {
+        for (int g = 0; g < ng; ++g) {
+          const auto* sc = reinterpret_cast<const uint16_t*>(sgroup[cur][hh][g]);
+          widen_f16(sc, kKeyGroup, key_unit, kscale + g * kKeyGroup);
+          widen_f16(reinterpret_cast<const uint16_t*>(reinterpret_cast<const char*>(sc) + (vcache - kcache)),
+                    kKeyGroup, staged_unit(K), vscale + g * kKeyGroup);
+        }
+      }
       if (bf16_dot) {
-        dot_pairs_bf16<D>(qb + hq, per_head, reinterpret_cast<const uint16_t* const*>(kg), ng, pair_stride, sh, CH,
-                          prefetch);
+        if constexpr (quant) {
+          auto* staged = reinterpret_cast<uint16_t*>(kbuf);
+          stage_pairs_bf16<K, D>(reinterpret_cast<const void* const*>(kg), ng, pair_stride, staged);
+          for (int g = 0; g < ng; ++g) kh[g] = staged + static_cast<int64_t>(g) * kKeyGroup * D;
+          dot_pairs_bf16<D>(qb + hq, per_head, kh, ng, 2 * kKeyGroup, sh, CH, prefetch);
+        } else {
+          dot_pairs_bf16<D>(qb + hq, per_head, reinterpret_cast<const uint16_t* const*>(kg), ng, pair_stride, sh,
+                            CH, prefetch);
+        }
       } else if (K == KvType::F32) {
         dot_pairs<D>(q + hq, per_head, reinterpret_cast<const float* const*>(kg), ng, pair_stride, sh, CH, prefetch);
       } else {
@@ -156,22 +195,35 @@ void attend_item_t(const AttnProblem& p, const WorkItem& w, float* ws, float* pa
       for (int r = hh * per_head; r < (hh + 1) * per_head; ++r) {
         float* sr = s + static_cast<int64_t>(r) * CH;
         const int pos = w.first_pos + (r - hh * per_head) / G;
-        const int visible = pos - c0 + 1 < n ? pos - c0 + 1 : n;  // causal: keys up to the row's position
-        if (visible <= 0) {
+        // Visible keys of this chunk: [lo, hi), from the row's window start to its own position.
+        const int first = p.sliding_window > 0 ? pos - p.sliding_window + 1 - c0 : 0;
+        const int lo = first > 0 ? first : 0;
+        const int hi = pos - c0 + 1 < n ? pos - c0 + 1 : n;
+        if (hi <= lo) {
           for (int j = 0; j < n; ++j) sr[j] = 0.0f;
           continue;
         }
-        const float cm = scale_max(sr, visible, p.scale);
+        if constexpr (quant)
+          for (int j = lo; j < hi; ++j) sr[j] *= kscale[j];
+        const float cm = scale_max(sr, lo, hi, score_scale, p.soft_cap);
         const float mnew = cm > mx[r] ? cm : mx[r];
         const float alpha = mx[r] == -INFINITY ? 0.0f : std::exp(mx[r] - mnew);
-        const float chunk_sum = exp_sum(sr, visible, mnew);
-        for (int j = visible; j < n; ++j) sr[j] = 0.0f;
+        const float chunk_sum = exp_sum(sr, lo, hi, mnew);
+        for (int j = 0; j < lo; ++j) sr[j] = 0.0f;
+        for (int j = hi; j < n; ++j) sr[j] = 0.0f;
+        if constexpr (quant)
+          for (int j = lo; j < hi; ++j) sr[j] *= vscale[j];
         if (alpha != 1.0f) scale_vec(acc + static_cast<int64_t>(r) * D, D, alpha);
         sum[r] = sum[r] * alpha + chunk_sum;
         mx[r] = mnew;
       }
       for (int j = 0; j < n; ++j) hv[j] = vgroup[cur][hh][j / kKeyGroup] + (j % kKeyGroup) * D * elem;
       if (bf16_pv) {
+        if constexpr (quant) {
+          auto* staged = reinterpret_cast<uint16_t*>(vbuf);
+          stage_rows_bf16<K, D>(hv, n, staged);
+          for (int j = 0; j < n; ++j) hv[j] = staged + static_cast<int64_t>(j) * D;
+        }
         axpy_rows_bf16<D>(acc + hq, per_head, sh, CH, hv, n, prefetch);
         continue;
       }
@@ -223,6 +275,9 @@ inline void attend_item(const AttnProblem& p, const WorkItem& w, float* ws, floa
     case KvType::F32: PAGED_CPU_HEAD_CASES(KvType::F32)
     case KvType::BF16: PAGED_CPU_HEAD_CASES(KvType::BF16)
     case KvType::F16: PAGED_CPU_HEAD_CASES(KvType::F16)
+    case KvType::I8: PAGED_CPU_HEAD_CASES(KvType::I8)
+    case KvType::E4M3: PAGED_CPU_HEAD_CASES(KvType::E4M3)
+    case KvType::E5M2: PAGED_CPU_HEAD_CASES(KvType::E5M2)
   }
 }
 

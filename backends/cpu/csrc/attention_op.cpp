@@ -9,24 +9,29 @@
 #include "plan.h"
 
 namespace paged_cpu {
-namespace {
 
 KvType kv_type_of(const at::Tensor& cache) {
   switch (cache.scalar_type()) {
     case at::kFloat: return KvType::F32;
     case at::kBFloat16: return KvType::BF16;
     case at::kHalf: return KvType::F16;
+    case at::kChar: return KvType::I8;
+    case at::kFloat8_e4m3fn: return KvType::E4M3;
+    case at::kFloat8_e5m2: return KvType::E5M2;
     default: TORCH_CHECK(false, "paged_cpu: kv_cache dtype ", cache.scalar_type(),
-                         " not supported (supported: float32, bfloat16, float16)");
+                         " not supported (supported: float32, bfloat16, float16, int8, float8_e4m3fn, float8_e5m2)");
   }
 }
+
+namespace {
 
 void check_inputs(const at::Tensor& query, const at::Tensor& kv_cache, const at::Tensor& qsl,
                   const at::Tensor& seq_lens, const at::Tensor& block_table) {
   TORCH_CHECK(query.dim() == 3, "paged_cpu: query must be [tokens, heads, head_size], got ", query.sizes());
   check_cache(kv_cache, "kv_cache");
-  TORCH_CHECK(kv_cache.size(4) == query.size(2), "paged_cpu: kv_cache head_size ", kv_cache.size(4),
-              " != query head_size ", query.size(2));
+  const int64_t extra = is_quantized(kv_type_of(kv_cache)) ? kScaleElements : 0;  // each vector's scale
+  TORCH_CHECK(kv_cache.size(4) == query.size(2) + extra, "paged_cpu: kv_cache head_size ", kv_cache.size(4),
+              " != query head_size ", query.size(2), extra ? " + 2 (a quantized cache's scale)" : "");
   const int64_t d = query.size(2);
   TORCH_CHECK(d == 64 || d == 80 || d == 96 || d == 128 || d == 256, "paged_cpu: head_size ", d,
               " not supported (supported: 64, 80, 96, 128, 256)");
@@ -82,8 +87,12 @@ void run_dynamic(int64_t n, int64_t workspace, const Fn& fn) {
 }  // namespace
 
 at::Tensor attention(const at::Tensor& query, const at::Tensor& kv_cache, const at::Tensor& query_start_loc,
-                     const at::Tensor& seq_lens, const at::Tensor& block_table, double scale, int64_t split_tokens) {
+                     const at::Tensor& seq_lens, const at::Tensor& block_table, double scale, int64_t split_tokens,
+                     int64_t sliding_window, double soft_cap) {
   check_inputs(query, kv_cache, query_start_loc, seq_lens, block_table);
+  TORCH_CHECK(sliding_window >= 0 && sliding_window <= INT32_MAX,
+              "paged_cpu: sliding_window must be >= 0 (0: none), got ", sliding_window);
+  TORCH_CHECK(soft_cap >= 0.0 && std::isfinite(soft_cap), "paged_cpu: soft_cap must be >= 0 (0: none), got ", soft_cap);
   const int64_t tokens = query.size(0), heads = query.size(1), head_size = query.size(2);
   const int64_t kv_heads = kv_cache.size(2), group = heads / kv_heads;
   at::Tensor q = query;
@@ -91,7 +100,8 @@ at::Tensor attention(const at::Tensor& query, const at::Tensor& kv_cache, const 
     q = at::empty({tokens, heads, head_size}, query.options().dtype(at::kFloat)).copy_(query);
   at::Tensor out = at::empty({tokens, heads, head_size}, query.options().dtype(at::kFloat));
 
-  const Shape shape{tokens, heads, kv_heads, head_size, kv_cache.size(1), kv_cache.size(3), kv_cache.element_size()};
+  const Shape shape{tokens,           heads,           kv_heads,   head_size, kv_cache.size(1), kv_cache.size(3),
+                    kv_cache.element_size(), sliding_window};
   const Plan plan = make_plan(shape, query_start_loc.contiguous(), seq_lens.contiguous(), block_table, split_tokens,
                               debug_checks());
   if (plan.used_tokens < tokens) out.narrow(0, plan.used_tokens, tokens - plan.used_tokens).zero_();
@@ -113,6 +123,8 @@ at::Tensor attention(const at::Tensor& query, const at::Tensor& kv_cache, const 
   p.block_size = static_cast<int32_t>(kv_cache.size(3));
   p.scale = static_cast<float>(scale);
   p.bf16_query = query.scalar_type() == at::kBFloat16;
+  p.sliding_window = static_cast<int32_t>(sliding_window);
+  p.soft_cap = static_cast<float>(soft_cap);
 
   std::vector<float> partials(static_cast<size_t>(plan.partial_floats));
   const AttendFn attend = current_kernels().attend;

@@ -1,11 +1,12 @@
 // paged_cpu::write_kv and paged_cpu::copy_blocks: plain copies with every index checked (they are cheap).
-// write_kv stores keys in the pair layout of kernel_api.h.
+// write_kv stores keys in the pair layout of kernel_api.h, and quantizes for an int8 / float8 cache.
 #include <ATen/Parallel.h>
 
 #include <cstring>
 #include <string>
 
 #include "ops.h"
+#include "quant_kv.h"
 
 namespace paged_cpu {
 namespace {
@@ -45,19 +46,21 @@ void write_kv(const at::Tensor& key, const at::Tensor& value, const at::Tensor& 
   check_cache(kv_cache, "kv_cache");
   TORCH_CHECK(slot_mapping.dim() == 1 && slot_mapping.scalar_type() == at::kLong,
               "paged_cpu: slot_mapping must be int64 [T]");
+  const bool quantized = is_quantized(kv_type_of(kv_cache));
   const int64_t tokens = slot_mapping.size(0), kv_heads = kv_cache.size(2), block_size = kv_cache.size(3),
-                head_size = kv_cache.size(4);
+                head_size = kv_cache.size(4) - (quantized ? kScaleElements : 0);
   for (const at::Tensor* t : {&key, &value})
     TORCH_CHECK(t->dim() == 3 && t->size(0) == tokens && t->size(1) == kv_heads && t->size(2) == head_size,
                 "paged_cpu: key and value must be [", tokens, ", ", kv_heads, ", ", head_size, "] (one row per slot), got ",
                 key.sizes(), " and ", value.sizes());
-  const at::Tensor k = as_cache_rows(key, kv_cache), v = as_cache_rows(value, kv_cache);
   const at::Tensor slots = slot_mapping.contiguous();
   const int64_t* slot = slots.data_ptr<int64_t>();
   const int64_t num_slots = kv_cache.size(1) * block_size;
   for (int64_t t = 0; t < tokens; ++t)
     TORCH_CHECK(slot[t] >= -1 && slot[t] < num_slots, "paged_cpu: slot_mapping[", t, "] = ", slot[t],
                 " is out of range for a cache of ", num_slots, " slots (-1 marks padding)");
+  if (quantized) return write_kv_quantized(key, value, kv_cache, slot);
+  const at::Tensor k = as_cache_rows(key, kv_cache), v = as_cache_rows(value, kv_cache);
   const int64_t esize = kv_cache.element_size(), row_bytes = head_size * esize;
   auto* base = static_cast<char*>(kv_cache.data_ptr());
   const int64_t plane = kv_cache.stride(0) * esize, block_bytes = kv_cache.stride(1) * esize;

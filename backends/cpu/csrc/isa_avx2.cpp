@@ -50,26 +50,43 @@ inline __m256 exp_neg(__m256 x) {
   return _mm256_mul_ps(y, _mm256_castsi256_ps(e));
 }
 
+// 8 quantized elements widened to fp32, unscaled (as load_q16 of isa_avx512_body.h: E4M3 reads 2**-8 times
+// its value).
+template <KvType K>
+inline __m256 load_q8(const uint8_t* p) {
+  const __m128i raw = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p));
+  if constexpr (K == KvType::I8) return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(raw));
+  const __m128i wide = _mm_cvtepi8_epi16(raw);
+  if constexpr (K == KvType::E5M2) return _mm256_cvtph_ps(_mm_slli_epi16(wide, 8));
+  return _mm256_cvtph_ps(_mm_and_si128(_mm_slli_epi16(wide, 7), _mm_set1_epi16(static_cast<short>(0xBF80))));
+}
+
+// 8 stored elements of a cache of type K as fp32 (quantized ones unscaled).
+template <KvType K>
+inline __m256 load8(const void* base, int64_t i) {
+  if constexpr (K == KvType::BF16) return load_bf16(static_cast<const uint16_t*>(base) + i);
+  if constexpr (K == KvType::F16) return load_f16(static_cast<const uint16_t*>(base) + i);
+  return load_q8<K>(static_cast<const uint8_t*>(base) + i);
+}
+
 template <KvType K, int D>
 void stage_rows(const void* const* src, int n, float* dst) {
-  for (int j = 0; j < n; ++j) {
-    const auto* h = static_cast<const uint16_t*>(src[j]);
-    for (int d = 0; d < D; d += 8)
-      _mm256_storeu_ps(dst + j * D + d, K == KvType::BF16 ? load_bf16(h + d) : load_f16(h + d));
-  }
+  for (int j = 0; j < n; ++j)
+    for (int d = 0; d < D; d += 8) _mm256_storeu_ps(dst + j * D + d, load8<K>(src[j], d));
 }
 
 // A group of 16 keys in the pair layout, staged to fp32: pair i of the group at dst[32 * i], 32 floats.
 template <KvType K, int D>
 void stage_pairs(const void* const* groups, int ng, int64_t pair_stride, float* dst) {
-  for (int g = 0; g < ng; ++g) {
-    const auto* h = static_cast<const uint16_t*>(groups[g]);
-    for (int i = 0; i < D / 2; ++i, dst += 32) {
-      const uint16_t* x = h + i * pair_stride;
-      for (int c = 0; c < 4; ++c)
-        _mm256_storeu_ps(dst + 8 * c, K == KvType::BF16 ? load_bf16(x + 8 * c) : load_f16(x + 8 * c));
-    }
-  }
+  for (int g = 0; g < ng; ++g)
+    for (int i = 0; i < D / 2; ++i, dst += 32)
+      for (int c = 0; c < 4; ++c) _mm256_storeu_ps(dst + 8 * c, load8<K>(groups[g], i * pair_stride + 8 * c));
+}
+
+// n float16 scales (n a multiple of 8) as fp32 times mul.
+inline void widen_f16(const uint16_t* h, int n, float mul, float* dst) {
+  const __m256 m = _mm256_set1_ps(mul);
+  for (int i = 0; i < n; i += 8) _mm256_storeu_ps(dst + i, _mm256_mul_ps(load_f16(h + i), m));
 }
 
 // Scores of R query rows against one fp32 key group: one pair's 32 floats are four registers of 4 keys'
@@ -108,6 +125,10 @@ void dot_pairs(const float* q, int M, const float* const* groups, int ng, int64_
 template <int D, typename Tick>
 void dot_pairs_bf16(const uint16_t*, int, const uint16_t* const*, int, int64_t, float*, int, Tick&) {}
 inline void to_bf16(const float*, int, uint16_t*) {}
+template <KvType K, int D>
+void stage_pairs_bf16(const void* const*, int, int64_t, uint16_t*) {}
+template <KvType K, int D>
+void stage_rows_bf16(const void* const*, int, uint16_t*) {}
 template <int D, typename Tick>
 void axpy_rows_bf16(float*, int, const float*, int, const void* const*, int, Tick&) {}
 template <int D>
@@ -133,37 +154,58 @@ void axpy_rows(float* acc, int M, const float* p, int ld, const float* const* va
   }
 }
 
-inline float scale_max(float* x, int n, float scale) {
-  const __m256 sc = _mm256_set1_ps(scale);
+// cap * tanh(x / cap), with tanh(a) = sign(a) (1 - e) / (1 + e), e = exp(-2 |a|).
+inline __m256 soft_cap(__m256 x, __m256 cap, __m256 inv_cap) {
+  const __m256 a = _mm256_mul_ps(x, inv_cap);
+  const __m256 sign_bit = _mm256_set1_ps(-0.0f);
+  const __m256 e = exp_neg(_mm256_mul_ps(_mm256_andnot_ps(sign_bit, a), _mm256_set1_ps(-2.0f)));
+  const __m256 one = _mm256_set1_ps(1.0f);
+  const __m256 t = _mm256_div_ps(_mm256_sub_ps(one, e), _mm256_add_ps(one, e));
+  return _mm256_mul_ps(cap, _mm256_or_ps(t, _mm256_and_ps(sign_bit, a)));
+}
+
+// Lanes l with i + l >= lo as an all-ones mask, for a block of 8 starting at i.
+inline __m256 lanes_from(int lo, int i) {
+  const __m256i idx = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+  return _mm256_castsi256_ps(_mm256_cmpgt_epi32(idx, _mm256_set1_epi32(lo - i - 1)));
+}
+
+// x[lo, hi) *= scale (then soft-capped when cap > 0); returns their max. Whole blocks of 8 (from multiples of 8,
+// so a score's path depends on its own position only) go through vectors, the last few through scalars.
+inline float scale_max(float* x, int lo, int hi, float scale, float cap) {
+  const __m256 sc = _mm256_set1_ps(scale), cv = _mm256_set1_ps(cap), inv = _mm256_set1_ps(1.0f / cap);
   __m256 m = _mm256_set1_ps(-INFINITY);
-  int i = 0;
-  for (; i + 8 <= n; i += 8) {
-    const __m256 v = _mm256_mul_ps(_mm256_loadu_ps(x + i), sc);
-    _mm256_storeu_ps(x + i, v);
-    m = _mm256_max_ps(m, v);
+  int i = lo & ~7;
+  for (; i + 8 <= hi; i += 8) {
+    __m256 v = _mm256_mul_ps(_mm256_loadu_ps(x + i), sc);
+    if (cap > 0.0f) v = soft_cap(v, cv, inv);
+    _mm256_storeu_ps(x + i, v);  // lanes before lo are zeroed by the caller
+    m = _mm256_max_ps(m, i < lo ? _mm256_blendv_ps(_mm256_set1_ps(-INFINITY), v, lanes_from(lo, i)) : v);
   }
   float tmp[8];
   _mm256_storeu_ps(tmp, m);
   float best = tmp[0];
   for (int k = 1; k < 8; ++k) best = tmp[k] > best ? tmp[k] : best;
-  for (; i < n; ++i) {
+  for (i = i > lo ? i : lo; i < hi; ++i) {
     x[i] *= scale;
+    if (cap > 0.0f) x[i] = cap * std::tanh(x[i] / cap);
     best = x[i] > best ? x[i] : best;
   }
   return best;
 }
 
-inline float exp_sum(float* x, int n, float sub) {
+inline float exp_sum(float* x, int lo, int hi, float sub) {
   const __m256 sv = _mm256_set1_ps(sub);
   __m256 total = _mm256_setzero_ps();
-  int i = 0;
-  for (; i + 8 <= n; i += 8) {
-    const __m256 e = exp_neg(_mm256_sub_ps(_mm256_loadu_ps(x + i), sv));
+  int i = lo & ~7;
+  for (; i + 8 <= hi; i += 8) {
+    __m256 e = exp_neg(_mm256_sub_ps(_mm256_loadu_ps(x + i), sv));
+    if (i < lo) e = _mm256_and_ps(e, lanes_from(lo, i));
     _mm256_storeu_ps(x + i, e);
     total = _mm256_add_ps(total, e);
   }
   float rest = hsum(total);
-  for (; i < n; ++i) {
+  for (i = i > lo ? i : lo; i < hi; ++i) {
     x[i] = std::exp(x[i] - sub);
     rest += x[i];
   }

@@ -35,28 +35,57 @@ inline __m512 exp_neg(__m512 x) {
   return _mm512_scalef_ps(y, n);
 }
 
+// 16 quantized elements widened to fp32, unscaled: int8 as integers; float8_e5m2 is the upper byte of a
+// float16; float8_e4m3fn's sign, exponent and mantissa bits are moved into float16's places without
+// rebiasing the exponent, which is exact (subnormals included) and reads each value times 2**-8
+// (staged_unit in kernel_api.h restores it through the scales).
+template <KvType K>
+inline __m512 load_q16(const uint8_t* p) {
+  const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  if constexpr (K == KvType::I8) return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(raw));
+  const __m256i wide = _mm256_cvtepi8_epi16(raw);  // the byte's sign fills bits 15..8
+  if constexpr (K == KvType::E5M2) return _mm512_cvtph_ps(_mm256_slli_epi16(wide, 8));
+  // sign to bit 15 (and 14, cleared), exponent and mantissa to bits 13..7
+  return _mm512_cvtph_ps(_mm256_and_si256(_mm256_slli_epi16(wide, 7), _mm256_set1_epi16(static_cast<short>(0xBF80))));
+}
+
+// 16 stored elements of a cache of type K as fp32 (quantized ones unscaled, see load_q16).
+template <KvType K>
+inline __m512 load16(const void* base, int64_t i) {
+  if constexpr (K == KvType::BF16) return load_bf16(static_cast<const uint16_t*>(base) + i);
+  if constexpr (K == KvType::F16) return load_f16(static_cast<const uint16_t*>(base) + i);
+  return load_q16<K>(static_cast<const uint8_t*>(base) + i);
+}
+
 inline __mmask16 tail_mask(int n) { return n >= 16 ? static_cast<__mmask16>(0xffff) : (1u << n) - 1u; }
+
+// Lanes l with lo <= i + l < hi, for a block of 16 starting at i (lo - i < 16).
+inline __mmask16 range_mask(int lo, int hi, int i) {
+  const __mmask16 from = lo - i <= 0 ? static_cast<__mmask16>(0xffff) : static_cast<__mmask16>(0xffffu << (lo - i));
+  return from & tail_mask(hi - i);
+}
 
 template <KvType K, int D>
 void stage_rows(const void* const* src, int n, float* dst) {
-  for (int j = 0; j < n; ++j) {
-    const auto* h = static_cast<const uint16_t*>(src[j]);
-    for (int d = 0; d < D; d += 16)
-      _mm512_storeu_ps(dst + j * D + d, K == KvType::BF16 ? load_bf16(h + d) : load_f16(h + d));
-  }
+  for (int j = 0; j < n; ++j)
+    for (int d = 0; d < D; d += 16) _mm512_storeu_ps(dst + j * D + d, load16<K>(src[j], d));
 }
 
 // A group of 16 keys in the pair layout, staged to fp32: pair i of the group at dst[32 * i], 32 floats.
 template <KvType K, int D>
 void stage_pairs(const void* const* groups, int ng, int64_t pair_stride, float* dst) {
   for (int g = 0; g < ng; ++g) {
-    const auto* h = static_cast<const uint16_t*>(groups[g]);
     for (int i = 0; i < D / 2; ++i, dst += 32) {
-      const uint16_t* x = h + i * pair_stride;
-      _mm512_storeu_ps(dst, K == KvType::BF16 ? load_bf16(x) : load_f16(x));
-      _mm512_storeu_ps(dst + 16, K == KvType::BF16 ? load_bf16(x + 16) : load_f16(x + 16));
+      _mm512_storeu_ps(dst, load16<K>(groups[g], i * pair_stride));
+      _mm512_storeu_ps(dst + 16, load16<K>(groups[g], i * pair_stride + 16));
     }
   }
+}
+
+// n float16 scales (n a multiple of 16) as fp32 times mul.
+inline void widen_f16(const uint16_t* h, int n, float mul, float* dst) {
+  const __m512 m = _mm512_set1_ps(mul);
+  for (int i = 0; i < n; i += 16) _mm512_storeu_ps(dst + i, _mm512_mul_ps(load_f16(h + i), m));
 }
 
 // Scores of R query rows against G fp32 key groups: lanes hold (key, dimension-pair half) products for
@@ -133,6 +162,28 @@ void dot_pairs_bf16(const uint16_t* qb, int M, const uint16_t* const* groups, in
   });
 }
 
+// Quantized keys in the pair layout widened exactly to bf16 (at most 4 significant bits of E4M3/E5M2,
+// 7 of int8): group g's pair i at dst[g * 16 * D + 32 * i], 32 values, the operand of dot_pairs_bf16.
+template <KvType K, int D>
+void stage_pairs_bf16(const void* const* groups, int ng, int64_t pair_stride, uint16_t* dst) {
+  for (int g = 0; g < ng; ++g) {
+    for (int i = 0; i < D / 2; ++i, dst += 32) {
+      const __m512 lo = load16<K>(groups[g], i * pair_stride), hi = load16<K>(groups[g], i * pair_stride + 16);
+      _mm512_storeu_si512(dst, (__m512i)_mm512_cvtne2ps_pbh(hi, lo));
+    }
+  }
+}
+
+// Quantized value rows widened exactly to bf16 rows of D (D % 32 == 0), the operand of axpy_rows_bf16.
+template <KvType K, int D>
+void stage_rows_bf16(const void* const* src, int n, uint16_t* dst) {
+  for (int j = 0; j < n; ++j)
+    for (int d = 0; d < D; d += 32) {
+      const __m512 lo = load16<K>(src[j], d), hi = load16<K>(src[j], d + 16);
+      _mm512_storeu_si512(dst + j * D + d, (__m512i)_mm512_cvtne2ps_pbh(hi, lo));
+    }
+}
+
 inline void to_bf16(const float* x, int n, uint16_t* y) {
   for (int i = 0; i < n; i += 16) {
     const __m256bh h = _mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(tail_mask(n - i), x + i));
@@ -203,6 +254,10 @@ void finish_acc(float* acc, int M) {
 template <int D, typename Tick>
 void dot_pairs_bf16(const uint16_t*, int, const uint16_t* const*, int, int64_t, float*, int, Tick&) {}
 inline void to_bf16(const float*, int, uint16_t*) {}
+template <KvType K, int D>
+void stage_pairs_bf16(const void* const*, int, int64_t, uint16_t*) {}
+template <KvType K, int D>
+void stage_rows_bf16(const void* const*, int, uint16_t*) {}
 
 template <int D, typename Tick>
 void axpy_rows_bf16(float*, int, const float*, int, const void* const*, int, Tick&) {}
@@ -230,11 +285,34 @@ void axpy_rows(float* acc, int M, const float* p, int ld, const float* const* va
   }
 }
 
-inline float scale_max(float* x, int n, float scale) {
+// cap * tanh(x / cap), with tanh(a) = sign(a) (1 - e) / (1 + e), e = exp(-2 |a|).
+inline __m512 soft_cap(__m512 x, __m512 cap, __m512 inv_cap) {
+  const __m512 a = _mm512_mul_ps(x, inv_cap);
+  const __m512 mag = _mm512_abs_ps(a);
+  const __m512 e = exp_neg(_mm512_mul_ps(mag, _mm512_set1_ps(-2.0f)));
+  const __m512 one = _mm512_set1_ps(1.0f);
+  const __m512 t = _mm512_div_ps(_mm512_sub_ps(one, e), _mm512_add_ps(one, e));
+  const __m512 sign = _mm512_and_ps(a, _mm512_set1_ps(-0.0f));
+  return _mm512_mul_ps(cap, _mm512_or_ps(t, sign));
+}
+
+// x[lo, hi) *= scale (then soft-capped when cap > 0); returns their max. Blocks of 16 start at multiples of 16
+// from x, so every score keeps its lane whatever lo is.
+inline float scale_max(float* x, int lo, int hi, float scale, float cap) {
   const __m512 sc = _mm512_set1_ps(scale);
   __m512 m = _mm512_set1_ps(-INFINITY);
-  for (int i = 0; i < n; i += 16) {
-    const __mmask16 k = tail_mask(n - i);
+  if (cap > 0.0f) {
+    const __m512 cv = _mm512_set1_ps(cap), inv = _mm512_set1_ps(1.0f / cap);
+    for (int i = lo & ~15; i < hi; i += 16) {
+      const __mmask16 k = range_mask(lo, hi, i);
+      const __m512 v = soft_cap(_mm512_mul_ps(_mm512_maskz_loadu_ps(k, x + i), sc), cv, inv);
+      _mm512_mask_storeu_ps(x + i, k, v);
+      m = _mm512_mask_max_ps(m, k, m, v);
+    }
+    return _mm512_reduce_max_ps(m);
+  }
+  for (int i = lo & ~15; i < hi; i += 16) {
+    const __mmask16 k = range_mask(lo, hi, i);
     const __m512 v = _mm512_mul_ps(_mm512_maskz_loadu_ps(k, x + i), sc);
     _mm512_mask_storeu_ps(x + i, k, v);
     m = _mm512_mask_max_ps(m, k, m, v);
@@ -242,11 +320,12 @@ inline float scale_max(float* x, int n, float scale) {
   return _mm512_reduce_max_ps(m);
 }
 
-inline float exp_sum(float* x, int n, float sub) {
+// x[lo, hi) = exp(x - sub); returns their sum, each lane summing the scores of its own key positions.
+inline float exp_sum(float* x, int lo, int hi, float sub) {
   const __m512 sv = _mm512_set1_ps(sub);
   __m512 total = _mm512_setzero_ps();
-  for (int i = 0; i < n; i += 16) {
-    const __mmask16 k = tail_mask(n - i);
+  for (int i = lo & ~15; i < hi; i += 16) {
+    const __mmask16 k = range_mask(lo, hi, i);
     const __m512 e = exp_neg(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, x + i), sv));
     _mm512_mask_storeu_ps(x + i, k, e);
     total = _mm512_mask_add_ps(total, k, total, e);

@@ -11,11 +11,25 @@ namespace scalar {
 
 constexpr bool kBf16Dot = false;
 
+// One stored element as fp32; quantized ones unscaled, E4M3 at 2**-8 times its value (see load_q16 in
+// isa_avx512_body.h: its bits moved into a float16's places without rebiasing the exponent).
 template <KvType K>
 inline float load_kv(const void* base, int i) {
-  if (K == KvType::F32) return static_cast<const float*>(base)[i];
+  if constexpr (K == KvType::F32) return static_cast<const float*>(base)[i];
+  if constexpr (is_quantized(K)) {
+    const auto b = static_cast<const int8_t*>(base)[i];
+    if constexpr (K == KvType::I8) return static_cast<float>(b);
+    const auto wide = static_cast<uint16_t>(static_cast<int16_t>(b));  // the sign fills bits 15..8
+    const auto bits = static_cast<uint16_t>(wide << (K == KvType::E5M2 ? 8 : 7));
+    return f16_to_float(K == KvType::E5M2 ? bits : static_cast<uint16_t>(bits & 0xBF80u));
+  }
   const uint16_t h = static_cast<const uint16_t*>(base)[i];
   return K == KvType::BF16 ? bf16_to_float(h) : f16_to_float(h);
+}
+
+// n float16 scales as fp32 times mul.
+inline void widen_f16(const uint16_t* h, int n, float mul, float* dst) {
+  for (int i = 0; i < n; ++i) dst[i] = f16_to_float(h[i]) * mul;
 }
 
 template <KvType K, int D>
@@ -64,18 +78,20 @@ void axpy_rows(float* acc, int M, const float* p, int ld, const float* const* va
   }
 }
 
-inline float scale_max(float* x, int n, float scale) {
+// x[lo, hi) *= scale (then cap * tanh(x / cap) when cap > 0); returns their max.
+inline float scale_max(float* x, int lo, int hi, float scale, float cap) {
   float m = -INFINITY;
-  for (int i = 0; i < n; ++i) {
+  for (int i = lo; i < hi; ++i) {
     x[i] *= scale;
+    if (cap > 0.0f) x[i] = cap * std::tanh(x[i] / cap);
     m = x[i] > m ? x[i] : m;
   }
   return m;
 }
 
-inline float exp_sum(float* x, int n, float sub) {
+inline float exp_sum(float* x, int lo, int hi, float sub) {
   float total = 0.0f;
-  for (int i = 0; i < n; ++i) {
+  for (int i = lo; i < hi; ++i) {
     x[i] = std::exp(x[i] - sub);
     total += x[i];
   }
@@ -87,6 +103,10 @@ inline void scale_vec(float* x, int n, float a) {
 }
 
 inline void to_bf16(const float*, int, uint16_t*) {}
+template <KvType K, int D>
+void stage_pairs_bf16(const void* const*, int, int64_t, uint16_t*) {}
+template <KvType K, int D>
+void stage_rows_bf16(const void* const*, int, uint16_t*) {}
 template <int D, typename Tick>
 void axpy_rows_bf16(float*, int, const float*, int, const void* const*, int, Tick&) {}
 template <int D>

@@ -9,8 +9,19 @@
 
 namespace paged_cpu {
 
-// Storage type of the KV cache.
-enum class KvType : int32_t { F32 = 0, BF16 = 1, F16 = 2 };
+// Storage type of the KV cache. I8, E4M3 and E5M2 are quantized: int8, float8_e4m3fn, float8_e5m2 elements,
+// each vector (one token, one KV head) with its own float16 scale (the rule of paged_core's kv_quant).
+enum class KvType : int32_t { F32 = 0, BF16 = 1, F16 = 2, I8 = 3, E4M3 = 4, E5M2 = 5 };
+
+constexpr bool is_quantized(KvType k) { return k == KvType::I8 || k == KvType::E4M3 || k == KvType::E5M2; }
+
+// Bytes per stored element.
+constexpr int kv_elem_bytes(KvType k) { return k == KvType::F32 ? 4 : (is_quantized(k) ? 1 : 2); }
+
+// The kernels read a quantized element as a float that is its value times this (exact: a power of two).
+// E4M3 bytes are widened into float16 bits without rebiasing the exponent (see stage_pairs), which
+// divides every value by 2**8; the vector's scale is multiplied back by it.
+constexpr float staged_unit(KvType k) { return k == KvType::E4M3 ? 256.0f : 1.0f; }
 
 // The cache layout (one tensor [2, num_blocks, kv_heads, block_size, head_size] per layer).
 // Each block holds, per KV head, a [block_size, head_size] tile of keys and one of values. Values are
@@ -18,6 +29,12 @@ enum class KvType : int32_t { F32 = 0, BF16 = 1, F16 = 2 };
 // (2i, 2i+1) sit at tile offset (i * block_size + j) * 2, so one 64-byte line holds dimension pair i
 // of 16 consecutive keys (bf16): a dot-product instruction on it scores 16 keys at once, with no
 // horizontal sums, and each key line serves every query row of a GQA group.
+//
+// Quantized caches are [2, num_blocks, kv_heads, block_size, head_size + 2] of 1-byte elements (the
+// default shape of paged_core's kv_quant rule, so the KV budget counts 2 more bytes per vector), but a
+// tile's block_size * (head_size + 2) bytes hold the block_size * head_size data bytes first, in the
+// layouts above (keys in pairs, values row-major), then the block_size float16 scales of its vectors in
+// slot order: one 32-byte load gives a 16-key group's scales, and a block copy carries its scales.
 constexpr int kKeyGroup = 16;  // keys scored together; every block size is a multiple of it
 constexpr int kMaxItemHeads = 4;  // KV heads one work item may cover
 
@@ -38,6 +55,8 @@ struct AttnProblem {
   int32_t block_size;
   float scale;
   bool bf16_query;           // queries were bf16: bf16 dot products lose nothing on them
+  int32_t sliding_window;    // > 0: key j is visible from position i iff i - sliding_window < j <= i
+  float soft_cap;            // > 0: each scaled score s becomes soft_cap * tanh(s / soft_cap)
 };
 
 // A tile of query tokens of one row and a range of KV heads against a range of its keys.
@@ -51,7 +70,7 @@ struct WorkItem {
   int32_t q_count;    // tokens in the tile
   int32_t first_pos;  // absolute position of the tile's first token
   int32_t k_begin;    // keys [k_begin, k_end) of this item; k_begin is a multiple of kKeyGroup
-  int32_t k_end;
+  int32_t k_end;      // (chunks of keys end at multiples of chunk_tokens, the same for every item)
   int64_t partial;    // -1: write normalised output; else float offset of this item's partial record
 };
 

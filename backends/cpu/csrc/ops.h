@@ -21,11 +21,21 @@ std::vector<std::string> supported_isas();
 // PAGED_CPU_DEBUG=1: bounds-check every block id a batch reads.
 bool debug_checks();
 
+// sliding_window > 0: each query sees only its last sliding_window keys (none before them is read);
+// soft_cap > 0: scores are soft-capped. A quantized cache (int8, float8) is read in place.
 at::Tensor attention(const at::Tensor& query, const at::Tensor& kv_cache, const at::Tensor& query_start_loc,
-                     const at::Tensor& seq_lens, const at::Tensor& block_table, double scale, int64_t split_tokens);
+                     const at::Tensor& seq_lens, const at::Tensor& block_table, double scale, int64_t split_tokens,
+                     int64_t sliding_window, double soft_cap);
 
-// Refuses anything but a contiguous [2, num_blocks, kv_heads, block_size, head_size] cache the kernels can read.
+// Refuses anything but a contiguous [2, num_blocks, kv_heads, block_size, head_size] cache the kernels can read
+// (head_size + 2 for a quantized cache, see kernel_api.h).
 void check_cache(const at::Tensor& cache, const char* what);
+
+// The storage type of a cache the kernels can read (refusing any other dtype, naming the supported ones).
+KvType kv_type_of(const at::Tensor& cache);
+
+// Elements a quantized cache adds to each vector for its float16 scale.
+constexpr int64_t kScaleElements = 2;
 
 void write_kv(const at::Tensor& key, const at::Tensor& value, const at::Tensor& kv_cache,
               const at::Tensor& slot_mapping);

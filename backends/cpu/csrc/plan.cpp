@@ -7,8 +7,15 @@ namespace paged_cpu {
 namespace {
 
 struct Tile {
-  int32_t row, q_start, q_count, first_pos, k_end;
+  int32_t row, q_start, q_count, first_pos, k_begin, k_end;
 };
+
+// The first key a tile reads: its first token's window start, down to a 16-key group (in the same block).
+// Keys before it are outside every window of the tile, and so are never read: their blocks may be stale.
+int32_t first_key(int64_t first_pos, int64_t window) {
+  if (window <= 0 || first_pos < window) return 0;
+  return static_cast<int32_t>((first_pos - window + 1) / kKeyGroup * kKeyGroup);
+}
 
 // Key splits (flash-decoding) start at fixed key positions, multiples of this, whatever the batch: a row's keys
 // are then reduced in the same pieces, chunks and order whether it decodes alone, among other rows, or as one
@@ -19,8 +26,8 @@ struct Tile {
 constexpr int64_t kSplitKeys = 512;
 static_assert(kSplitKeys % kMaxChunk == 0, "pieces must start at chunk boundaries");
 
-void check_block_ids(const int32_t* ids, int64_t row, int64_t count, int64_t num_blocks) {
-  for (int64_t i = 0; i < count; ++i)
+void check_block_ids(const int32_t* ids, int64_t row, int64_t first, int64_t count, int64_t num_blocks) {
+  for (int64_t i = first; i < count; ++i)
     TORCH_CHECK(ids[i] >= 0 && ids[i] < num_blocks, "paged_cpu: block_table[", row, "][", i, "] = ", ids[i],
                 " is out of range for a cache of ", num_blocks, " blocks (PAGED_CPU_DEBUG bounds check)");
 }
@@ -39,11 +46,16 @@ std::vector<Tile> make_tiles(const Shape& shape, const int32_t* qsl, const int32
     const int64_t blocks = (len + shape.block_size - 1) / shape.block_size;
     TORCH_CHECK(blocks <= width, "paged_cpu: row ", b, ": seq_len ", len, " needs ", blocks,
                 " blocks, the block table has ", width);
-    if (debug) check_block_ids(table.data_ptr<int32_t>() + b * table.stride(0), b, blocks, shape.num_blocks);
     const int32_t context = len - q_len;
+    if (debug) {  // the blocks the row reads: from its first token's window on
+      const int64_t skip = first_key(context, shape.sliding_window) / shape.block_size;
+      check_block_ids(table.data_ptr<int32_t>() + b * table.stride(0), b, skip, blocks, shape.num_blocks);
+    }
     for (int32_t t0 = 0; t0 < q_len; t0 += q_tile) {
       const int32_t count = std::min(q_tile, q_len - t0);
-      tiles.push_back({static_cast<int32_t>(b), q0 + t0, count, context + t0, context + t0 + count});
+      const int32_t pos = context + t0;
+      tiles.push_back({static_cast<int32_t>(b), q0 + t0, count, pos, first_key(pos, shape.sliding_window),
+                       pos + count});
     }
   }
   return tiles;
@@ -68,9 +80,11 @@ Plan make_plan(const Shape& shape, const at::Tensor& query_start_loc, const at::
   // split_tokens > 0 (tests) forces another piece length; it must keep pieces at whole 16-key groups.
   const int64_t split = split_tokens > 0 ? (split_tokens + kKeyGroup - 1) / kKeyGroup * kKeyGroup : kSplitKeys;
   for (const Tile& t : tiles) {
-    // Pieces [s * split, (s + 1) * split): the same boundaries for every row that reaches them.
+    // Pieces [s * split, (s + 1) * split): the same boundaries for every row that reaches them; those wholly
+    // before the tile's first key (a sliding window) are not made.
     const int64_t piece = split;
-    const int64_t pieces = (t.k_end + piece - 1) / piece;
+    const int64_t s0 = t.k_begin / piece;
+    const int64_t pieces = (t.k_end + piece - 1) / piece - s0;
     for (int32_t h = 0; h < shape.kv_heads; h += heads_per_item) {
       const int32_t count = std::min<int32_t>(heads_per_item, static_cast<int32_t>(shape.kv_heads) - h);
       const int32_t rows = count * t.q_count * static_cast<int32_t>(group);
@@ -81,8 +95,8 @@ Plan make_plan(const Shape& shape, const at::Tensor& query_start_loc, const at::
                                t.q_count, h});
       }
       for (int64_t s = 0; s < pieces; ++s) {
-        const auto begin = static_cast<int32_t>(s * piece);
-        const auto end = static_cast<int32_t>(std::min<int64_t>(t.k_end, (s + 1) * piece));
+        const auto begin = static_cast<int32_t>(std::max<int64_t>(t.k_begin, (s0 + s) * piece));
+        const auto end = static_cast<int32_t>(std::min<int64_t>(t.k_end, (s0 + s + 1) * piece));
         const int64_t offset = pieces > 1 ? plan.partial_floats + s * record : -1;
         plan.items.push_back({t.row, h, count, t.q_start, t.q_count, t.first_pos, begin, end, offset});
       }

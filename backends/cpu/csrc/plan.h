@@ -11,6 +11,7 @@ namespace paged_cpu {
 
 struct Shape {
   int64_t tokens, heads, kv_heads, head_size, num_blocks, block_size, kv_elem_size;
+  int64_t sliding_window;  // > 0: a query sees only its last sliding_window keys (itself included)
 };
 
 // One tile whose keys were split over several items: where its partial records are, and where it writes.

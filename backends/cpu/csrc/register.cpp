@@ -7,7 +7,7 @@
 TORCH_LIBRARY(paged_cpu, m) {
   m.def(
       "attention(Tensor query, Tensor kv_cache, Tensor query_start_loc, Tensor seq_lens, Tensor block_table, "
-      "float scale, int split_tokens=0) -> Tensor");
+      "float scale, int split_tokens=0, int sliding_window=0, float soft_cap=0.0) -> Tensor");
   m.def("write_kv(Tensor key, Tensor value, Tensor(a!) kv_cache, Tensor slot_mapping) -> ()");
   m.def("copy_blocks(Tensor(a!)[] kv_caches, Tensor src_to_dst) -> ()");
   m.def("apply_token_bitmask(Tensor(a!) logits, Tensor bitmask, Tensor rows) -> ()");

@@ -20,8 +20,22 @@ def test_capability_check_names_the_supported_values() -> None:
         caps.check(AttentionSpec(4, 2, 64), torch.float32, 8)
     with pytest.raises(UnsupportedConfigError, match=r"dtype torch.float64 not supported \(supported: bfloat16"):
         caps.check(AttentionSpec(4, 2, 64), torch.float64, 16)
-    with pytest.raises(UnsupportedConfigError, match="sliding window not supported"):
-        caps.check(AttentionSpec(4, 2, 64, sliding_window=8), torch.float32, 16)
+    with pytest.raises(UnsupportedConfigError, match=r"kv_cache_dtype torch.float64 not supported \(supported: "):
+        caps.check(AttentionSpec(4, 2, 64), torch.float32, 16, kv_cache_dtype=torch.float64)
+    # Declared: windows, soft caps and quantized caches pass the check.
+    caps.check(AttentionSpec(4, 2, 256, sliding_window=8, logits_soft_cap=50.0), torch.bfloat16, 16, torch.int8)
+
+
+def test_kernel_refuses_bad_window_soft_cap_and_cache_dtype() -> None:
+    b = make_paged_batch([1], [5])
+    md = b.metadata
+    args = (md.query_start_loc, md.seq_lens, md.block_table, 0.1, 0)
+    with pytest.raises(RuntimeError, match=r"sliding_window must be >= 0 \(0: none\), got -1"):
+        ops.attention(b.query, b.cache, *args, -1)
+    with pytest.raises(RuntimeError, match=r"soft_cap must be >= 0 \(0: none\), got -2"):
+        ops.attention(b.query, b.cache, *args, 0, -2.0)
+    with pytest.raises(RuntimeError, match=r"kv_cache dtype Double not supported \(supported: float32, .*float8_e5m2"):
+        ops.attention(b.query, b.cache.double(), *args)
 
 
 def test_kernel_refuses_an_undeclared_head_size() -> None:

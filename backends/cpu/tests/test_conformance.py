@@ -14,7 +14,8 @@ from pathlib import Path
 BIN = Path(sys.executable).parent
 SELECTION = (
     "float32-h80-b16-gqa4-mixed-block+1 or bfloat16-h128-b128-gqa4-decode-1 or long_context or kvcache_float16 "
-    "or block+1-fused or copy_blocks or padding or strided or undeclared or test_sliding_window or test_soft_cap"
+    "or block+1-fused or copy_blocks or padding or strided or undeclared or test_sliding_window or test_soft_cap "
+    "or kvcache_int8 or kvcache_float8_e4m3fn or kvcache_float8_e5m2"
 )
 
 
@@ -57,6 +58,7 @@ def test_conformance_slice_passes_and_reports_its_rows(tmp_path: Path) -> None:
         "strided_inputs",
     ):
         assert caps[row]["declared"] and caps[row]["status"] == "pass", (row, caps[row])
-    assert caps["sliding_window"]["status"] == caps["soft_cap"]["status"] == caps["graph"]["status"] == "n/a"
+    assert caps["sliding_window"]["status"] == caps["soft_cap"]["status"] == "pass"
+    assert caps["graph"]["status"] == "n/a"
     assert report["summary"].get("failed", 0) == 0 and report["summary"]["passed"] > 20
     assert junit.is_file()

@@ -10,6 +10,7 @@ import torch
 from paged_backend_cpu import ops
 from paged_backend_cpu.fused import CpuFusedOps
 from paged_core.api import (
+    QUANTIZED_KV_DTYPES,
     AttentionBackend,
     AttentionMetadata,
     AttentionSpec,
@@ -34,17 +35,23 @@ def _check_block_size(kv_cache: torch.Tensor, metadata: AttentionMetadata) -> No
 class CpuBackend(AttentionBackend):
     """Native paged attention for CPUs (AVX-512 with BF16 dot products, AVX-512, AVX2 or portable C++).
 
-    Declares fp32, bf16 and fp16 compute with fp32, bf16 and fp16 KV caches in
-    any combination (fp32 accumulation throughout), head sizes 64, 80, 96, 128
-    and 256, block sizes 16 (preferred), 32, 64 and 128, any GQA ratio, no
-    sliding window or soft cap, and no graph capture (eager; see the README
-    for the measurement behind that choice).
+    Declares fp32, bf16 and fp16 compute with fp32, bf16, fp16, int8,
+    float8_e4m3fn and float8_e5m2 KV caches in any combination (fp32
+    accumulation throughout), head sizes 64, 80, 96, 128 and 256, block sizes
+    16 (preferred), 32, 64 and 128, any GQA ratio, sliding windows (a row's
+    key loop starts at its window: blocks before it are never read) and
+    logits soft caps, and no graph capture (eager; see the README for the
+    measurement behind that choice).
 
     The KV cache is ``[2, num_blocks, num_kv_heads, block_size, head_size]``:
     each block holds one tile of keys and one of values per KV head. Value
     tiles are stored as the shape reads; key tiles keep dimension pairs
     outermost (see :mod:`paged_backend_cpu.layout`), so that one AVX512-BF16
-    dot product scores 16 keys at once.
+    dot product scores 16 keys at once. An int8 / float8 cache has the
+    default quantized shape (``head_size + 2``: two more bytes per vector for
+    its float16 scale, :mod:`paged_core.api` ``quantize_kv``'s rule), each
+    tile holding its data bytes in the same layouts followed by its
+    ``block_size`` scales; the kernels dequantize as they read.
     """
 
     name = "cpu"
@@ -67,15 +74,16 @@ class CpuBackend(AttentionBackend):
         dtypes = frozenset({torch.float32, torch.bfloat16, torch.float16})
         return BackendCapabilities(
             dtypes=dtypes,
-            kv_cache_dtypes=dtypes,
+            kv_cache_dtypes=dtypes | frozenset(QUANTIZED_KV_DTYPES),
             block_sizes=(16, 32, 64, 128),
             head_sizes=frozenset({64, 80, 96, 128, 256}),
             gqa_ratios=None,
-            sliding_window=False,
-            logits_soft_cap=False,
+            sliding_window=True,
+            logits_soft_cap=True,
             graph_support=GraphSupport.NEVER,
-            # Key splits at fixed positions, chunks inside them at fixed positions, masked keys adding exact
-            # zeros: a row's bits depend on its own query, keys and position only (csrc/plan.cpp).
+            # Key splits at fixed positions, chunks inside them at fixed positions (a window's first chunk too),
+            # masked keys adding exact zeros: a row's bits depend on its own query, keys and position only
+            # (csrc/plan.cpp).
             batch_invariant=True,
             extra={"isa": ops.isa() if ops.LOAD_ERROR is None else "unavailable"},
         )
@@ -94,10 +102,18 @@ class CpuBackend(AttentionBackend):
     def attention(
         self, query: torch.Tensor, kv_cache: torch.Tensor, metadata: AttentionMetadata, spec: AttentionSpec
     ) -> torch.Tensor:
-        """Causal attention over the paged cache for every row (decodes and prefills in one call)."""
+        """Causal attention over the paged cache for every row (decodes and prefills in one call), with the
+        spec's sliding window and soft cap."""
         _check_block_size(kv_cache, metadata)
         return ops.attention(
-            query, kv_cache, metadata.query_start_loc, metadata.seq_lens, metadata.block_table, spec.softmax_scale
+            query,
+            kv_cache,
+            metadata.query_start_loc,
+            metadata.seq_lens,
+            metadata.block_table,
+            spec.softmax_scale,
+            sliding_window=spec.sliding_window or 0,
+            soft_cap=spec.logits_soft_cap or 0.0,
         )
 
     _fused: CpuFusedOps | None = None

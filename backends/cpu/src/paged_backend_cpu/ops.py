@@ -35,6 +35,8 @@ def _attention_fake(
     block_table: torch.Tensor,
     scale: float,
     split_tokens: int = 0,
+    sliding_window: int = 0,
+    soft_cap: float = 0.0,
 ) -> torch.Tensor:
     """Shape and dtype of ``attention``'s result, for tracing: a new contiguous tensor like ``query``."""
     return query.new_empty(query.shape)
@@ -113,20 +115,31 @@ def attention(
     block_table: torch.Tensor,
     scale: float,
     split_tokens: int = 0,
+    sliding_window: int = 0,
+    soft_cap: float = 0.0,
 ) -> torch.Tensor:
     """Causal paged attention of ``query`` ``[T, H, D]`` for every row; returns a new ``[T, H, D]`` in its dtype.
 
     ``split_tokens`` > 0 forces the length of key splits (normally 512 keys, at fixed key positions whatever
     the batch, so that each row's result is batch-invariant); tests use it to exercise the split reduction.
+    ``sliding_window`` > 0: key ``j`` is visible from position ``i`` iff ``i - sliding_window < j <= i``, and
+    keys before a row's first window are never read (their block-table entries may be anything in range).
+    ``soft_cap`` > 0 maps each scaled score ``s`` to ``soft_cap * tanh(s / soft_cap)`` before the softmax.
+    An int8 / float8 ``kv_cache`` (:func:`write_kv`'s quantized layout, see :mod:`paged_backend_cpu.layout`) is
+    dequantized on the fly, in fp32.
     """
     out: torch.Tensor = torch.ops.paged_cpu.attention(
-        query, kv_cache, query_start_loc, seq_lens, block_table, scale, split_tokens
+        query, kv_cache, query_start_loc, seq_lens, block_table, scale, split_tokens, sliding_window, soft_cap
     )
     return out
 
 
 def write_kv(key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
-    """Store ``key``/``value`` ``[T, KVH, D]`` at int64 ``slot_mapping`` (-1 skipped), in the cache's dtype."""
+    """Store ``key``/``value`` ``[T, KVH, D]`` at int64 ``slot_mapping`` (-1 skipped), in the cache's dtype.
+
+    An int8 / float8 cache (``[2, blocks, KVH, block_size, D + 2]``) gets each vector quantized with its own
+    float16 scale exactly as :func:`paged_core.api.quantize_kv` does (:mod:`paged_backend_cpu.layout` says where).
+    """
     torch.ops.paged_cpu.write_kv(key, value, kv_cache, slot_mapping)
 
 
