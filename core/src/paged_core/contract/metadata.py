@@ -17,6 +17,17 @@ Token ``t`` of row ``b`` sits at absolute position
 ``seq_lens[b] - query_len[b] + (t - qsl[b])`` and attends causally to every
 cached or new key at a position ``<=`` its own (and inside the sliding window).
 
+Sliding-window layers: the core gives back a block once no query to come can
+see it, so a row's table entries for blocks wholly before the window of its
+first query of the step may be 0 or stale ids (blocks other requests now
+use). A backend never reads keys or values outside a query's window: it
+starts its key loop at the window, it does not only mask.
+
+Models mixing attention kinds (e.g. Gemma 2 and 3: sliding and full layers)
+have several KV-cache groups, each with its own block table and slot mapping
+over the same rows: one metadata instance per group, each serving that
+group's layers (the engine runs such models eagerly).
+
 Appended in v1 (defaults keep older constructors valid): ``query_start_loc_cpu``
 and ``seq_lens_cpu`` are host copies of those two tensors (the same tensors on
 a CPU device) for backends that plan a step on the host, e.g. FlashInfer,
@@ -25,7 +36,7 @@ query length ``q`` (decodes: 1; speculative verification of ``k`` drafts:
 ``1 + k``), else 0. Rows of query length 1 are the decode rows and come first.
 
 Metadata is read-only for backends: one instance serves every layer of a
-step. :class:`~paged_core.contract.metadata_builder.MetadataBuilder` is the
+step (of a KV-cache group). :class:`~paged_core.contract.metadata_builder.MetadataBuilder` is the
 one builder of this contract (the engine and the conformance suite both use
 it); it writes into persistent buffers, so an instance is valid until the
 next step is built.

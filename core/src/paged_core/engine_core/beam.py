@@ -275,7 +275,7 @@ class BeamSearch:
         return deltas, failures
 
     def _count_blocks(self, group: BeamGroup) -> None:
-        tables = [self.scheduler.block_ids(b.seq_id) for b in group.running]
+        tables = [[i for t in self.scheduler.block_ids(b.seq_id) for i in t if i] for b in group.running]
         group.peak_blocks = max(group.peak_blocks, len(set().union(*tables)) if tables else 0)
         group.peak_blocks_unshared = max(group.peak_blocks_unshared, sum(len(t) for t in tables))
 
