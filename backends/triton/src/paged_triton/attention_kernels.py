@@ -106,7 +106,8 @@ def paged_attention_kernel(
     # (causal); a split takes its partition of that range.
     first_tok = tile * tokens_per_tile
     last_tok = tl.minimum(first_tok + tokens_per_tile, q_len)
-    kv_hi = tl.minimum(seq_len, context + last_tok)
+    # A tile past the row's last token (the grid covers the batch's longest query) visits no key.
+    kv_hi = tl.where(first_tok < q_len, tl.minimum(seq_len, context + last_tok), 0)
     win_lo = tl.where(window > 0, tl.maximum(context + first_tok - window + 1, 0), 0)
     kv_lo = (win_lo // BLOCK_N) * BLOCK_N
     if SPLIT:
