@@ -223,10 +223,13 @@ class KVCacheManager:
             self.num_cached_blocks[rid] = num_hit
             if self.enable_caching:
                 self.stats.record(req.num_tokens, num_computed, preempted=req.num_preemptions > 0)
+        # Every group's hits leave the free queue before any group takes new blocks from it (a hit of one
+        # group may sit in the free queue where another group's allocation would hand it out).
+        for group_hits in hits:
+            self.pool.touch(b for b in group_hits if not b.is_null)
         gained: GroupBlocks = []
         for g, (blocks, (num_new_blocks, cow)) in enumerate(zip(tables, plan, strict=True)):
             if hits:
-                self.pool.touch(b for b in hits[g] if not b.is_null)
                 blocks.extend(hits[g])
             for i in cow:
                 (fresh,) = self.pool.get_new_blocks(1)
