@@ -83,8 +83,10 @@ def test_throughput_with_every_baseline(tiny_model: str, tmp_path: Path) -> None
     assert all(run["output_tokens"] == 8 for run in r["runs"])
     assert r["roofline"]["kind"] == "flops" and r["roofline"]["gemm"]["shape"] == [256, 576, 49152]
     figures = ["paged_vs_hf-static", "paged_vs_hf-cb", "roofline_fraction", "constrained_vs_same_lengths"]
-    assert [g["figure"] for g in r["goals"]] == [*figures, "lora_vs_paged"]
-    assert r["goals"][-2]["value"] is None and r["goals"][-1]["value"] is None  # no --constrained, --lora
+    kv = ["kv_fp8_e4m3_vs_auto", "nll_fp8_e4m3_agreement", "nll_int8_agreement"]
+    assert [g["figure"] for g in r["goals"]] == [*figures, "lora_vs_paged", *kv]
+    assert all(g["value"] is None for g in r["goals"][-5:])  # no --constrained, --lora, --kv-dtypes
+    assert r["kv_dtypes"] is None
     # Ours runs as a user starts it: dtype auto, resolved for this CPU and recorded.
     assert r["config"]["engine"]["dtype"] == "auto"
     assert r["engine"]["dtype"] in ("bfloat16", "float32") and r["engine"]["model_path"] == "fused"
@@ -109,7 +111,8 @@ def test_kv_util_needs_no_model(tmp_path: Path) -> None:
     assert r["runs"] == [] and r["workload_stats"]["num_requests"] == 40
     assert kv["reserved"]["peak_concurrent"] == 8192 // 2048
     assert kv["paged"]["peak_concurrent"] > kv["reserved"]["peak_concurrent"]
-    assert [g["figure"] for g in r["goals"]] == ["utilization", "peak_concurrency_ratio"]
+    kv_dtypes = ["peak_concurrency_fp8_e4m3_vs_bfloat16", "peak_concurrency_int8_vs_bfloat16"]  # --kv-dtypes
+    assert [g["figure"] for g in r["goals"]] == ["utilization", "peak_concurrency_ratio", *kv_dtypes]
 
 
 def test_decode_1_bandwidth_roofline(tiny_model: str, tmp_path: Path) -> None:

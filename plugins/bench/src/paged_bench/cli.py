@@ -6,6 +6,8 @@ Examples::
     paged bench throughput --num-requests 64 --constrained
     paged bench throughput --num-requests 64 --lora 4
     paged bench kv-util --plot kv.png
+    paged bench kv-util --kv-cache-dtype bfloat16 --kv-dtypes fp8_e4m3,int8
+    paged bench throughput --num-requests 64 --kv-dtypes auto,bfloat16,fp8_e4m3,int8
     paged bench prefix --num-requests 16 --json prefix.json
     paged bench serve --servers mp,inproc --concurrency 32 --json serve.json
 
@@ -96,6 +98,14 @@ def register(subparsers: Any) -> None:
     parser.add_argument(
         "--lora-rank", type=int, default=16, metavar="R", help="rank of the --lora adapters (default 16)"
     )
+    parser.add_argument(
+        "--kv-dtypes",
+        default="",
+        metavar="LIST",
+        help="throughput and kv-util: also run with the KV cache in each of these dtypes (e.g. "
+        "auto,bfloat16,fp8_e4m3,int8), beside --kv-cache-dtype: output tok/s and the NLL of a fixed text vs auto "
+        "(throughput), peak concurrent requests on one byte budget vs bfloat16 (kv-util)",
+    )
     parser.add_argument("--no-progress", action="store_true", help="hide progress bars")
     parser.add_argument("-v", "--verbose", action="store_true", help="log engine set-up")
     add_engine_args(parser)
@@ -114,6 +124,7 @@ class NotGiven(int):
 
 def options_from(args: argparse.Namespace) -> Any:
     """:class:`~paged_bench.options.BenchOptions` from parsed arguments (errors name the option)."""
+    from paged_bench.kv_dtypes import parse_kv_dtypes
     from paged_bench.kv_util import KVUtilConfig
     from paged_bench.options import BenchOptions, parse_baselines
     from paged_core.cli.engine_args import engine_config_from
@@ -142,6 +153,7 @@ def options_from(args: argparse.Namespace) -> Any:
             constrained=args.constrained,
             lora=args.lora,
             lora_rank=args.lora_rank,
+            kv_dtypes=parse_kv_dtypes(args.kv_dtypes),
         )
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
@@ -169,7 +181,8 @@ def run(args: argparse.Namespace) -> int:
     if args.workload == "serve":
         from paged_bench import serve_cli
 
-        for flag, given in (("--baseline", args.baseline), ("--plot", args.plot), ("--lora", args.lora)):
+        ignored = (("--baseline", args.baseline), ("--plot", args.plot), ("--lora", args.lora))
+        for flag, given in (*ignored, ("--kv-dtypes", args.kv_dtypes)):
             if given:
                 print(f"paged bench serve: {flag} does not apply here, ignored", file=sys.stderr)
         return serve_cli.run(args)

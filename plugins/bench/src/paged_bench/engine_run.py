@@ -18,6 +18,7 @@ from tqdm.auto import tqdm
 from paged_bench.result import RunResult, summarize
 from paged_bench.workloads import BenchRequest
 from paged_core.frontend.llm_engine import LLMEngine
+from paged_core.loading.kv_dtype import kv_dtype_name, resolve_kv_dtype
 from paged_core.lora.request import LoRARequest
 from paged_core.sampling.params import SamplingParams
 from paged_core.sched.output import SchedulerOutput
@@ -245,6 +246,7 @@ def engine_config_summary(engine: LLMEngine) -> dict[str, Any]:
     return {
         "backend": engine.loaded.backend.name,
         "dtype": str(engine.loaded.dtype).removeprefix("torch."),
+        "kv_cache_dtype": kv_dtype_name(resolve_kv_dtype(engine.config.cache.kv_cache_dtype, engine.loaded.dtype)),
         "block_size": kv.block_size,
         "num_kv_blocks": kv.pool.num_usable_blocks,
         "max_num_seqs": s.max_num_seqs,

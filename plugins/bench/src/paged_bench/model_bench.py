@@ -18,6 +18,7 @@ import torch
 from paged_bench.constrained import CONSTRAINED, SAME_LENGTHS, schema_for
 from paged_bench.engine_run import engine_config_summary, run_engine, warm_up, warm_up_constrained
 from paged_bench.hf_runs import run_hf_cb, run_hf_static
+from paged_bench.kv_dtypes import check_declared, run_throughput_kv_dtypes
 from paged_bench.lora import lora_engine_fields
 from paged_bench.lora_run import run_lora
 from paged_bench.machine import measure_copy_bandwidth, measure_gemm
@@ -28,6 +29,7 @@ from paged_bench.workloads import BenchRequest
 from paged_core.engine_config import EngineConfig
 from paged_core.frontend.llm_engine import LLMEngine
 from paged_core.loading.build import bytes_per_block
+from paged_core.loading.kv_dtype import resolve_kv_dtype
 from paged_core.reference.backend import ReferenceBackend
 from paged_core.structured import StructuredOutputs
 
@@ -41,7 +43,8 @@ NO_SPEC = "paged-no-spec"
 def _kv_bytes(engine: LLMEngine) -> int:
     """Bytes of the engine's KV cache (the budget the transformers cache gets too)."""
     loaded, kv = engine.loaded, engine.core.scheduler.kv
-    return kv.pool.num_blocks * bytes_per_block(loaded.backend, loaded.specs, kv.block_size, loaded.dtype)
+    kv_dtype = resolve_kv_dtype(engine.config.cache.kv_cache_dtype, loaded.dtype)
+    return kv.pool.num_blocks * bytes_per_block(loaded.backend, loaded.specs, kv.block_size, kv_dtype)
 
 
 def _timed(engine: LLMEngine, requests: Sequence[BenchRequest], name: str, progress: bool) -> RunResult:
@@ -66,6 +69,8 @@ def run_model_workload(opts: BenchOptions, requests: Sequence[BenchRequest]) -> 
 
         llama_model = llama_cpp_run.check_ready(config.model.model, opts.workload)[1]
     engine = LLMEngine(config)
+    if opts.kv_dtypes:  # a KV dtype the backend does not declare fails now, not after our run
+        check_declared(engine, opts.kv_dtypes)
     summary = engine_config_summary(engine)
     runs = [_timed(engine, requests, OURS, opts.progress)]
     if opts.constrained:
@@ -83,6 +88,14 @@ def run_model_workload(opts: BenchOptions, requests: Sequence[BenchRequest]) -> 
         # Same weights and requests, each on one of N random adapters: what serving adapters costs.
         lora_config = config.replace(**lora_engine_fields(opts.engine, opts.lora, opts.lora_rank))
         runs.append(run_lora(engine, lora_config, requests, opts.lora, opts.lora_rank, opts.seed, opts.progress))
+    kv_dtypes = None
+    if opts.kv_dtypes:
+        # Same weights and requests, the KV cache in each other dtype; then each cache's NLL of a fixed text.
+        def timed(other: LLMEngine, reqs: Sequence[BenchRequest], name: str) -> RunResult:
+            return _timed(other, reqs, name, opts.progress)
+
+        more, kv_dtypes = run_throughput_kv_dtypes(engine, config, requests, opts.kv_dtypes, timed, runs[0])
+        runs += more
     if opts.workload == "prefix":
         # Same weights, fresh cache and scheduler, prefix caching off: the figure caching must beat.
         off = LLMEngine(config.replace(enable_prefix_caching=False), engine.loaded)
@@ -145,6 +158,7 @@ def run_model_workload(opts: BenchOptions, requests: Sequence[BenchRequest]) -> 
         "roofline": roofline,
         "engine": summary,
         "device": engine.loaded.backend.device,
+        "kv_dtypes": kv_dtypes,
         "model": {
             "source": engine.loaded.source.name,
             "body_params": shape.body_params,

@@ -23,12 +23,13 @@ def _nll_sum(logits: torch.Tensor, targets: torch.Tensor) -> float:
 
 
 def engine_nll(llm: Any, token_ids: list[int], chunk: int = 256) -> float:
-    """Mean NLL per predicted token of ``token_ids`` through ``llm``'s engine.
+    """Mean NLL per predicted token of ``token_ids`` through ``llm``'s engine (an ``LLM`` or an ``LLMEngine``).
 
     It writes the KV of the engine's first blocks, so the engine must be idle; its
     prefix cache is reset first (cached blocks there would otherwise be overwritten).
+    Keys and values are read back from that cache, so its dtype (``kv_cache_dtype``) counts.
     """
-    engine = llm.engine
+    engine = llm.engine if hasattr(llm, "engine") else llm
     if not engine.reset_prefix_cache():
         raise RuntimeError("engine_nll needs an idle engine (requests are running)")
     runner = engine.core.runner

@@ -62,6 +62,9 @@ class BenchOptions:
     """Model workloads: also run the requests spread over this many random adapters (see ``paged_bench.lora``)."""
     lora_rank: int = 16
     """The random adapters' rank (at most the engine's ``max_lora_rank``)."""
+    kv_dtypes: tuple[str, ...] = ()
+    """``throughput`` and ``kv-util``: the workload again with the KV cache in each of these dtypes (see
+    ``paged_bench.kv_dtypes``), beside ours (the engine's ``kv_cache_dtype``)."""
 
     def __post_init__(self) -> None:
         if self.workload not in WORKLOADS:
@@ -78,6 +81,8 @@ class BenchOptions:
         if self.constrained and self.workload != "throughput":
             raise ValueError(f"--constrained applies to the throughput workload only, not {self.workload!r}")
         self._check_lora()
+        if self.kv_dtypes and self.workload not in ("throughput", "kv-util"):
+            raise ValueError(f"--kv-dtypes applies to the throughput and kv-util workloads, not {self.workload!r}")
 
     def _check_lora(self) -> None:
         for name in ("lora", "lora_rank"):
@@ -110,4 +115,5 @@ class BenchOptions:
             "kv_util": self.kv_util.to_dict() if not self.uses_model else None,
             "constrained": self.constrained,
             "lora": None if self.lora is None else {"adapters": self.lora, "rank": self.lora_rank},
+            "kv_dtypes": list(self.kv_dtypes),
         }

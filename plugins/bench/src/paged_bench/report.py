@@ -29,8 +29,21 @@ GOALS: tuple[tuple[str, str, str, float], ...] = (
     ("throughput", "constrained output tok/s vs unconstrained, same lengths", "constrained_vs_same_lengths", 0.9),
     # The same requests on N random adapters (--lora N) against the base model, same weights and engine settings.
     ("throughput", "LoRA output tok/s vs the base model", "lora_vs_paged", 0.75),
+    # --kv-dtypes: the same requests and weights with the KV cache in fp8 (e4m3) against the compute dtype's, and the
+    # NLL of a fixed text through each cache (agreement: 1 - the relative difference; 0.99 is within 1%).
+    ("throughput", "fp8 (e4m3) KV cache output tok/s vs auto", "kv_fp8_e4m3_vs_auto", 0.9),
+    ("throughput", "fp8 (e4m3) KV cache: NLL of a fixed text within 1% of auto", "nll_fp8_e4m3_agreement", 0.99),
+    ("throughput", "int8 KV cache: NLL of a fixed text within 1% of auto", "nll_int8_agreement", 0.99),
     ("kv-util", "KV utilization", "utilization", 0.95),
     ("kv-util", "peak concurrent requests vs reservation", "peak_concurrency_ratio", 3.0),
+    # --kv-dtypes: the same byte budget with the KV cache quantized against bf16.
+    (
+        "kv-util",
+        "peak concurrent requests, fp8 (e4m3) KV vs bf16, one budget",
+        "peak_concurrency_fp8_e4m3_vs_bfloat16",
+        1.9,
+    ),
+    ("kv-util", "peak concurrent requests, int8 KV vs bf16, one budget", "peak_concurrency_int8_vs_bfloat16", 1.9),
     ("prefix", "fewer prefill tokens with caching on", "prefill_reduction", 0.90),
     ("prefix", "TTFT p50 speed-up with caching on", "ttft_p50_speedup", 5.0),
     ("decode-1", "share of the weight-bandwidth bound", "roofline_fraction", 0.70),
@@ -129,10 +142,14 @@ def build_report(
     kv_util: dict[str, Any] | None = None,
     engine: dict[str, Any] | None = None,
     model: dict[str, Any] | None = None,
+    kv_dtypes: dict[str, Any] | None = None,
     argv: Sequence[str] | None = None,
 ) -> dict[str, Any]:
-    """Assemble the JSON report (see the README for every field)."""
+    """Assemble the JSON report (see the README for every field); ``kv_dtypes``: the ``--kv-dtypes`` figures
+    (:mod:`paged_bench.kv_dtypes`), whose ratios join the report's."""
     rat = ratios(runs)
+    if kv_dtypes is not None:
+        rat.update(kv_dtypes["ratios"])
     figures: dict[str, float] = dict(rat)
     if roofline is not None:
         figures["roofline_fraction"] = roofline["fraction"]
@@ -153,5 +170,6 @@ def build_report(
         "ratios": rat,
         "roofline": roofline,
         "kv_util": kv_util,
+        "kv_dtypes": kv_dtypes,
         "goals": goals(config["workload"], figures),
     }

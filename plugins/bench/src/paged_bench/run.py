@@ -37,11 +37,17 @@ def run_bench(opts: BenchOptions, argv: Sequence[str] | None = None) -> dict[str
                 ",".join(opts.baselines),
             )
         paged, reserved, extra = run_kv_util(requests, opts.kv_util, opts.progress)
+        kv_dtypes = None
+        if opts.kv_dtypes:
+            from paged_bench.kv_dtypes import run_kv_util_kv_dtypes
+
+            kv_dtypes = run_kv_util_kv_dtypes(requests, opts.kv_util, opts.engine, opts.kv_dtypes, opts.progress)
         return build_report(
             config=opts.to_dict(),
             machine=machine_info(torch.device("cpu")),
             requests=requests,
             kv_util=kv_util_figures(paged, reserved, extra),
+            kv_dtypes=kv_dtypes,
             argv=argv,
         )
     from paged_bench.model_bench import run_model_workload
@@ -55,5 +61,6 @@ def run_bench(opts: BenchOptions, argv: Sequence[str] | None = None) -> dict[str
         roofline=parts["roofline"],
         engine=parts["engine"],
         model=parts["model"],
+        kv_dtypes=parts.get("kv_dtypes"),
         argv=argv,
     )

@@ -185,6 +185,31 @@ REPORT = _obj(
 
 REPORT["properties"]["config"]["properties"]["lora"] = _obj({"adapters": INT, "rank": INT}, nullable=True)
 """Optional (reports before ``--lora`` lack it): the ``--lora`` adapters asked for, or null."""
+REPORT["properties"]["config"]["properties"]["kv_dtypes"] = {"type": "array", "items": STR}
+"""Optional (reports before ``--kv-dtypes`` lack it): the other KV dtypes asked for."""
+
+KV_DTYPE_FIGURES: dict[str, dict[str, Schema]] = {
+    "throughput": {"run": STR, "output_tok_s": NUM, "nll": OPT_NUM},
+    "kv-util": {"slots": INT, "peak_concurrent": INT, "mean_concurrent": NUM, "utilization": NUM, "preemptions": INT},
+}
+"""What each ``kv_dtypes`` entry holds beside its cache, by workload."""
+KV_DTYPE_ENTRY = _obj({"name": STR, "kv_dtype": STR, "backend": STR, "bytes_per_block": INT, "num_blocks": INT})
+for _figures in KV_DTYPE_FIGURES.values():
+    KV_DTYPE_ENTRY["properties"].update(_figures)
+REPORT["properties"]["kv_dtypes"] = _obj(
+    {
+        "workload": {"type": "string", "enum": list(KV_DTYPE_FIGURES)},
+        "baseline": STR,
+        "entries": {"type": "array", "items": KV_DTYPE_ENTRY},
+        "ratios": {"type": "object", "additionalProperties": NUM},
+    },
+    nullable=True,
+)
+REPORT["properties"]["kv_dtypes"]["properties"].update(
+    {"nll_text": {"type": ["string", "null"]}, "nll_tokens": OPT_INT, "budget_bytes": INT}
+)
+"""Optional (``--kv-dtypes``; reports before it lack the key): one entry per KV dtype, ours first, and the ratios
+(see ``paged_bench.kv_dtypes``)."""
 
 _TYPES: dict[str, tuple[type, ...]] = {
     "object": (dict,),
@@ -248,4 +273,9 @@ def validate_report(report: Any) -> list[str]:
         errors.append("$.kv_util: the kv-util workload must report its traces")
     if report["workload"] != "kv-util" and not report["runs"]:
         errors.append("$.runs: a model workload must report at least our own run")
+    kv = report.get("kv_dtypes")
+    if kv is not None:
+        for i, entry in enumerate(kv["entries"]):
+            missing = [k for k in KV_DTYPE_FIGURES[kv["workload"]] if k not in entry]
+            errors += [f"$.kv_dtypes.entries[{i}]: missing {k!r}" for k in missing]
     return errors

@@ -172,7 +172,9 @@ def print_summary(report: dict[str, Any], console: Console | None = None) -> Non
                         f"{other['peak_bytes_per_s'] / 1e9:.1f} GB/s of weights ({other['fraction']:.1%}); "
                         f"{other['weight_bytes_per_token'] / 1e6:.1f} MB per token"
                     )
-    for line in constrained_lines(report) + lora_lines(report):
+    from paged_bench.kv_dtypes import kv_dtype_lines
+
+    for line in constrained_lines(report) + lora_lines(report) + kv_dtype_lines(report):
         console.print(line)
     if report["goals"]:
         console.print(goals_table(report))

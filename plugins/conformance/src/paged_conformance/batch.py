@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 
 from paged_conformance.grid import KINDS, Case
-from paged_core.api import AttentionMetadata, AttentionSpec, build_attention_metadata
+from paged_core.api import AttentionMetadata, AttentionSpec, build_attention_metadata, is_quantized_kv
 
 SPARE_BLOCKS = 4
 """Blocks no row uses, so stray writes land somewhere a later read can notice.
@@ -57,7 +57,9 @@ class Batch:
     spec: AttentionSpec
     dtype: torch.dtype
     kv_dtype: torch.dtype
-    """The KV cache's dtype for the backend under test (keys and values are exactly representable in it)."""
+    """The KV cache's dtype for the backend under test. Keys and values are exactly representable in a float one;
+    a quantized one (int8, fp8) stores them by the rule of :mod:`paged_core.contract.kv_quant`, which the oracle
+    applies too (:func:`paged_conformance.oracle.stored_values`)."""
     layout: str
     """How q/k/v are handed to the backend under test (see :data:`paged_conformance.grid.LAYOUTS`)."""
     block_size: int
@@ -162,8 +164,9 @@ def make_batch(
         return (scale * torch.randn(shape, generator=gen)).to(case.dtype)
 
     def stored(t: torch.Tensor) -> torch.Tensor:
-        # Round through the cache dtype, so storing loses nothing and the oracle can keep the compute dtype.
-        return t.to(kv_dtype).to(case.dtype)
+        # Round through a float cache dtype, so storing loses nothing and the oracle can keep the compute dtype. A
+        # quantized cache rounds each vector by its own scale: the oracle quantizes the same values by the rule.
+        return t if is_quantized_kv(kv_dtype) else t.to(kv_dtype).to(case.dtype)
 
     # Queries scaled up so softmax is peaked: a wrongly visible key is plainly visible. With an explicit
     # spec.scale the logits keep the same spread as under the default one.

@@ -4,7 +4,8 @@ The full cartesian product of every axis is far too large for a CPU run, so a
 grid is a union of sweeps: every batch kind and length edge case at each
 declared dtype and block size, plus smaller sweeps: head size x GQA ratio x
 KV-head count, a wide batch (many rows), a long context, an explicit softmax
-scale, each declared KV-cache dtype, and strided input views. The fused
+scale, each declared KV-cache dtype (quantized ones, int8 and fp8 with per
+token-head scales, over a long context too), and strided input views. The fused
 layer ops (:class:`paged_core.api.FusedOps`) get their own small sweeps per
 declared dtype, and the packed-weight linears (:mod:`paged_core.quant`) one
 item per format and dtype, a union of an M sweep, model shapes and odd ones.
@@ -20,7 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
-from paged_core.api import DENSE_LINEAR_KINDS, LINEAR_KINDS, BackendCapabilities
+from paged_core.api import DENSE_LINEAR_KINDS, LINEAR_KINDS, QUANTIZED_KV_DTYPES, BackendCapabilities, is_quantized_kv
 from paged_core.api import LINEAR_FORMATS as FORMATS_BY_NAME
 
 DTYPES: tuple[torch.dtype, ...] = (torch.float32, torch.bfloat16, torch.float16)
@@ -43,9 +44,10 @@ SCALE = 0.3
 """An explicit ``AttentionSpec.scale``, far from ``head_size ** -0.5`` for every head size the suite uses."""
 LAYOUTS: tuple[str, ...] = ("contiguous", "fused", "head_major")
 """How q/k/v reach the backend: contiguous, slices of one fused QKV tensor, or token-major views of head-major data."""
-KV_DTYPES: tuple[torch.dtype, ...] = DTYPES + tuple(
-    getattr(torch, n) for n in ("float8_e4m3fn", "float8_e5m2") if hasattr(torch, n)
-)
+QUANTIZED_KV: tuple[torch.dtype, ...] = tuple(QUANTIZED_KV_DTYPES)
+"""Quantized KV-cache dtypes (int8, float8_e4m3fn, float8_e5m2): per token-head scales, the rule of
+:mod:`paged_core.contract.kv_quant`."""
+KV_DTYPES: tuple[torch.dtype, ...] = DTYPES + QUANTIZED_KV
 """Every KV-cache dtype the suite knows how to test."""
 
 
@@ -229,6 +231,10 @@ def attention_cases(caps: BackendCapabilities, grid: str) -> list[Case]:
             for kind in kinds:
                 if kv != dtype:
                     add(Case(dtype, head, preferred, gqa, kind, "block+1", kv_dtype=kv))
+    if full:  # a quantized cache over a long context too: scales read block after block, past any key split
+        for kv in declared_kv_dtypes(caps):
+            if is_quantized_kv(kv):
+                add(Case(first, head, preferred, gqa, "long_context", "1k", kv_dtype=kv))
     return list(seen.values())
 
 

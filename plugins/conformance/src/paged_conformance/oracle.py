@@ -8,19 +8,35 @@ attention over each row's contiguous keys, with no paging at all.
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 from paged_conformance.batch import Batch
-from paged_core.api import AttentionBackend, AttentionSpec
+from paged_core.api import AttentionBackend, AttentionSpec, dequantize_kv, is_quantized_kv, quantize_kv
+
+
+def stored_values(batch: Batch) -> Batch:
+    """``batch`` with the keys and values its KV cache holds: for a quantized cache (int8, fp8) each vector
+    quantized and read back by the contract's rule (:func:`~paged_core.api.quantize_kv`, in float32); else as is."""
+    if not is_quantized_kv(batch.kv_dtype):
+        return batch
+
+    def read(ts: list[torch.Tensor]) -> list[torch.Tensor]:
+        return [dequantize_kv(quantize_kv(t, batch.kv_dtype)) for t in ts]
+
+    return dataclasses.replace(batch, keys=read(batch.keys), values=read(batch.values))
 
 
 def dense_attention(batch: Batch, spec: AttentionSpec | None = None) -> torch.Tensor:
     """Attention of every query token over its row's keys, in float32, ``[T, num_heads, head_size]``.
 
-    Query head ``h`` reads KV head ``h // gqa_ratio``; key ``j`` is visible
-    from position ``i`` iff ``j <= i`` and, with a window ``w``, ``i - w < j``.
+    The keys and values are those the batch's KV cache holds (:func:`stored_values`). Query head ``h`` reads
+    KV head ``h // gqa_ratio``; key ``j`` is visible from position ``i`` iff ``j <= i`` and, with a window
+    ``w``, ``i - w < j``.
     """
     spec = spec or batch.spec
+    batch = stored_values(batch)
     outs = []
     for q, k, v, s in zip(batch.queries, batch.keys, batch.values, batch.seq_lens, strict=True):
         qf = q.float()

@@ -62,6 +62,8 @@ def _params(family: str, conf: Conformance) -> tuple[str, list[object], list[str
     if family == "features":
         cases = grids.feature_cases(caps, conf.grid)
         return "case", list(cases), [c.id for c in cases]
+    if family == "quantized_kv":  # every one the suite knows: an undeclared one reports N/A
+        return "kv_dtype", list(grids.QUANTIZED_KV), [grids.dtype_name(d) for d in grids.QUANTIZED_KV]
     if family == "block_sizes":
         return "block_size", list(caps.block_sizes), [f"b{b}" for b in caps.block_sizes]
     if family in ("fused", "fused_trace"):
@@ -152,6 +154,9 @@ def item_capabilities(item: pytest.Item) -> list[str]:
         caps.extend(invariance.capabilities())
     if "block_size" in params:
         caps.append(f"block_size:{params['block_size']}")
+    kv_dtype = params.get("kv_dtype")
+    if isinstance(kv_dtype, torch.dtype):
+        caps.append(f"kv_dtype:{grids.dtype_name(kv_dtype)}")
     return list(dict.fromkeys(caps))
 
 

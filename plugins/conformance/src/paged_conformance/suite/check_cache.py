@@ -14,10 +14,11 @@ import pytest
 import torch
 
 from paged_conformance.batch import independent_pairs, make_batch
-from paged_conformance.grid import NUM_KV_HEADS, Case, base_config, declared_dtypes, declared_kv_dtypes
+from paged_conformance.grid import NUM_KV_HEADS, Case, base_config, declared_dtypes, declared_kv_dtypes, dtype_name
 from paged_conformance.harness import assert_close, run_batch
+from paged_conformance.quantized_kv import code_mismatch, default_layout, probe_vectors, value_mismatch
 from paged_conformance.session import Conformance
-from paged_core.api import build_attention_metadata
+from paged_core.api import build_attention_metadata, quantize_kv
 
 
 def _case(conformance: Conformance, block_size: int, kind: str = "mixed", length: str = "block+1") -> Case:
@@ -126,3 +127,49 @@ def test_copy_blocks(conformance: Conformance, block_size: int) -> None:
             backend.prepare(md)
             out = backend.attention(q, cache, md, moved.spec)
             assert_close(out[: md.num_actual_tokens], want, moved, f"layer {layer}, attention over the {label} blocks")
+
+
+@pytest.mark.paged_capability("write_kv")
+@pytest.mark.paged_cases("quantized_kv")
+def test_quantized_write_follows_the_rule(conformance: Conformance, kv_dtype: torch.dtype) -> None:
+    """A quantized cache (int8, fp8) holds each written vector as ``quantize_kv`` stores it (per token-head float16
+    scale, the contract's rounding), for vectors from 1e-3 to 1e3 with outliers and all-zero heads.
+
+    In the default layout every stored byte of keys and values is compared (written in two steps over
+    shuffled blocks); in any layout, values are read back through attention (a row of one key returns its
+    value). Keys of other layouts are checked through attention by the grid's quantized cases.
+    """
+    if kv_dtype not in conformance.caps.effective_kv_cache_dtypes:
+        pytest.skip(f"N/A: KV dtype {dtype_name(kv_dtype)} not declared")
+    case = _case(conformance, conformance.caps.block_sizes[0])
+    backend, bs, spec = conformance.backend(), case.block_size, make_batch(case).spec
+    heads, size = spec.num_kv_heads, spec.head_size
+    name = dtype_name(kv_dtype)
+    if default_layout(backend):
+        n = 2 * bs + 3
+        keys, values = (probe_vectors(n, heads, size, seed).to(case.dtype) for seed in (1, 2))
+        table = (torch.randperm(4, generator=torch.Generator().manual_seed(3)) + 1).tolist()[:3]
+        cache = backend.allocate_kv_cache(5, bs, spec, kv_dtype)
+        for lo, hi in ((0, bs + 1), (bs + 1, n)):  # a prefill chunk, then one continuing mid-block
+            md = build_attention_metadata([hi - lo], [hi], [table], bs, backend.device)
+            backend.prepare(md)
+            backend.write_kv(keys[lo:hi].to(backend.device), values[lo:hi].to(backend.device), cache, md)
+        for part, x in ((0, keys), (1, values)):
+            stored = cache[part, table].reshape(-1, heads, size + 2)[:n].cpu()
+            what = f"{'keys' if part == 0 else 'values'} stored in a {name} cache"
+            problem = code_mismatch(stored, quantize_kv(x, kv_dtype), what)
+            assert problem is None, problem
+    # Any layout: m rows of one token each, every token alone in a block; each row's output is its value.
+    m = 24
+    values = probe_vectors(m, heads, size, 4).to(case.dtype)
+    blocks = (torch.randperm(m + 2, generator=torch.Generator().manual_seed(5)) + 1).tolist()[:m]
+    cache = backend.allocate_kv_cache(m + 3, bs, spec, kv_dtype)
+    md = build_attention_metadata([1] * m, [1] * m, [[b] for b in blocks], bs, backend.device)
+    keys = probe_vectors(m, heads, size, 6).to(case.dtype)
+    backend.prepare(md)
+    backend.write_kv(keys.to(backend.device), values.to(backend.device), cache, md)
+    query = torch.randn(m, spec.num_heads, size, generator=torch.Generator().manual_seed(7)).to(case.dtype)
+    out = backend.attention(query.to(backend.device), cache, md, spec)[:m].cpu()
+    read = out[:, :: spec.gqa_ratio]  # query head h reads KV head h // gqa_ratio
+    problem = value_mismatch(read, quantize_kv(values, kv_dtype), case.dtype, f"values read from a {name} cache")
+    assert problem is None, problem
