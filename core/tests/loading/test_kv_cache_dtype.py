@@ -219,3 +219,26 @@ def test_a_loaded_model_reconfigured_to_an_undeclared_kv_dtype_is_refused(tiny_m
     assert resolve(config.replace(kv_cache_dtype="float16"), loaded).cache.num_blocks == 2**20 // 8192
     with pytest.raises(UnsupportedConfigError, match=r"backend 'no-int8' cannot serve this model: kv_cache_dtype"):
         resolve(config.replace(kv_cache_dtype="int8"), loaded)
+
+
+def test_the_engine_runs_and_reports_its_kv_dtype(tiny_model_dir: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """An int8 cache end to end on the tiny model: the core's facts and the start-up log name it."""
+    from paged_core.frontend.llm_engine import LLMEngine
+    from paged_core.sampling.params import SamplingParams
+
+    config = EngineConfig.of(
+        model=str(tiny_model_dir), backend="reference", dtype="float32", kv_cache_memory="1MiB", kv_cache_dtype="int8"
+    )
+    with caplog.at_level(logging.INFO, logger="paged.engine"):
+        engine = LLMEngine(config)
+    assert engine.facts.kv_cache_dtype == "int8" and engine.facts.dtype == "float32"
+    assert engine.core.runner.kv_caches[0].dtype == torch.int8
+    started = [r.getMessage() for r in caplog.records if "KV cache:" in r.getMessage()]
+    assert len(started) == 1 and "tokens, int8 with per token-head fp16 scales (" in started[0]
+    engine.add_request([5, 6, 7, 8], SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True))
+    done = []
+    while engine.has_unfinished_requests():
+        done += [o for o in engine.step() if o.finished]
+    assert len(done[0].outputs[0].token_ids) == 4
+    plain = LLMEngine(config.replace(kv_cache_dtype="auto"), engine.loaded)
+    assert plain.facts.kv_cache_dtype == "float32"

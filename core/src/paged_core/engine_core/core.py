@@ -31,6 +31,7 @@ from paged_core.engine_core.rows import Rows
 from paged_core.engine_core.sampled import Sampled, SampledGroups
 from paged_core.errors import DistributedError, RequestRejectedError
 from paged_core.loading.build import LoadedModel, build_parts
+from paged_core.loading.kv_dtype import kv_dtype_name, resolve_kv_dtype
 from paged_core.lora import LoRAError, LoRARequest
 from paged_core.sampling.sampler import Sampler
 from paged_core.sched.output import SchedulerOutput
@@ -128,6 +129,7 @@ class EngineCore:
             model_path=self.runner.forward_impl.name,
             batch_invariant=self._invariant(),
             batch_variant=self.batch_invariance.reasons() if self.batch_invariance is not None else [],
+            kv_cache_dtype=kv_dtype_name(resolve_kv_dtype(self.config.cache.kv_cache_dtype, loaded.dtype)),
         )
 
     @property

@@ -170,6 +170,8 @@ class CoreFacts(msgspec.Struct, frozen=True):
     :mod:`paged_core.loading.batch_invariance`)."""
     batch_variant: list[str] = []
     """Each part that is not batch-invariant, as ``"part: reason"`` (empty when ``batch_invariant``)."""
+    kv_cache_dtype: str = ""
+    """The KV cache's dtype as ``--kv-cache-dtype`` names it (``bfloat16``, ``int8``, ``fp8_e4m3``...), resolved."""
 
 
 class CoreReady(msgspec.Struct, tag="ready", frozen=True):
