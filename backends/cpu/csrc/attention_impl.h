@@ -2,8 +2,8 @@
 //
 // Included by each kernel translation unit inside its own namespace, after it
 // defines: kBf16Dot, stage_rows<K, D>, stage_pairs<K, D>, dot_pairs<D>, axpy_rows<D>,
-// scale_max, exp_sum, scale_vec, widen_f16, and (used only when kBf16Dot) dot_pairs_bf16<D>,
-// axpy_rows_bf16<D>, finish_acc<D>, to_bf16, stage_pairs_bf16<K, D>, stage_rows_bf16<K, D>.
+// scale_max, exp_sum, scale_vec, widen_f16, and (used only when kBf16Dot) dot_pairs_bf16<K, D>,
+// axpy_rows_bf16<K, D>, finish_acc<D>, to_bf16.
 // The dot and axpy primitives call tick() once per step of their inner loop, which paces the
 // prefetch of the next chunk.
 //
@@ -19,7 +19,7 @@
 // row's window (block-table entries wholly before it are never read).
 //
 // Quantized caches (I8, E4M3, E5M2) are read in place: elements are widened to fp32 (or
-// to bf16, exactly, for bf16 dot products), the dot products run on the unscaled
+// to bf16, exactly, in registers, for bf16 dot products), the dot products run on the unscaled
 // elements, and each key's scale multiplies its score, each value's scale its weight
 // (sum_j p_j * (s_j * v_j) = sum_j (p_j * s_j) * v_j): two multiplies per key and row
 // instead of one per element, all in fp32.
@@ -92,7 +92,6 @@ void attend_item_t(const AttnProblem& p, const WorkItem& w, float* ws, float* pa
   const char* sgroup[2][kMaxItemHeads][kMaxGroups];
   float kscale[kMaxChunk], vscale[kMaxChunk];  // this chunk's scales, times staged_unit (and the keys' by p.scale)
   const float* kf[kMaxGroups];
-  const uint16_t* kh[kMaxGroups];
   const float* vf[kMaxChunk];
   const void* hv[kMaxChunk];
 
@@ -176,15 +175,8 @@ void attend_item_t(const AttnProblem& p, const WorkItem& w, float* ws, float* pa
         }
       }
       if (bf16_dot) {
-        if constexpr (quant) {
-          auto* staged = reinterpret_cast<uint16_t*>(kbuf);
-          stage_pairs_bf16<K, D>(reinterpret_cast<const void* const*>(kg), ng, pair_stride, staged);
-          for (int g = 0; g < ng; ++g) kh[g] = staged + static_cast<int64_t>(g) * kKeyGroup * D;
-          dot_pairs_bf16<D>(qb + hq, per_head, kh, ng, 2 * kKeyGroup, sh, CH, prefetch);
-        } else {
-          dot_pairs_bf16<D>(qb + hq, per_head, reinterpret_cast<const uint16_t* const*>(kg), ng, pair_stride, sh,
-                            CH, prefetch);
-        }
+        dot_pairs_bf16<K, D>(qb + hq, per_head, kg, ng, pair_stride, sh, CH, prefetch,
+                             reinterpret_cast<uint16_t*>(kbuf));
       } else if (K == KvType::F32) {
         dot_pairs<D>(q + hq, per_head, reinterpret_cast<const float* const*>(kg), ng, pair_stride, sh, CH, prefetch);
       } else {
@@ -219,12 +211,7 @@ void attend_item_t(const AttnProblem& p, const WorkItem& w, float* ws, float* pa
       }
       for (int j = 0; j < n; ++j) hv[j] = vgroup[cur][hh][j / kKeyGroup] + (j % kKeyGroup) * D * elem;
       if (bf16_pv) {
-        if constexpr (quant) {
-          auto* staged = reinterpret_cast<uint16_t*>(vbuf);
-          stage_rows_bf16<K, D>(hv, n, staged);
-          for (int j = 0; j < n; ++j) hv[j] = staged + static_cast<int64_t>(j) * D;
-        }
-        axpy_rows_bf16<D>(acc + hq, per_head, sh, CH, hv, n, prefetch);
+        axpy_rows_bf16<K, D>(acc + hq, per_head, sh, CH, hv, n, prefetch, reinterpret_cast<uint16_t*>(vbuf));
         continue;
       }
       if (K == KvType::F32) {

@@ -130,17 +130,71 @@ void dot_pairs(const float* q, int M, const float* const* groups, int ng, int64_
 }
 
 #ifdef PAGED_CPU_BF16DOT
-// Scores of R query rows against G bf16 key groups: one register is dimension pair i of 16 keys, and
-// vdpbf16ps against the row's broadcast pair adds that pair's products into the 16 keys' lanes.
-template <int D, int R, int G, typename Tick>
-inline void dot_tile_bf16(const uint16_t* qb, const uint16_t* const* groups, int64_t ps, float* s, int ld,
-                          Tick& tick) {
+// bf16 bits of 2**shift * 1.mantissa (mbits bits of it) * 2**exp, normalised, for a finite nonzero value.
+constexpr uint16_t bf16_bits(int exp, int mantissa, int mbits) {
+  while (mantissa < (1 << mbits)) {  // a subnormal: shift up until the leading one is the implicit bit
+    mantissa <<= 1;
+    --exp;
+  }
+  return static_cast<uint16_t>(((exp + 127) << 7) | ((mantissa - (1 << mbits)) << (7 - mbits)));
+}
+
+// The bf16 bits of each float8 magnitude byte (0..127) times staged_unit's inverse (E4M3: 2**-8, as load_q16).
+template <KvType K>
+struct Float8Table {
+  alignas(64) uint16_t bits[128];
+  constexpr Float8Table() : bits() {
+    constexpr bool e4m3 = K == KvType::E4M3;
+    constexpr int mbits = e4m3 ? 3 : 2, bias = e4m3 ? 7 + 8 : 15, top = e4m3 ? 15 : 31;
+    for (int m = 0; m < 128; ++m) {
+      const int e = m >> mbits, f = m & ((1 << mbits) - 1);
+      if (m == 0) {
+        bits[m] = 0;
+      } else if (e4m3 ? m == 127 : e == top) {
+        bits[m] = !e4m3 && f == 0 ? 0x7F80 : 0x7FC0;  // e5m2: infinity and NaNs; e4m3fn: its one NaN
+      } else {
+        bits[m] = bf16_bits(e == 0 ? 1 - bias : e - bias, e == 0 ? f : f | (1 << mbits), mbits);
+      }
+    }
+  }
+};
+
+template <KvType K>
+constexpr Float8Table<K> kFloat8Table{};
+
+// 32 stored elements of a cache of type K (from byte address p) as bf16: bf16 ones as they are, quantized ones
+// widened exactly (int8 has 7 significant bits, the float8 formats 4 or 3; unscaled, see load_q16). Float8 bytes
+// are looked up: the magnitude's 7 bits index a 128-entry table (two 64-entry permutes), the sign is copied.
+template <KvType K>
+inline __m512i load_bf16x32(const char* p) {
+  if constexpr (K == KvType::BF16) {
+    return _mm512_loadu_si512(p);
+  } else if constexpr (K == KvType::I8) {
+    const auto* b = reinterpret_cast<const __m128i*>(p);
+    const __m512 lo = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(b)));
+    const __m512 hi = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(b + 1)));
+    return (__m512i)_mm512_cvtne2ps_pbh(hi, lo);
+  } else {
+    const uint16_t* t = kFloat8Table<K>.bits;
+    const __m512i w = _mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+    const __m512i low = _mm512_permutex2var_epi16(_mm512_load_si512(t), w, _mm512_load_si512(t + 32));
+    const __m512i high = _mm512_permutex2var_epi16(_mm512_load_si512(t + 64), w, _mm512_load_si512(t + 96));
+    const __m512i mag = _mm512_mask_blend_epi16(_mm512_test_epi16_mask(w, _mm512_set1_epi16(0x40)), low, high);
+    return _mm512_ternarylogic_epi32(mag, w, _mm512_set1_epi16(static_cast<short>(0x8000)), 0xF8);  // mag | (w & C)
+  }
+}
+
+// Scores of R query rows against G key groups (cache type K, read as bf16): one register is dimension pair i
+// of 16 keys, and vdpbf16ps against the row's broadcast pair adds that pair's products into the 16 keys' lanes.
+template <KvType K, int D, int R, int G, typename Tick>
+inline void dot_tile_bf16(const uint16_t* qb, const char* const* groups, int64_t ps, float* s, int ld, Tick& tick) {
+  constexpr int64_t elem = kv_elem_bytes(K);
   __m512 acc[R][G];
   for (int r = 0; r < R; ++r)
     for (int g = 0; g < G; ++g) acc[r][g] = _mm512_setzero_ps();
   for (int i = 0; i < D / 2; ++i) {
     __m512i k[G];
-    for (int g = 0; g < G; ++g) k[g] = _mm512_loadu_si512(groups[g] + i * ps);
+    for (int g = 0; g < G; ++g) k[g] = load_bf16x32<K>(groups[g] + i * ps * elem);
     for (int r = 0; r < R; ++r) {
       uint32_t pair;
       __builtin_memcpy(&pair, qb + r * D + 2 * i, 4);
@@ -153,35 +207,27 @@ inline void dot_tile_bf16(const uint16_t* qb, const uint16_t* const* groups, int
     for (int g = 0; g < G; ++g) _mm512_storeu_ps(s + r * ld + 16 * g, acc[r][g]);
 }
 
-template <int D, typename Tick>
-void dot_pairs_bf16(const uint16_t* qb, int M, const uint16_t* const* groups, int ng, int64_t ps, float* s, int ld,
-                    Tick& tick) {
-  for_each_tile<4, 4>(M, ng, [&](auto rows, auto count, int r0, int g0) {
-    dot_tile_bf16<D, decltype(rows)::value, decltype(count)::value>(qb + r0 * D, groups + g0, ps,
-                                                                      s + r0 * ld + 16 * g0, ld, tick);
-  });
-}
-
-// Quantized keys in the pair layout widened exactly to bf16 (at most 4 significant bits of E4M3/E5M2,
-// 7 of int8): group g's pair i at dst[g * 16 * D + 32 * i], 32 values, the operand of dot_pairs_bf16.
-template <KvType K, int D>
-void stage_pairs_bf16(const void* const* groups, int ng, int64_t pair_stride, uint16_t* dst) {
-  for (int g = 0; g < ng; ++g) {
-    for (int i = 0; i < D / 2; ++i, dst += 32) {
-      const __m512 lo = load16<K>(groups[g], i * pair_stride), hi = load16<K>(groups[g], i * pair_stride + 16);
-      _mm512_storeu_si512(dst, (__m512i)_mm512_cvtne2ps_pbh(hi, lo));
+// s[r][16 g + j] = q_r . key j of group g (groups: byte addresses in the cache, pair stride ps elements).
+// Quantized keys are widened in registers while all M rows fit one row tile (a decode's GQA group);
+// more rows would widen them once per tile, so they are widened once into `scratch` (CH * D bf16) instead.
+template <KvType K, int D, typename Tick>
+void dot_pairs_bf16(const uint16_t* qb, int M, const char* const* groups, int ng, int64_t ps, float* s, int ld,
+                    Tick& tick, uint16_t* scratch) {
+  constexpr int64_t elem = kv_elem_bytes(K);
+  if (K != KvType::BF16 && M > 4) {
+    const char* staged[kMaxChunk / kKeyGroup];
+    for (int g = 0; g < ng; ++g) {
+      uint16_t* dst = scratch + static_cast<int64_t>(g) * kKeyGroup * D;
+      for (int i = 0; i < D / 2; ++i) _mm512_storeu_si512(dst + 32 * i, load_bf16x32<K>(groups[g] + i * ps * elem));
+      staged[g] = reinterpret_cast<const char*>(dst);
     }
+    dot_pairs_bf16<KvType::BF16, D>(qb, M, staged, ng, 32, s, ld, tick, scratch);
+    return;
   }
-}
-
-// Quantized value rows widened exactly to bf16 rows of D (D % 32 == 0), the operand of axpy_rows_bf16.
-template <KvType K, int D>
-void stage_rows_bf16(const void* const* src, int n, uint16_t* dst) {
-  for (int j = 0; j < n; ++j)
-    for (int d = 0; d < D; d += 32) {
-      const __m512 lo = load16<K>(src[j], d), hi = load16<K>(src[j], d + 16);
-      _mm512_storeu_si512(dst + j * D + d, (__m512i)_mm512_cvtne2ps_pbh(hi, lo));
-    }
+  for_each_tile<4, 4>(M, ng, [&](auto rows, auto count, int r0, int g0) {
+    dot_tile_bf16<K, D, decltype(rows)::value, decltype(count)::value>(qb + r0 * D, groups + g0, ps,
+                                                                         s + r0 * ld + 16 * g0, ld, tick);
+  });
 }
 
 inline void to_bf16(const float* x, int n, uint16_t* y) {
@@ -191,13 +237,28 @@ inline void to_bf16(const float* x, int n, uint16_t* y) {
   }
 }
 
-// acc[r] += sum_j p[r][j] * v_j with bf16 dot products over pairs of keys: the two keys' values are
-// interleaved (unpack lo/hi within 128-bit lanes) and weighted by the pair (p_j, p_j+1) in bf16.
-// The accumulators end up in that interleaved order; finish_acc restores it. Needs D % 32 == 0.
-template <int D, typename Tick>
-void axpy_rows_bf16(float* acc, int M, const float* p, int ld, const void* const* vals, int n, Tick& tick) {
+// acc[r] += sum_j p[r][j] * v_j with bf16 dot products over pairs of keys: the two keys' values (rows of cache
+// type K at byte addresses vals[j], read as bf16) are interleaved (unpack lo/hi within 128-bit lanes) and
+// weighted by the pair (p_j, p_j+1) in bf16. The accumulators end up in that interleaved order; finish_acc
+// restores it. Needs D % 32 == 0. Quantized rows are widened in registers while all M rows fit one block of
+// accumulators, else once into `scratch` (CH * D bf16).
+template <KvType K, int D, typename Tick>
+void axpy_rows_bf16(float* acc, int M, const float* p, int ld, const void* const* vals, int n, Tick& tick,
+                    uint16_t* scratch) {
   constexpr int NC = D / 32;
   constexpr int RB = 24 / (2 * NC) > 0 ? 24 / (2 * NC) : 1;  // rows whose accumulators fit in registers
+  constexpr int64_t elem = kv_elem_bytes(K);
+  if (K != KvType::BF16 && M > RB) {
+    const void* staged[kMaxChunk];
+    for (int j = 0; j < n; ++j) {
+      uint16_t* dst = scratch + static_cast<int64_t>(j) * D;
+      for (int c = 0; c < NC; ++c)
+        _mm512_storeu_si512(dst + 32 * c, load_bf16x32<K>(static_cast<const char*>(vals[j]) + 32 * c));
+      staged[j] = dst;
+    }
+    axpy_rows_bf16<KvType::BF16, D>(acc, M, p, ld, staged, n, tick, scratch);
+    return;
+  }
   alignas(64) uint16_t pb[RB][kMaxChunk + 2];
   for (int r0 = 0; r0 < M; r0 += RB) {
     const int rows = M - r0 < RB ? M - r0 : RB;
@@ -211,11 +272,11 @@ void axpy_rows_bf16(float* acc, int M, const float* p, int ld, const void* const
       }
     }
     for (int j = 0; j < n; j += 2) {
-      const auto* a = static_cast<const uint16_t*>(vals[j]);
-      const auto* b = j + 1 < n ? static_cast<const uint16_t*>(vals[j + 1]) : a;
+      const auto* a = static_cast<const char*>(vals[j]);
+      const auto* b = j + 1 < n ? static_cast<const char*>(vals[j + 1]) : a;
       __m512i vl[NC], vh[NC];
       for (int c = 0; c < NC; ++c) {
-        const __m512i va = _mm512_loadu_si512(a + 32 * c), vb = _mm512_loadu_si512(b + 32 * c);
+        const __m512i va = load_bf16x32<K>(a + 32 * c * elem), vb = load_bf16x32<K>(b + 32 * c * elem);
         vl[c] = _mm512_unpacklo_epi16(va, vb);
         vh[c] = _mm512_unpackhi_epi16(va, vb);
       }
@@ -251,16 +312,11 @@ void finish_acc(float* acc, int M) {
   }
 }
 #else
-template <int D, typename Tick>
-void dot_pairs_bf16(const uint16_t*, int, const uint16_t* const*, int, int64_t, float*, int, Tick&) {}
+template <KvType K, int D, typename Tick>
+void dot_pairs_bf16(const uint16_t*, int, const char* const*, int, int64_t, float*, int, Tick&, uint16_t*) {}
 inline void to_bf16(const float*, int, uint16_t*) {}
-template <KvType K, int D>
-void stage_pairs_bf16(const void* const*, int, int64_t, uint16_t*) {}
-template <KvType K, int D>
-void stage_rows_bf16(const void* const*, int, uint16_t*) {}
-
-template <int D, typename Tick>
-void axpy_rows_bf16(float*, int, const float*, int, const void* const*, int, Tick&) {}
+template <KvType K, int D, typename Tick>
+void axpy_rows_bf16(float*, int, const float*, int, const void* const*, int, Tick&, uint16_t*) {}
 template <int D>
 void finish_acc(float*, int) {}
 #endif

@@ -63,8 +63,8 @@ void dot_pairs(const float* q, int M, const float* const* groups, int ng, int64_
   }
 }
 
-template <int D, typename Tick>
-void dot_pairs_bf16(const uint16_t*, int, const uint16_t* const*, int, int64_t, float*, int, Tick&) {}
+template <KvType K, int D, typename Tick>
+void dot_pairs_bf16(const uint16_t*, int, const char* const*, int, int64_t, float*, int, Tick&, uint16_t*) {}
 
 template <int D, typename Tick>
 void axpy_rows(float* acc, int M, const float* p, int ld, const float* const* vals, int n, Tick& tick) {
@@ -103,12 +103,8 @@ inline void scale_vec(float* x, int n, float a) {
 }
 
 inline void to_bf16(const float*, int, uint16_t*) {}
-template <KvType K, int D>
-void stage_pairs_bf16(const void* const*, int, int64_t, uint16_t*) {}
-template <KvType K, int D>
-void stage_rows_bf16(const void* const*, int, uint16_t*) {}
-template <int D, typename Tick>
-void axpy_rows_bf16(float*, int, const float*, int, const void* const*, int, Tick&) {}
+template <KvType K, int D, typename Tick>
+void axpy_rows_bf16(float*, int, const float*, int, const void* const*, int, Tick&, uint16_t*) {}
 template <int D>
 void finish_acc(float*, int) {}
 
