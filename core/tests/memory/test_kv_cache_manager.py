@@ -23,7 +23,7 @@ def test_three_full_blocks_plus_seven_tokens_caches_three_and_leaves_partial_unh
     kv = KVCacheManager(CacheConfig(num_blocks=16, block_size=8))
     req = Request("a", list(range(3 * 8 + 7)))
     admit_and_compute(kv, req)
-    blocks = kv.req_to_blocks["a"]
+    (blocks,) = kv.req_to_blocks["a"]
     assert len(blocks) == 4
     assert all(b.block_hash is not None for b in blocks[:3])
     assert blocks[3].block_hash is None
@@ -36,9 +36,9 @@ def test_second_request_with_same_prefix_hits_those_blocks() -> None:
     admit_and_compute(kv, a)
     b = Request("b", [*range(24), 900, 901, 902])
     hits, n = kv.get_computed_blocks(b)
-    assert hits == kv.req_to_blocks["a"][:3] and n == 24
+    assert hits == [kv.req_to_blocks["a"][0][:3]] and n == 24
     kv.allocate_slots(b, b.num_tokens - n, hits)
-    assert [x.ref_cnt for x in hits] == [2, 2, 2]
+    assert [x.ref_cnt for x in hits[0]] == [2, 2, 2]
     assert kv.stats.hits == 24 and kv.stats.queries == 31 + 27
 
 
@@ -47,7 +47,7 @@ def test_free_order_is_lru_with_each_requests_tail_first() -> None:
     a, b = Request("a", list(range(100, 112))), Request("b", list(range(200, 212)))
     admit_and_compute(kv, a)
     admit_and_compute(kv, b)
-    a_ids, b_ids = kv.block_ids(a), kv.block_ids(b)
+    (a_ids,), (b_ids,) = kv.block_ids(a), kv.block_ids(b)
     untouched = [blk.block_id for blk in kv.pool.free_queue]
     kv.free(a)
     kv.free(b)
@@ -112,20 +112,21 @@ def test_fully_cached_prompt_leaves_last_token_to_compute() -> None:
     kv = make()
     admit_and_compute(kv, Request("a", list(range(12))))
     hits, n = kv.get_computed_blocks(Request("b", list(range(12))))
-    assert n == 8 and len(hits) == 2  # the block holding the last token is recomputed
+    assert n == 8 and [len(h) for h in hits] == [2]  # the block holding the last token is recomputed
 
 
 def test_caching_off_gives_no_hits() -> None:
     kv = make(caching=False)
     admit_and_compute(kv, Request("a", list(range(12))))
     assert kv.pool.cached == {}
-    assert kv.get_computed_blocks(Request("b", list(range(12)))) == ([], 0)
+    assert kv.get_computed_blocks(Request("b", list(range(12)))) == ([[]], 0)
 
 
 def test_lookahead_slots_are_allocated() -> None:
     kv = make()
     r = Request("a", list(range(4)))
-    assert len(kv.allocate_slots(r, 4, num_lookahead_tokens=5) or []) == 3
+    gained = kv.allocate_slots(r, 4, num_lookahead_tokens=5)
+    assert gained is not None and [len(g) for g in gained] == [3]
 
 
 def test_fork_shares_blocks_and_first_write_copies() -> None:
@@ -134,15 +135,15 @@ def test_fork_shares_blocks_and_first_write_copies() -> None:
     admit_and_compute(kv, parent)
     parent.all_token_ids.append(77)
     child = fork_of(kv, parent, "c")
-    shared = kv.req_to_blocks["p"]
+    (shared,) = kv.req_to_blocks["p"]
     assert [b.ref_cnt for b in shared] == [2, 2]
     # The child writes token 6 into the shared partial block: it must copy it first.
     assert kv.allocate_slots(child, 1) == []
     copies, repl = kv.take_copies()
-    new_last = kv.req_to_blocks["c"][1]
+    new_last = kv.req_to_blocks["c"][0][1]
     assert copies == [(shared[1].block_id, new_last.block_id)]
-    assert repl == {"c": [(1, new_last.block_id)]}
-    assert kv.req_to_blocks["c"][0] is shared[0] and shared[0].ref_cnt == 2
+    assert repl == {"c": [(0, 1, new_last.block_id)]}
+    assert kv.req_to_blocks["c"][0][0] is shared[0] and shared[0].ref_cnt == 2
     assert shared[1].ref_cnt == 1 and new_last.ref_cnt == 1
     # The parent now owns its partial block alone: writing needs no copy.
     assert kv.allocate_slots(parent, 1) == []
@@ -162,7 +163,7 @@ def test_three_way_fork_copies_twice_and_pairs_are_independent() -> None:
     admit_and_compute(kv, parent)
     parent.all_token_ids.append(50)
     family = [parent, fork_of(kv, parent, "c0"), fork_of(kv, parent, "c1")]
-    shared_partial = kv.req_to_blocks["p"][1]
+    shared_partial = kv.req_to_blocks["p"][0][1]
     assert shared_partial.ref_cnt == 3
     for r in family:  # everyone writes position 6 in the same step
         assert kv.allocate_slots(r, 1) == []
@@ -171,7 +172,7 @@ def test_three_way_fork_copies_twice_and_pairs_are_independent() -> None:
     assert len(copies) == 2 and {s for s, _ in copies} == {shared_partial.block_id}
     dsts = [d for _, d in copies]
     assert len(set(dsts)) == 2 and not set(dsts) & {s for s, _ in copies}
-    assert shared_partial.ref_cnt == 1 and kv.req_to_blocks["c1"][1] is shared_partial
+    assert shared_partial.ref_cnt == 1 and kv.req_to_blocks["c1"][0][1] is shared_partial
 
 
 def test_copies_into_a_freed_request_are_dropped() -> None:
@@ -185,4 +186,4 @@ def test_copies_into_a_freed_request_are_dropped() -> None:
     kv.free(child)  # e.g. preempted later in the same step
     copies, repl = kv.take_copies()
     assert copies == [] and repl == {}
-    assert kv.req_to_blocks["p"][1].ref_cnt == 1
+    assert kv.req_to_blocks["p"][0][1].ref_cnt == 1

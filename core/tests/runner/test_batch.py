@@ -9,9 +9,9 @@ from paged_core.runner.batch import BatchBuilder, RowState
 
 def test_decodes_first_slots_and_logits_rows() -> None:
     bs = 4
-    prefill = RowState(token_ids=list(range(10)), block_ids=[7, 3, 9], num_computed=4)  # chunk 4..9 (6 tokens)
-    decode = RowState(token_ids=[5, 6, 7, 8, 9], block_ids=[2, 5], num_computed=4)  # last token at position 4
-    middle = RowState(token_ids=list(range(12)), block_ids=[1, 4, 6], num_computed=0)  # chunk 0..4 of 12
+    prefill = RowState(token_ids=list(range(10)), block_ids=[[7, 3, 9]], num_computed=4)  # chunk 4..9 (6 tokens)
+    decode = RowState(token_ids=[5, 6, 7, 8, 9], block_ids=[[2, 5]], num_computed=4)  # last token at position 4
+    middle = RowState(token_ids=list(range(12)), block_ids=[[1, 4, 6]], num_computed=0)  # chunk 0..4 of 12
     builder = BatchBuilder(32, 8, 3, bs, torch.device("cpu"))
     batch = builder.build([("p", prefill, 6), ("d", decode, 1), ("m", middle, 5)])
     md = batch.metadata
@@ -33,10 +33,10 @@ def test_decodes_first_slots_and_logits_rows() -> None:
 
 def test_buffers_are_reused_and_stale_rows_cleared() -> None:
     builder = BatchBuilder(32, 8, 4, 4, torch.device("cpu"))
-    wide = [(f"r{i}", RowState([1] * 9, [i + 1, i + 2, i + 3], 8), 1) for i in range(3)]
+    wide = [(f"r{i}", RowState([1] * 9, [[i + 1, i + 2, i + 3]], 8), 1) for i in range(3)]
     first = builder.build(wide)
     assert first.metadata.uniform_query_len == 1 and first.metadata.num_decodes == 3
-    narrow = builder.build([("x", RowState([1, 2], [6], 1), 1)])
+    narrow = builder.build([("x", RowState([1, 2], [[6]], 1), 1)])
     md = narrow.metadata
     # Same storage as the first step (no per-step allocation of the contract tensors) ...
     assert md.block_table.data_ptr() == first.metadata.block_table.data_ptr()
@@ -48,6 +48,33 @@ def test_buffers_are_reused_and_stale_rows_cleared() -> None:
 
 def test_speculative_shaped_rows_are_uniform_not_decodes() -> None:
     builder = BatchBuilder(32, 8, 4, 4, torch.device("cpu"))
-    rows = [(f"r{i}", RowState(list(range(8)), [1, 2], 5), 3) for i in range(2)]
+    rows = [(f"r{i}", RowState(list(range(8)), [[1, 2]], 5), 3) for i in range(2)]
     md = builder.build(rows).metadata
     assert md.uniform_query_len == 3 and md.num_decodes == 0 and md.num_prefills == 2
+
+
+def test_each_kv_cache_group_gets_its_own_tables_and_slots() -> None:
+    """Layers of groups 0, 1, 0, 2: each layer's metadata is its group's (group 0's is ``metadata``), built
+    from ``block_ids[g]``; entries behind a sliding window are the null block; a row with one table (warm-up)
+    uses it for every group."""
+    bs = 4
+    builder = BatchBuilder(32, 8, 3, bs, torch.device("cpu"), layer_groups=(0, 1, 0, 2))
+    hybrid = RowState(list(range(10)), [[7, 3, 9], [0, 4, 6], [0, 0, 8]], num_computed=9)  # decode position 9
+    single = RowState(list(range(3)), [[5]], num_computed=0)  # prefill 0..2
+    batch = builder.build([("h", hybrid, 1), ("s", single, 3)])
+    md = batch.metadata
+    assert len(batch.layer_metadata) == 4
+    assert batch.layer_metadata[0] is md and batch.layer_metadata[2] is md
+    g1, g2 = batch.layer_metadata[1], batch.layer_metadata[3]
+    assert md.block_table.tolist() == [[7, 3, 9], [5, 0, 0]]
+    assert g1.block_table.tolist() == [[0, 4, 6], [5, 0, 0]]
+    assert g2.block_table.tolist() == [[0, 0, 8], [5, 0, 0]]
+    # Position 9 sits in table entry 2 at offset 1 of each group's own block; the single-table row writes 5's.
+    assert md.slot_mapping.tolist() == [9 * bs + 1, 5 * bs, 5 * bs + 1, 5 * bs + 2]
+    assert g1.slot_mapping.tolist() == [6 * bs + 1, 5 * bs, 5 * bs + 1, 5 * bs + 2]
+    assert g2.slot_mapping.tolist() == [8 * bs + 1, 5 * bs, 5 * bs + 1, 5 * bs + 2]
+    for m in (g1, g2):
+        assert m.seq_lens.tolist() == md.seq_lens.tolist() == [10, 3]
+        assert m.query_start_loc.tolist() == md.query_start_loc.tolist() == [0, 1, 4]
+    one_group = BatchBuilder(32, 8, 3, bs, torch.device("cpu")).build([("s", single, 3)])
+    assert one_group.layer_metadata == ()

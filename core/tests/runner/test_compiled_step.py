@@ -57,7 +57,7 @@ def _step(builder: BatchBuilder, query_lens: list[int], context: int, chunks: in
     for i, q in enumerate(query_lens):
         known = context + q + (3 if i >= len(query_lens) - chunks else 0)
         blocks = [1 + i * WIDTH + b for b in range(-(-known // BLOCK))]
-        scheduled.append((f"r{i}", RowState([(7 * i + j) % 64 for j in range(known)], blocks, context), q))
+        scheduled.append((f"r{i}", RowState([(7 * i + j) % 64 for j in range(known)], [blocks], context), q))
     return builder.build(scheduled)
 
 
@@ -158,7 +158,7 @@ def test_verify_steps_of_speculative_decoding_reuse_the_warmed_up_step(graphs: l
             scheduled, drafts = [], {}
             for i, k in enumerate(drafts_per_row):
                 blocks = [1 + i * WIDTH + b for b in range(-(-(context + 1 + k) // BLOCK))]
-                row = RowState([(5 * i + j) % 64 for j in range(context + 1)], blocks, context)
+                row = RowState([(5 * i + j) % 64 for j in range(context + 1)], [blocks], context)
                 scheduled.append((f"r{i}", row, 1 + k))
                 drafts[f"r{i}"] = [(3 * i + j) % 64 for j in range(k)]
             batch = builder.build(scheduled, drafts)

@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 from paged_core.config import CacheConfig, SchedulerConfig
+from paged_core.memory.kv_groups import KVCacheGroups
 from paged_core.sched.output import SchedulerOutput
 from paged_core.sched.request import Request
 from paged_core.sched.scheduler import Scheduler
 
 
-def make_scheduler(num_blocks: int = 64, block_size: int = 4, **sched: object) -> Scheduler:
+def make_scheduler(
+    num_blocks: int = 64, block_size: int = 4, kv_groups: KVCacheGroups | None = None, **sched: object
+) -> Scheduler:
     sched.setdefault("max_model_len", 1024)
     sched.setdefault("max_num_batched_tokens", 64)
-    return Scheduler(SchedulerConfig(**sched), CacheConfig(num_blocks=num_blocks, block_size=block_size))  # type: ignore[arg-type]
+    cache = CacheConfig(num_blocks=num_blocks, block_size=block_size)
+    return Scheduler(SchedulerConfig(**sched), cache, kv_groups=kv_groups)  # type: ignore[arg-type]
 
 
 def step(s: Scheduler, token: int = 5) -> SchedulerOutput:

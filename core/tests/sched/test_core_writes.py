@@ -64,7 +64,7 @@ def test_reads_by_id() -> None:
     s.add_request(req("a", 9, max_tokens=3))
     assert not s.is_running("a") and s.num_cached_tokens("a") == 0 and s.block_ids("a") == []
     step(s)
-    assert s.is_running("a") and len(s.block_ids("a")) == 3
+    assert s.is_running("a") and [len(t) for t in s.block_ids("a")] == [3]
     s.add_request(req("b", 9, max_tokens=3))  # the same prompt: two full blocks come from the cache
     out = step(s)
     assert s.num_cached_tokens("b") == 8

@@ -28,10 +28,10 @@ def test_continuing_rows_list_only_gained_blocks() -> None:
     s = make_scheduler(block_size=4)
     s.add_request(req("a", 4, max_tokens=10))
     out = step(s)
-    first_blocks = out.scheduled_new_reqs[0].block_ids
+    (first_blocks,) = out.scheduled_new_reqs[0].block_ids  # one KV-cache group
     assert len(first_blocks) == 1
     out = step(s)  # token 5 needs a second block
-    assert out.scheduled_cached_reqs.new_block_ids == [[s.kv.block_ids(s.requests["a"])[1]]]
+    assert out.scheduled_cached_reqs.new_block_ids == [[[s.kv.block_ids(s.requests["a"])[0][1]]]]
     out = step(s)  # token 6 fits
     assert out.scheduled_cached_reqs.new_block_ids == [[]]
 
@@ -204,7 +204,7 @@ def test_fork_shares_prompt_blocks_and_copies_on_first_write() -> None:
     # Both write position 6 into the shared second block: the first writer copies it.
     assert len(out.block_copies) == 1
     src, dst = out.block_copies[0]
-    tables = {"p": s.kv.block_ids(s.requests["p"]), "p#1": s.kv.block_ids(child)}
+    tables = {"p": s.kv.block_ids(s.requests["p"])[0], "p#1": s.kv.block_ids(child)[0]}
     assert tables["p"][0] == tables["p#1"][0]
     assert tables["p"][1] != tables["p#1"][1] and src in (tables["p"][1], tables["p#1"][1])
     assert dst in (tables["p"][1], tables["p#1"][1])

@@ -1,15 +1,17 @@
 """Hypothesis state machine: the scheduler and KV-cache manager under random arrivals, steps,
 aborts, forks, speculation, preemptions and prefix hits, checked after every rule.
 
-A :class:`FakeRunner` keeps position-aware fake KV, so a wrong prefix hit, a
-missed copy-on-write or a stale block table is caught as wrong content under
-a position some row attends to.
+A :class:`FakeRunner` keeps position-aware fake KV per KV-cache group, so a
+wrong prefix hit, a missed copy-on-write or a stale block table is caught as
+wrong content under a position some row attends to. Three kinds of model run:
+full attention (one group), every layer sliding over a small window (blocks
+behind it go back to the pool), and hybrids of both (several groups out of one
+pool).
 """
 
 from __future__ import annotations
 
 import random
-from collections import Counter
 
 import pytest
 from hypothesis import settings
@@ -25,11 +27,20 @@ from hypothesis.stateful import (
 
 from paged_core.config import CacheConfig, SchedulerConfig
 from paged_core.errors import RequestRejectedError
+from paged_core.memory.kv_groups import KVCacheGroups
 from paged_core.sched.request import Request, RequestStatus
 from paged_core.sched.scheduler import Scheduler
 
 from .helpers import make_scheduler, req, step
-from .sim import FakeRunner, FcfsWaitBound, HashRegistry, check_cached_hashes, check_pool, check_requests
+from .sim import (
+    COVERAGE,
+    FakeRunner,
+    FcfsWaitBound,
+    HashRegistry,
+    check_cached_hashes,
+    check_pool,
+    check_requests,
+)
 
 VOCAB = (0, 1, 2, 3, 4)  # tiny alphabet: equal blocks (and so prefix hits) come often
 EOS = 0
@@ -37,11 +48,11 @@ PREFIXES = ((1, 2, 3, 4, 1, 2, 3, 4, 2, 2, 1, 3, 4, 4, 1, 2), (3, 1, 4, 1, 2, 3,
 SALTS = (None, None, None, "tenant-a", "tenant-b")
 LOOKAHEADS = (0, 0, 1, 3)  # extra slots reserved per step for speculative decoding
 MAX_LIVE = 12  # keeps each example's cache pressure high but its state small
-COVERAGE: Counter[str] = Counter()
 
 
 class SchedulerMachine(RuleBasedStateMachine):
-    """Drives one :class:`Scheduler` with a :class:`FakeRunner`; subclasses pick the policy."""
+    """Drives one :class:`Scheduler` with a :class:`FakeRunner`; subclasses pick the policy and the model's
+    attention layers (their own ``setup`` draws the windows)."""
 
     policy = "fcfs"
 
@@ -64,7 +75,21 @@ class SchedulerMachine(RuleBasedStateMachine):
         max_model_len: int,
         lookahead: int,
     ) -> None:
-        """Build a small cache and tight budgets so preemption and eviction really happen."""
+        """Build a small cache and tight budgets so preemption and eviction really happen (full attention)."""
+        self._build(block_size, num_blocks, budget, max_seqs, chunked, max_model_len, lookahead, (None,))
+
+    def _build(
+        self,
+        block_size: int,
+        num_blocks: int,
+        budget: int,
+        max_seqs: int,
+        chunked: bool,
+        max_model_len: int,
+        lookahead: int,
+        windows: tuple[int | None, ...],
+    ) -> None:
+        """The scheduler for a model whose layer ``i`` attends over ``windows[i]`` (``None``: full)."""
         sched = SchedulerConfig(
             max_model_len=max_model_len,
             max_num_batched_tokens=budget,
@@ -73,10 +98,12 @@ class SchedulerMachine(RuleBasedStateMachine):
             policy=self.policy,
             num_lookahead_tokens=lookahead,
         )
-        self.s = Scheduler(sched, CacheConfig(num_blocks=num_blocks, block_size=block_size))
+        groups = KVCacheGroups.from_windows(windows)
+        self.s = Scheduler(sched, CacheConfig(num_blocks=num_blocks, block_size=block_size), kv_groups=groups)
         self.bs = block_size
-        self.runner = FakeRunner(block_size)
-        self.hashes = HashRegistry(self.s.kv.hash_fn, block_size)
+        self.max_step = budget + lookahead  # the most tokens one step writes or reserves for a request
+        self.runner = FakeRunner(block_size, [g.sliding_window for g in groups.groups])
+        self.hashes = HashRegistry(self.s.kv.hash_fn, block_size, groups.num_groups, self.s.kv._key)
         self.waits = FcfsWaitBound()
         self.clock = 0
         self.finished: set[str] = set()  # finished or aborted, not yet announced to the runner
@@ -123,9 +150,12 @@ class SchedulerMachine(RuleBasedStateMachine):
             cache_salt=salt,
         )
         cfg, usable = self.s.config, self.s.kv.pool.num_usable_blocks
+        # Decoding, a full group holds every block and a sliding one at most its window's.
+        full = -(-len(prompt) // self.bs)
+        windows = (g.window_blocks(self.bs, 1) for g in self.s.kv.groups.groups)
         too_big = (
             len(prompt) > cfg.max_model_len
-            or -(-len(prompt) // self.bs) > usable
+            or sum(full if w is None else min(full, w) for w in windows) > usable
             or (not cfg.enable_chunked_prefill and len(prompt) > cfg.max_num_batched_tokens)
         )
         try:
@@ -205,7 +235,7 @@ class SchedulerMachine(RuleBasedStateMachine):
     def _check(self) -> None:
         self.hashes.extend(self.s.requests.values())
         check_pool(self.s)
-        check_requests(self.s, self.runner)
+        check_requests(self.s, self.runner, self.max_step)
         check_cached_hashes(self.s, self.runner, self.hashes)
         if self.policy == "fcfs":
             self.waits.check()
@@ -256,6 +286,9 @@ class SchedulerMachine(RuleBasedStateMachine):
         COVERAGE["preemptions"] += len(out.preempted_req_ids)
         COVERAGE["block copies"] += len(out.block_copies)
         COVERAGE["prefix-hit rows"] += sum(1 for n in out.scheduled_new_reqs if n.num_computed_tokens)
+        COVERAGE["new rows with blocks behind a window"] += sum(
+            1 for n in out.scheduled_new_reqs if any(0 in t for t in n.block_ids)
+        )
         COVERAGE["spec rows"] += len(out.scheduled_spec_decode_tokens)
         COVERAGE["steps"] += 1
         before = self.runner.execute(out)
@@ -278,6 +311,71 @@ class PriorityMachine(SchedulerMachine):
     policy = "priority"
 
 
+class SlidingMachine(SchedulerMachine):
+    """Every layer slides over a small window: each request holds only its window's blocks, so long
+    requests fit a cache far smaller than them, and prefix hits need only the window's blocks."""
+
+    @initialize(
+        windows=st.sampled_from([(2,), (3,), (5,), (3, 3), (2, 5)]),  # (2, 5): two sliding groups
+        block_size=st.sampled_from([1, 2, 4]),
+        num_blocks=st.integers(3, 12),
+        budget=st.integers(1, 16),
+        max_seqs=st.integers(2, 8),
+        chunked=st.booleans(),
+        max_model_len=st.integers(8, 96),
+        lookahead=st.sampled_from(LOOKAHEADS),
+    )
+    def setup(
+        self,
+        windows: tuple[int, ...],
+        block_size: int,
+        num_blocks: int,
+        budget: int,
+        max_seqs: int,
+        chunked: bool,
+        max_model_len: int,
+        lookahead: int,
+    ) -> None:
+        """Groups of sliding layers only (the length cap is then max_model_len alone)."""
+        self._build(block_size, num_blocks, budget, max_seqs, chunked, max_model_len, lookahead, windows)
+
+
+HYBRIDS = (
+    (None, 4, 4),  # 1 full : 2 sliding layers -> 3 groups of one layer
+    (None, 3, 3, None),  # 2 : 2 -> a full group and a sliding group of two layers each
+    (2, None),
+    (5, None, 2),  # two windows and full attention
+)
+
+
+class HybridMachine(SchedulerMachine):
+    """Full-attention and sliding layers: one block table per group out of one pool."""
+
+    @initialize(
+        windows=st.sampled_from(HYBRIDS),
+        block_size=st.sampled_from([1, 2, 4]),
+        num_blocks=st.integers(8, 40),
+        budget=st.integers(1, 16),
+        max_seqs=st.integers(1, 6),
+        chunked=st.booleans(),
+        max_model_len=st.integers(8, 64),
+        lookahead=st.sampled_from(LOOKAHEADS),
+    )
+    def setup(
+        self,
+        windows: tuple[int | None, ...],
+        block_size: int,
+        num_blocks: int,
+        budget: int,
+        max_seqs: int,
+        chunked: bool,
+        max_model_len: int,
+        lookahead: int,
+    ) -> None:
+        """Groups from the layers' windows."""
+        self._build(block_size, num_blocks, budget, max_seqs, chunked, max_model_len, lookahead, windows)
+
+
 SETTINGS = settings(
     max_examples=400,
     stateful_step_count=80,
@@ -297,6 +395,22 @@ def test_scheduler_state_machine(machine: type[SchedulerMachine]) -> None:
     print(dict(COVERAGE))
 
 
+# Fewer examples: CI's time is short, and these add only the window's bookkeeping to the machine above.
+GROUP_SETTINGS = settings(SETTINGS, max_examples=60)
+WINDOWED = ("preemptions", "block copies", "prefix-hit rows", "forks", "aborts", "blocks released behind a window")
+
+
+@pytest.mark.parametrize("machine", [SlidingMachine, HybridMachine], ids=["sliding", "hybrid"])
+def test_scheduler_state_machine_with_kv_cache_groups(machine: type[SchedulerMachine]) -> None:
+    """Windowed and hybrid models keep every invariant: per-group tables, windows covered, no shared writes,
+    reference counts per holder, hits whose blocks hold the request's tokens inside the window."""
+    COVERAGE.clear()
+    run_state_machine_as_test(machine, settings=GROUP_SETTINGS)
+    for what in (*WINDOWED, "new rows with blocks behind a window"):
+        assert COVERAGE[what] > 0, f"the machine never exercised {what}: {dict(COVERAGE)}"
+    print(dict(COVERAGE))
+
+
 # ---- liveness bugs the machine found, reduced to minimal cases ----------------
 def test_lookahead_never_makes_a_request_that_fits_the_cache_unschedulable() -> None:
     """4 usable one-token blocks: a 3-token prompt fits, but 3 + 2 lookahead slots never do, so it waited forever."""
@@ -305,6 +419,36 @@ def test_lookahead_never_makes_a_request_that_fits_the_cache_unschedulable() -> 
     for _ in range(20):
         step(s)
     assert not s.has_unfinished_requests(), list(s.requests.values())
+
+
+@pytest.mark.parametrize(
+    ("windows", "num_blocks", "block_size", "lookahead", "prompt", "max_model_len"),
+    [
+        # 4 usable blocks of 1: the 3-token prompt fits its window of 3, but never with 2 lookahead slots: it
+        # waited forever, never admitted.
+        ((3,), 5, 1, 2, 3, 64),
+        # 12 usable blocks of 2 over 3 groups: decoding position 5 with 3 lookahead slots needs 5 + 4 + 4 blocks;
+        # the request preempted itself every step. Found by the hybrid state machine.
+        ((None, 4, 4), 13, 2, 3, 1, 9),
+    ],
+    ids=["sliding", "hybrid"],
+)
+def test_lookahead_never_makes_a_windowed_request_that_fits_the_cache_unschedulable(
+    windows: tuple[int | None, ...], num_blocks: int, block_size: int, lookahead: int, prompt: int, max_model_len: int
+) -> None:
+    """As above, with sliding windows: the length cap no longer bounds a request's blocks (its window does), so
+    lookahead slots (never written) must not make a request that fits alone unschedulable."""
+    s = make_scheduler(
+        num_blocks=num_blocks,
+        block_size=block_size,
+        kv_groups=KVCacheGroups.from_windows(windows),
+        num_lookahead_tokens=lookahead,
+        max_model_len=max_model_len,
+    )
+    s.add_request(req("a", prompt, start=1, max_tokens=6, ignore_eos=True))
+    for _ in range(40):
+        step(s)
+    assert not s.has_unfinished_requests(), (list(s.requests.values()), s.num_preemptions)
 
 
 def test_preempted_request_longer_than_the_budget_resumes_without_chunked_prefill() -> None:
