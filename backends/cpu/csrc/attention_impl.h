@@ -175,8 +175,8 @@ void attend_item_t(const AttnProblem& p, const WorkItem& w, float* ws, float* pa
         }
       }
       if (bf16_dot) {
-        dot_pairs_bf16<K, D>(qb + hq, per_head, kg, ng, pair_stride, sh, CH, prefetch,
-                             reinterpret_cast<uint16_t*>(kbuf));
+        dot_pairs_bf16<K, D>(qb + hq, per_head, reinterpret_cast<const void* const*>(kg), ng, pair_stride, sh, CH,
+                             prefetch, reinterpret_cast<uint16_t*>(kbuf));
       } else if (K == KvType::F32) {
         dot_pairs<D>(q + hq, per_head, reinterpret_cast<const float* const*>(kg), ng, pair_stride, sh, CH, prefetch);
       } else {

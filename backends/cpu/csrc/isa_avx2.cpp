@@ -123,7 +123,7 @@ void dot_pairs(const float* q, int M, const float* const* groups, int ng, int64_
 }
 
 template <KvType K, int D, typename Tick>
-void dot_pairs_bf16(const uint16_t*, int, const char* const*, int, int64_t, float*, int, Tick&, uint16_t*) {}
+void dot_pairs_bf16(const uint16_t*, int, const void* const*, int, int64_t, float*, int, Tick&, uint16_t*) {}
 inline void to_bf16(const float*, int, uint16_t*) {}
 template <KvType K, int D, typename Tick>
 void axpy_rows_bf16(float*, int, const float*, int, const void* const*, int, Tick&, uint16_t*) {}

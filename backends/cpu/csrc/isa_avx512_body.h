@@ -186,15 +186,18 @@ inline __m512i load_bf16x32(const char* p) {
 
 // Scores of R query rows against G key groups (cache type K, read as bf16): one register is dimension pair i
 // of 16 keys, and vdpbf16ps against the row's broadcast pair adds that pair's products into the 16 keys' lanes.
+// (groups are `const void*`: stores through the prefetcher's `const char*` members cannot alias them, so the
+// compiler keeps them in registers across tick())
 template <KvType K, int D, int R, int G, typename Tick>
-inline void dot_tile_bf16(const uint16_t* qb, const char* const* groups, int64_t ps, float* s, int ld, Tick& tick) {
+__attribute__((always_inline)) inline void dot_tile_bf16(const uint16_t* qb, const void* const* groups, int64_t ps,
+                                                         float* s, int ld, Tick& tick) {
   constexpr int64_t elem = kv_elem_bytes(K);
   __m512 acc[R][G];
   for (int r = 0; r < R; ++r)
     for (int g = 0; g < G; ++g) acc[r][g] = _mm512_setzero_ps();
   for (int i = 0; i < D / 2; ++i) {
     __m512i k[G];
-    for (int g = 0; g < G; ++g) k[g] = load_bf16x32<K>(groups[g] + i * ps * elem);
+    for (int g = 0; g < G; ++g) k[g] = load_bf16x32<K>(static_cast<const char*>(groups[g]) + i * ps * elem);
     for (int r = 0; r < R; ++r) {
       uint32_t pair;
       __builtin_memcpy(&pair, qb + r * D + 2 * i, 4);
@@ -211,15 +214,16 @@ inline void dot_tile_bf16(const uint16_t* qb, const char* const* groups, int64_t
 // Quantized keys are widened in registers while all M rows fit one row tile (a decode's GQA group);
 // more rows would widen them once per tile, so they are widened once into `scratch` (CH * D bf16) instead.
 template <KvType K, int D, typename Tick>
-void dot_pairs_bf16(const uint16_t* qb, int M, const char* const* groups, int ng, int64_t ps, float* s, int ld,
+void dot_pairs_bf16(const uint16_t* qb, int M, const void* const* groups, int ng, int64_t ps, float* s, int ld,
                     Tick& tick, uint16_t* scratch) {
   constexpr int64_t elem = kv_elem_bytes(K);
   if (K != KvType::BF16 && M > 4) {
-    const char* staged[kMaxChunk / kKeyGroup];
+    const void* staged[kMaxChunk / kKeyGroup];
     for (int g = 0; g < ng; ++g) {
       uint16_t* dst = scratch + static_cast<int64_t>(g) * kKeyGroup * D;
-      for (int i = 0; i < D / 2; ++i) _mm512_storeu_si512(dst + 32 * i, load_bf16x32<K>(groups[g] + i * ps * elem));
-      staged[g] = reinterpret_cast<const char*>(dst);
+      const auto* src = static_cast<const char*>(groups[g]);
+      for (int i = 0; i < D / 2; ++i) _mm512_storeu_si512(dst + 32 * i, load_bf16x32<K>(src + i * ps * elem));
+      staged[g] = dst;
     }
     dot_pairs_bf16<KvType::BF16, D>(qb, M, staged, ng, 32, s, ld, tick, scratch);
     return;
@@ -243,8 +247,9 @@ inline void to_bf16(const float* x, int n, uint16_t* y) {
 // restores it. Needs D % 32 == 0. Quantized rows are widened in registers while all M rows fit one block of
 // accumulators, else once into `scratch` (CH * D bf16).
 template <KvType K, int D, typename Tick>
-void axpy_rows_bf16(float* acc, int M, const float* p, int ld, const void* const* vals, int n, Tick& tick,
-                    uint16_t* scratch) {
+__attribute__((always_inline)) inline void axpy_rows_bf16(float* acc, int M, const float* p, int ld,
+                                                          const void* const* vals, int n, Tick& tick,
+                                                          uint16_t* scratch) {
   constexpr int NC = D / 32;
   constexpr int RB = 24 / (2 * NC) > 0 ? 24 / (2 * NC) : 1;  // rows whose accumulators fit in registers
   constexpr int64_t elem = kv_elem_bytes(K);
@@ -313,7 +318,7 @@ void finish_acc(float* acc, int M) {
 }
 #else
 template <KvType K, int D, typename Tick>
-void dot_pairs_bf16(const uint16_t*, int, const char* const*, int, int64_t, float*, int, Tick&, uint16_t*) {}
+void dot_pairs_bf16(const uint16_t*, int, const void* const*, int, int64_t, float*, int, Tick&, uint16_t*) {}
 inline void to_bf16(const float*, int, uint16_t*) {}
 template <KvType K, int D, typename Tick>
 void axpy_rows_bf16(float*, int, const float*, int, const void* const*, int, Tick&, uint16_t*) {}

@@ -64,7 +64,7 @@ void dot_pairs(const float* q, int M, const float* const* groups, int ng, int64_
 }
 
 template <KvType K, int D, typename Tick>
-void dot_pairs_bf16(const uint16_t*, int, const char* const*, int, int64_t, float*, int, Tick&, uint16_t*) {}
+void dot_pairs_bf16(const uint16_t*, int, const void* const*, int, int64_t, float*, int, Tick&, uint16_t*) {}
 
 template <int D, typename Tick>
 void axpy_rows(float* acc, int M, const float* p, int ld, const float* const* vals, int n, Tick& tick) {
