@@ -150,9 +150,10 @@ class SchedulerMachine(RuleBasedStateMachine):
             cache_salt=salt,
         )
         cfg, usable = self.s.config, self.s.kv.pool.num_usable_blocks
-        # Decoding, a full group holds every block and a sliding one at most its window's.
+        # Decoding, a full group holds every block and a sliding one at most its window's, widened by the
+        # lookahead slots (which never pass the length cap, so a full group's count stays the prompt's).
         full = -(-len(prompt) // self.bs)
-        windows = (g.window_blocks(self.bs, 1) for g in self.s.kv.groups.groups)
+        windows = (g.window_blocks(self.bs, 1 + cfg.num_lookahead_tokens) for g in self.s.kv.groups.groups)
         too_big = (
             len(prompt) > cfg.max_model_len
             or sum(full if w is None else min(full, w) for w in windows) > usable

@@ -319,16 +319,25 @@ class KVCacheManager:
             total += full if window is None else min(full, window)
         return total
 
-    def max_chunk(self, num_computed: int, num_new: int) -> int:
-        """The most of ``num_new`` tokens after ``num_computed`` whose blocks a request alone could hold
-        (with sliding groups a long chunk can outgrow the cache although the whole sequence fits)."""
-        usable = self.pool.num_usable_blocks
-        if not self._sliding or self.blocks_needed(num_computed + num_new, num_new) <= usable:
+    def max_chunk(self, num_computed: int, num_new: int, lookahead: int = 0, max_len: int | None = None) -> int:
+        """The most of ``num_new`` tokens after ``num_computed`` whose blocks a request alone could hold, with up
+        to ``lookahead`` slots after them that never pass ``max_len`` (with sliding groups a long chunk can
+        outgrow the cache although the whole sequence fits). At least 1 while ``num_computed < max_len`` for a
+        ``max_len`` whose last token fits (see the scheduler's length cap)."""
+        if not self._sliding:
             return num_new
-        lo, hi = 0, num_new  # blocks_needed grows with the chunk: the largest that fits
+        usable = self.pool.num_usable_blocks
+
+        def fits(m: int) -> bool:
+            la = lookahead if max_len is None else max(0, min(lookahead, max_len - num_computed - m))
+            return self.blocks_needed(num_computed + m + la, m + la) <= usable
+
+        if fits(num_new):
+            return num_new
+        lo, hi = 0, num_new  # what a chunk needs grows with it: the largest that fits
         while lo < hi:
             mid = (lo + hi + 1) // 2
-            if self.blocks_needed(num_computed + mid, mid) <= usable:
+            if fits(mid):
                 lo = mid
             else:
                 hi = mid - 1

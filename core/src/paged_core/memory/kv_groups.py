@@ -32,7 +32,9 @@ class KVCacheGroup:
         run (``None``: unbounded, a full-attention group keeps every block)."""
         if self.sliding_window is None:
             return None
-        return -(-(self.sliding_window - 1 + chunk) // block_size) + 1
+        # The window behind the chunk and the chunk: W - 1 + chunk consecutive positions, which touch at most
+        # ceil((span - 1) / block_size) + 1 blocks.
+        return -(-(self.sliding_window - 2 + chunk) // block_size) + 1
 
     def first_needed_block(self, num_computed: int, block_size: int) -> int:
         """Index of the first block a query at position ``num_computed`` or later can still see."""

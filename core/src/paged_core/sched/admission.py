@@ -10,7 +10,9 @@ from paged_core.memory.kv_cache_manager import KVCacheManager
 from paged_core.sched.request import Request
 
 
-def check_admissible(req: Request, config: SchedulerConfig, kv: KVCacheManager, live_ids: Container[str]) -> None:
+def check_admissible(
+    req: Request, config: SchedulerConfig, kv: KVCacheManager, live_ids: Container[str], max_len: int | None = None
+) -> None:
     """Raise :class:`RequestRejectedError` if ``req`` can never be scheduled.
 
     Checked up front so that such a request never sits at the head of the
@@ -25,9 +27,12 @@ def check_admissible(req: Request, config: SchedulerConfig, kv: KVCacheManager, 
             f"request {req.request_id!r}: prompt has {n} tokens, more than max_model_len={max_model_len}"
         )
     usable = kv.pool.num_usable_blocks
-    if kv.blocks_needed(n) > usable:
+    # ``max_len``: the scheduler's cap, what one request's blocks (every KV-cache group's, lookahead slots
+    # included) can reach in the whole cache.
+    chunk = 1 + config.num_lookahead_tokens
+    if kv.blocks_needed(n, chunk) > usable or (max_len is not None and n > max_len):
         raise RequestRejectedError(
-            f"request {req.request_id!r}: prompt of {n} tokens needs {kv.blocks_needed(n)} blocks of "
+            f"request {req.request_id!r}: prompt of {n} tokens needs {kv.blocks_needed(n, chunk)} blocks of "
             f"{kv.block_size} tokens, but the whole KV cache holds {usable} blocks"
         )
     if not config.enable_chunked_prefill and n > config.max_num_batched_tokens:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from paged_core.config import CacheConfig, SchedulerConfig
-from paged_core.errors import RequestRejectedError
+from paged_core.errors import ConfigError, RequestRejectedError
 from paged_core.memory.kv_cache_manager import ExtraKeyProvider, GroupBlocks, KVCacheManager
 from paged_core.memory.kv_groups import KVCacheGroups
 from paged_core.sched.admission import check_admissible
@@ -44,7 +44,13 @@ class Scheduler:
         # A request can never outgrow the whole cache, so that is a length cap too (sliding groups hold only
         # their window: a model whose every layer slides is capped by max_model_len alone).
         max_model_len = scheduler_config.require_resolved("Scheduler")
-        self.max_len = _longest_fitting(self.kv, max_model_len)
+        self.max_len = _longest_fitting(self.kv, max_model_len, scheduler_config.num_lookahead_tokens)
+        if self.max_len < 1:
+            raise ConfigError(
+                f"a KV cache of {self.kv.pool.num_usable_blocks} blocks of {self.block_size} cannot hold one "
+                f"request's sliding windows and {scheduler_config.num_lookahead_tokens} lookahead slots "
+                f"({self.kv.blocks_needed(max_model_len, 1 + scheduler_config.num_lookahead_tokens)} blocks)"
+            )
         self._sliding = self.kv.groups.has_sliding
         self.waiting: FcfsQueue | PriorityQueue = (
             PriorityQueue() if scheduler_config.policy == "priority" else FcfsQueue()
@@ -112,7 +118,7 @@ class Scheduler:
 
     def check_admissible(self, req: Request) -> None:
         """Raise :class:`RequestRejectedError` if ``req`` could never run here (nothing is queued)."""
-        check_admissible(req, self.config, self.kv, self.requests)
+        check_admissible(req, self.config, self.kv, self.requests, self.max_len)
 
     def abort(self, request_ids: Sequence[str], status: RequestStatus = RequestStatus.FINISHED_ABORTED) -> list[str]:
         """End requests by id and free their blocks (unknown ids are ignored); returns the ids actually ended.
@@ -215,7 +221,7 @@ class Scheduler:
             if req.spec_token_ids and req.num_computed_tokens + num_new > max_len:
                 num_new = max_len - req.num_computed_tokens  # drafts never run past the length cap
             if self._sliding and num_new > 1:
-                num_new = kv.max_chunk(req.num_computed_tokens, num_new)
+                num_new = kv.max_chunk(req.num_computed_tokens, num_new, self.config.num_lookahead_tokens, max_len)
             if num_new <= 0:
                 i += 1
                 continue
@@ -279,7 +285,7 @@ class Scheduler:
                     break
                 num_new = budget
             if self._sliding:
-                num_new = kv.max_chunk(num_hit, num_new)
+                num_new = kv.max_chunk(num_hit, num_new, cfg.num_lookahead_tokens, self.max_len)
                 if num_new <= 0:
                     break
             if kv.allocate_slots(req, num_new, hits, self._lookahead(num_hit + num_new)) is None:
@@ -496,15 +502,16 @@ def _blocks_in_flight(rows: Sequence[tuple[Request, int, object]], block_size: i
     return out
 
 
-def _longest_fitting(kv: KVCacheManager, max_model_len: int) -> int:
-    """The longest request (at most ``max_model_len`` tokens) whose blocks the whole cache holds, decoding."""
-    usable = kv.pool.num_usable_blocks
-    if kv.blocks_needed(max_model_len) <= usable:
+def _longest_fitting(kv: KVCacheManager, max_model_len: int, lookahead: int) -> int:
+    """The longest request (at most ``max_model_len`` tokens) whose blocks the whole cache holds, decoding with
+    ``lookahead`` slots (which never pass the cap, but widen what a sliding window holds)."""
+    usable, chunk = kv.pool.num_usable_blocks, 1 + lookahead
+    if kv.blocks_needed(max_model_len, chunk) <= usable:
         return max_model_len
     lo, hi = 0, max_model_len
     while lo < hi:
         mid = (lo + hi + 1) // 2
-        if kv.blocks_needed(mid) <= usable:
+        if kv.blocks_needed(mid, chunk) <= usable:
             lo = mid
         else:
             hi = mid - 1
