@@ -18,6 +18,8 @@ CAPS = BackendCapabilities(
     block_sizes=(16, 32, 64),
     head_sizes=frozenset({64, 80, 96, 128, 256}),
     gqa_ratios=frozenset(range(1, 17)),
+    sliding_window=True,
+    logits_soft_cap=True,
     graph_support=GraphSupport.ANY,
 )
 """What the ROCm backend declares over these kernels (XPU: the same without the quantized KV dtypes)."""
@@ -62,13 +64,14 @@ def test_every_launchable_specialization_is_listed(family: str) -> None:
                 for block in CAPS.block_sizes:
                     for decode, split in ((True, False), (True, True), (False, False)):
                         t = attention_tiles(q, head, block, decode, split, family, kv_dtype=kv)
-                        key = (
-                            tuple(t.constexprs(dot_fp32(q, False)).items()),
-                            POINTER_TYPES[q],
-                            POINTER_TYPES[kv],
-                            t.lanes,
-                        )
-                        assert key in compiled, (q, kv, head, block, decode, split, t)
+                        for window, soft_cap in ((False, False), (True, False), (False, True), (True, True)):
+                            key = (
+                                tuple(t.constexprs(dot_fp32(q, False), window, soft_cap).items()),
+                                POINTER_TYPES[q],
+                                POINTER_TYPES[kv],
+                                t.lanes,
+                            )
+                            assert key in compiled, (q, kv, head, block, decode, split, window, soft_cap, t)
     assert {s.kernel for s in specs} == {"attention", "reduce", "write_kv", "copy_blocks"}
 
 
@@ -93,3 +96,13 @@ def test_quantized_caches_have_their_own_specializations(family: str) -> None:
         s.signature(["scale", "soft_cap", "window"]) == {"scale": "fp32", "soft_cap": "fp32", "window": "i32"}
         for s in attention
     )
+
+
+def test_rdna_quantized_caches_take_narrow_key_tiles() -> None:
+    """On RDNA an 8-bit cache's decode tiles are 16 keys wide on 512 threads (wider ones spilled); other
+    families' tiles do not depend on it."""
+    for kv in QUANTIZED_KV:
+        t = attention_tiles(torch.bfloat16, 64, 64, True, True, "rdna", kv_dtype=kv)
+        assert (t.block_n, t.lanes) == (16, 512)
+        cdna = attention_tiles(torch.bfloat16, 64, 64, True, True, "cdna", kv_dtype=kv)
+        assert cdna == attention_tiles(torch.bfloat16, 64, 64, True, True, "cdna", kv_dtype=torch.bfloat16)

@@ -13,16 +13,22 @@ loaded once per group. Decode rows use ``BLOCK_M = 16`` (one token, the rest mas
 context into partitions (flash-decoding); prefill rows use larger tiles over their new tokens and attend to
 the cached context plus the causal part of the new tokens.
 
-Sliding windows and soft caps are runtime arguments (``window`` 0 and ``soft_cap`` 0.0 mean none). A windowed
-tile's key loop starts at the ``BLOCK_N`` tile holding the first key its first row sees: block-table entries
-of blocks wholly before the window may be the null block or stale ids, so they are never read (and keys
-before the window inside that first tile are masked out of the loads too). The soft cap
+Sliding windows and soft caps are compiled in only when used (``WINDOW``, ``SOFT_CAP``: the runtime branches
+cost registers that spilled on RDNA and SGPRs on CDNA, ahead-of-time report), their sizes are runtime
+arguments. A windowed tile's key loop starts at the ``BLOCK_N`` tile holding the first key its first row
+sees: block-table entries of blocks wholly before the window may be the null block or stale ids, so they are
+never read (and keys before the window inside that first tile are masked out of the loads too). The soft cap
 ``c * tanh(s / c)`` applies to the scaled score, before masking and softmax.
 
 Quantized caches (int8, fp8; :mod:`paged_core.contract.kv_quant`'s default layout) are recognised by the
 cache's 8-bit element type: each stored vector has ``head_size + 2`` elements, the last two holding its
-float16 scale; keys and values are dequantized on load in fp32 (``q * scale``), rounded once to the query
-dtype (as the reference's dequantization), and accumulated in fp32 as every other cache.
+float16 scale. The stored values convert exactly to the query dtype (int8 and both fp8 formats fit in
+bf16/fp16/fp32), and the per-key scales are applied where they cost one multiply per score instead of one
+per element: each key's scale to its column of ``q . k`` (in fp32), each value's scale to its column of the
+probabilities before the ``p . v`` dot, sums in fp32. (Dequantizing whole tiles first spilled registers on
+every AMD target, ahead-of-time report.) The result differs from attention over the dequantized cache only
+by where the roundings fall: the keys are exact, and ``p * scale`` is rounded once instead of ``p`` and
+``v * scale``.
 
 ``DOT_FP32`` widens the dot operands to fp32 with IEEE precision. It is always on for fp32 queries (so
 they never drop to tf32/xf32), and on for bf16 only under the Triton interpreter, whose ``tl.dot``
@@ -47,8 +53,8 @@ def paged_attention_kernel(
     block_table_ptr,
     row_offset,  # first batch row handled by this launch (decode rows come first)
     scale,
-    soft_cap,  # logits soft cap c (0.0: none)
-    window,  # sliding window in keys, the query's own included (0: none)
+    soft_cap,  # logits soft cap c (read only when SOFT_CAP)
+    window,  # sliding window in keys, the query's own included (read only when WINDOW)
     group,  # query heads per KV head (<= BLOCK_M)
     head_size,
     block_size,
@@ -64,6 +70,8 @@ def paged_attention_kernel(
     MAX_SPLITS: tl.constexpr,
     DOT_FP32: tl.constexpr,
     D_CHUNK: tl.constexpr,
+    WINDOW: tl.constexpr,
+    SOFT_CAP: tl.constexpr,
 ):
     row = tl.program_id(0) + row_offset
     tile = tl.program_id(1) // num_splits
@@ -71,9 +79,20 @@ def paged_attention_kernel(
     kv_head = tl.program_id(2)
     # An 8-bit cache is a quantized one: each vector carries its float16 scale as two more elements.
     quant: tl.constexpr = k_cache_ptr.dtype.element_ty.primitive_bitwidth == 8
+    # int8 converts through fp32 (exact either way): the Triton 3.9 interpreter turns int8 -> bf16 into garbage.
+    via_fp32: tl.constexpr = k_cache_ptr.dtype.element_ty == tl.int8
     entry = head_size
     if quant:
         entry = head_size + 2
+    # The value weights p * scale (scale ~ max|v| / QMAX) would sink into fp16's subnormals (e5m2's QMAX is
+    # 57344): they are carried times a power of two near QMAX and the sums scaled back once at the end (exact).
+    v_gain: tl.constexpr = (
+        128.0
+        if k_cache_ptr.dtype.element_ty == tl.int8
+        else 32768.0
+        if k_cache_ptr.dtype.element_ty == tl.float8e5
+        else 256.0
+    )
     # Output and cache are contiguous, so their strides follow from the sizes: fewer kernel arguments
     # keeps scalar-register pressure (SGPRs on AMD) under the limit.
     stride_oh = head_size
@@ -108,17 +127,22 @@ def paged_attention_kernel(
     last_tok = tl.minimum(first_tok + tokens_per_tile, q_len)
     # A tile past the row's last token (the grid covers the batch's longest query) visits no key.
     kv_hi = tl.where(first_tok < q_len, tl.minimum(seq_len, context + last_tok), 0)
-    win_lo = tl.where(window > 0, tl.maximum(context + first_tok - window + 1, 0), 0)
-    kv_lo = (win_lo // BLOCK_N) * BLOCK_N
+    kv_lo = 0
+    if WINDOW:
+        win_lo = tl.maximum(context + first_tok - window + 1, 0)
+        kv_lo = (win_lo // BLOCK_N) * BLOCK_N
+        row_lo = pos - window  # each row sees keys in (row_lo, pos]
     if SPLIT:
         kv_lo = kv_lo + split * partition
         kv_hi = tl.minimum(kv_hi, kv_lo + partition)
-    row_lo = tl.where(window > 0, pos - window, -1)  # each row sees keys in (row_lo, pos]
 
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_PAD], dtype=tl.float32)
     qk_scale = scale * 1.4426950408889634  # exp2 instead of exp: fold log2(e) into the scale
+    if SOFT_CAP:
+        cap_log2 = soft_cap * 1.4426950408889634
+        cap_k = -2.0 / soft_cap  # exp(-2|x|) = exp2(-2|x| log2(e)), with x = s / cap_log2
     table_row = block_table_ptr + row.to(tl.int64) * stride_bt
     for start in range(kv_lo, kv_hi, BLOCK_N):
         # BLOCK_N divides block_size, so one tile never straddles two paged blocks. The block's base is
@@ -126,21 +150,29 @@ def paged_attention_kernel(
         block = tl.load(table_row + start // block_size).to(tl.int64)
         base = block * stride_cb + kv_head * stride_ch
         offs_n = start + tl.arange(0, BLOCK_N)
-        n_ok = (offs_n < kv_hi) & (offs_n >= win_lo)
+        n_ok = offs_n < kv_hi
+        if WINDOW:
+            n_ok = n_ok & (offs_n >= win_lo)
         kv_rows = (offs_n % block_size) * stride_cs
         kv_offs = kv_rows[:, None] + offs_d[None, :]
         kv_mask = n_ok[:, None] & d_ok[None, :]
         v = tl.load(v_cache_ptr + base + kv_offs, mask=kv_mask, other=0.0)
         if quant:
-            # Each key/value row's float16 scale sits right after its head_size elements (an even byte offset).
-            v_scale = tl.load((v_cache_ptr + base + kv_rows + head_size).to(tl.pointer_type(tl.float16)), mask=n_ok)
-            k_scale = tl.load((k_cache_ptr + base + kv_rows + head_size).to(tl.pointer_type(tl.float16)), mask=n_ok)
-            v = v.to(tl.float32) * v_scale.to(tl.float32)[:, None]
+            # Each key/value row's float16 scale sits right after its head_size elements (an even byte offset);
+            # the stored values convert to the query dtype exactly.
+            v_scale = tl.load(
+                (v_cache_ptr + base + kv_rows + head_size).to(tl.pointer_type(tl.float16)), mask=n_ok, other=0.0
+            )
+            k_scale = tl.load(
+                (k_cache_ptr + base + kv_rows + head_size).to(tl.pointer_type(tl.float16)), mask=n_ok, other=0.0
+            )
+        if via_fp32:
+            v = v.to(tl.float32)
         v = v.to(q_ptr.dtype.element_ty)
         if D_CHUNK == HEAD_PAD:
             k = tl.load(k_cache_ptr + base + kv_offs, mask=kv_mask, other=0.0)
-            if quant:
-                k = k.to(tl.float32) * k_scale.to(tl.float32)[:, None]
+            if via_fp32:
+                k = k.to(tl.float32)
             k = k.to(q_ptr.dtype.element_ty)
             if DOT_FP32:
                 s = tl.dot(q.to(tl.float32), tl.trans(k.to(tl.float32)), input_precision="ieee")
@@ -158,22 +190,23 @@ def paged_attention_kernel(
                 qc = tl.load(q_ptr + q_rows[:, None] + offs_c[None, :], mask=row_ok[:, None] & c_ok[None, :], other=0.0)
                 kc_offs = kv_rows[:, None] + offs_c[None, :]
                 kc = tl.load(k_cache_ptr + base + kc_offs, mask=n_ok[:, None] & c_ok[None, :], other=0.0)
-                if quant:
-                    kc = kc.to(tl.float32) * k_scale.to(tl.float32)[:, None]
+                if via_fp32:
+                    kc = kc.to(tl.float32)
                 kc = kc.to(q_ptr.dtype.element_ty)
                 if DOT_FP32:
                     s += tl.dot(qc.to(tl.float32), tl.trans(kc.to(tl.float32)), input_precision="ieee")
                 else:
                     s += tl.dot(qc, tl.trans(kc))
-        if soft_cap > 0.0:
-            # c * tanh(x / c) on the scaled score, tanh from exp2 of -2|x| (no overflow), then in log2 units.
-            capped = s * (scale / soft_cap)
-            e = tl.exp2(-2.8853900817779268 * tl.abs(capped))
-            th = (1.0 - e) / (1.0 + e)
-            s = tl.where(capped < 0.0, -th, th) * (soft_cap * 1.4426950408889634)
-        else:
-            s = s * qk_scale
-        visible = (offs_n[None, :] <= pos[:, None]) & (offs_n[None, :] > row_lo[:, None]) & n_ok[None, :]
+        if quant:
+            s = s * k_scale.to(tl.float32)[None, :]  # q . (k * scale) = (q . k) * scale, per key
+        s = s * qk_scale
+        if SOFT_CAP:
+            # c * tanh(x / c) in log2 units (c' = c * log2(e)), tanh from exp2 of -2|x| / c' (no overflow).
+            e = tl.exp2(tl.abs(s) * cap_k)
+            s = tl.where(s < 0.0, e - 1.0, 1.0 - e) / (1.0 + e) * cap_log2
+        visible = (offs_n[None, :] <= pos[:, None]) & n_ok[None, :]
+        if WINDOW:
+            visible = visible & (offs_n[None, :] > row_lo[:, None])
         s = tl.where(visible, s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
         # A row that has seen no visible key yet keeps m = -inf; subtract 0 instead so exp2 gives 0, not NaN.
@@ -181,12 +214,17 @@ def paged_attention_kernel(
         p = tl.exp2(s - m_safe[:, None])
         alpha = tl.exp2(m_i - m_safe)
         l_i = l_i * alpha + tl.sum(p, 1)
+        pw = p  # the weights of the values as stored: p * scale per key for a quantized cache
+        if quant:
+            pw = p * (v_scale.to(tl.float32) * v_gain)[None, :]
         if DOT_FP32:
-            pv = p.to(v.dtype).to(tl.float32)  # round p as the native path does, then multiply exactly
+            pv = pw.to(v.dtype).to(tl.float32)  # round p as the native path does, then multiply exactly
             acc = acc * alpha[:, None] + tl.dot(pv, v.to(tl.float32), input_precision="ieee")
         else:
-            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+            acc = acc * alpha[:, None] + tl.dot(pw.to(v.dtype), v)
         m_i = m_new
+    if quant:
+        acc = acc * (1.0 / v_gain)
 
     if SPLIT:
         # Decode rows only: token index == q_start. Partials are combined by paged_attention_reduce_kernel.

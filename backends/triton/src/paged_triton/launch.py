@@ -225,12 +225,14 @@ def attention(
             splits,
             *query.stride()[:2],
             block_table.stride(0),
-            **tiles.constexprs(widen),
+            **tiles.constexprs(widen, window > 0, soft_cap > 0),
             **_launch("attention", family, tiles.lanes),
         )
 
     if num_decodes > 0:
-        block_n = attention_tiles(query.dtype, head_size, block_size, True, False, family, big_tiles).block_n
+        block_n = attention_tiles(
+            query.dtype, head_size, block_size, True, False, family, big_tiles, kv_cache.dtype
+        ).block_n
         # A windowed decode row reads at most window + block_n - 1 keys (its start aligned down to a key
         # tile): the partitions split that span, counted from the row's first key.
         span = max_seq_len if window <= 0 else min(max_seq_len, window + block_n - 1)

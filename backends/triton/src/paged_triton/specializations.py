@@ -76,6 +76,13 @@ def _options(kernel: str, family: str) -> tuple[tuple[str, object], ...]:
     return tuple(sorted(launch_options(kernel, family).items()))
 
 
+def features(caps: BackendCapabilities) -> list[tuple[bool, bool]]:
+    """The ``(window, soft_cap)`` variants compiled for ``caps``: each declared feature on and off."""
+    windows = (False, True) if caps.sliding_window else (False,)
+    soft_caps = (False, True) if caps.logits_soft_cap else (False,)
+    return [(w, c) for w in windows for c in soft_caps]
+
+
 def attention_specializations(caps: BackendCapabilities, family: str) -> Iterator[Specialization]:
     """Attention (decode direct, decode split, prefill) and reduction variants for every declared combination.
 
@@ -84,7 +91,7 @@ def attention_specializations(caps: BackendCapabilities, family: str) -> Iterato
     rdna = family == "rdna"
     heads = sorted(caps.head_sizes or ())
     seen: set[tuple[object, ...]] = set()
-    for q in sorted(caps.dtypes, key=_name):
+    for (window, soft_cap), q in ((f, q) for f in features(caps) for q in sorted(caps.dtypes, key=_name)):
         for kv in sorted(caps.effective_kv_cache_dtypes, key=_name):
             for head in heads:
                 if rdna and not rdna_supported(q, head):
@@ -92,7 +99,7 @@ def attention_specializations(caps: BackendCapabilities, family: str) -> Iterato
                 for block in caps.block_sizes:
                     for decode, split in ((True, False), (True, True), (False, False)):
                         tiles = attention_tiles(q, head, block, decode, split, family, kv_dtype=kv)
-                        key = ("attention", q, kv, tiles)
+                        key = ("attention", q, kv, tiles, window, soft_cap)
                         if key in seen:
                             continue
                         seen.add(key)
@@ -102,8 +109,10 @@ def attention_specializations(caps: BackendCapabilities, family: str) -> Iterato
                             "attention",
                             f"attention {mode} q={_name(q)} kv={_name(kv)} D{tiles.head_pad} "
                             f"M{tiles.block_m} N{tiles.block_n}"
-                            + (f" C{tiles.d_chunk}" if tiles.d_chunk != tiles.head_pad else ""),
-                            tuple(tiles.constexprs(dot_fp32(q, interpreted=False)).items()),
+                            + (f" C{tiles.d_chunk}" if tiles.d_chunk != tiles.head_pad else "")
+                            + (" window" if window else "")
+                            + (" softcap" if soft_cap else ""),
+                            tuple(tiles.constexprs(dot_fp32(q, interpreted=False), window, soft_cap).items()),
                             (
                                 ("out_ptr", qt),
                                 ("part_acc_ptr", "*fp32"),

@@ -30,8 +30,9 @@ class AttentionTiles:
     lanes: int = ATTENTION_LANES
     """Threads per program; warps (sub-groups) = lanes // the device's warp size."""
 
-    def constexprs(self, dot_fp32: bool) -> dict[str, int | bool]:
-        """The kernel's ``tl.constexpr`` arguments for these tiles."""
+    def constexprs(self, dot_fp32: bool, window: bool = False, soft_cap: bool = False) -> dict[str, int | bool]:
+        """The kernel's ``tl.constexpr`` arguments for these tiles (and the layer's features: a sliding window,
+        a soft cap)."""
         return {
             "HEAD_PAD": self.head_pad,
             "BLOCK_M": self.block_m,
@@ -40,4 +41,6 @@ class AttentionTiles:
             "MAX_SPLITS": MAX_SPLITS,
             "DOT_FP32": dot_fp32,
             "D_CHUNK": self.d_chunk,
+            "WINDOW": window,
+            "SOFT_CAP": soft_cap,
         }

@@ -78,8 +78,10 @@ def attention_tiles(
         return xpu_attention_tiles(dtype, head_size, block_size, decode, split, kv_dtype)
     rdna = family == "rdna"
     elem = torch.empty((), dtype=dtype).element_size()
+    # A quantized (8-bit) cache on RDNA: converting its tiles (fp8 in software on gfx11) spilled (aot report).
+    quantized_rdna = rdna and kv_dtype is not None and torch.empty((), dtype=kv_dtype).element_size() == 1
     # Prefill tiles already have BLOCK_M rows; a wider key tile there spills SGPRs on CDNA (aot report).
-    block_n = 64 if decode else 16
+    block_n = 16 if not decode or quantized_rdna else 64
     while block_n > 16 and (block_size % block_n or block_n * pad * elem > KV_TILE_BYTES):
         block_n //= 2
     if block_size % block_n:
@@ -90,7 +92,7 @@ def attention_tiles(
     # Twice the threads where the aot report showed spills at 256: fp32 at head 256, and a cache wider
     # than the queries (except at head 256 on CDNA, where 512 threads spill SGPRs instead).
     wide_cache = kv_dtype is not None and torch.empty((), dtype=kv_dtype).element_size() > elem
-    wide = (elem == 4 and pad == 256) or (wide_cache and (pad < 256 or rdna))
+    wide = (elem == 4 and pad == 256) or (wide_cache and (pad < 256 or rdna)) or quantized_rdna
     lanes = 2 * ATTENTION_LANES if wide else ATTENTION_LANES
     return AttentionTiles(pad, block_m, block_n, split and decode, chunk if rdna else pad, lanes)
 

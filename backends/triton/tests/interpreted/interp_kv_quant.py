@@ -88,7 +88,7 @@ def test_attention_over_quantized_cache(monkeypatch: pytest.MonkeyPatch, kv_dtyp
     by ``quantize_kv``: the interpreter takes about 20-40 ms per write program, and
     :func:`test_write_is_quantize_kv` checks the write kernel's bytes.)"""
     monkeypatch.setenv(INTERPRET_TILES_ENV, "cdna")
-    dtype = {torch.int8: torch.float16, torch.float8_e4m3fn: torch.bfloat16, torch.float8_e5m2: torch.float32}
+    dtype = {torch.int8: torch.bfloat16, torch.float8_e4m3fn: torch.float16, torch.float8_e5m2: torch.float32}
     run_case(dtype[kv_dtype], kv_dtype, 4, 2, 96, 32, [1, 1, 5, 12], [70, 3, 40, 12], kernel_write=False).check()
 
 

@@ -107,9 +107,12 @@ def test_soft_cap_alone(monkeypatch: pytest.MonkeyPatch) -> None:
     ).check()
 
 
-def test_rdna_tiles_window_soft_cap_quantized(monkeypatch: pytest.MonkeyPatch) -> None:
-    """RDNA's tiles (q.k over two head-dim chunks, each dequantized) with a window, a soft cap and an int8
-    cache, poisoned before the windows."""
+@pytest.mark.parametrize(("window", "seq_lens"), [(33, [70, 24]), (280, [400, 24])])
+def test_rdna_tiles_window_soft_cap_quantized(
+    monkeypatch: pytest.MonkeyPatch, window: int, seq_lens: list[int]
+) -> None:
+    """RDNA's tiles (q.k over two head-dim chunks; 16-key tiles for a quantized cache) with a window, a soft cap
+    and an int8 cache, poisoned before the windows; the long window splits its decode row (split-K)."""
     monkeypatch.setenv(INTERPRET_TILES_ENV, "rdna")
     run_case(
         torch.bfloat16,
@@ -119,8 +122,8 @@ def test_rdna_tiles_window_soft_cap_quantized(monkeypatch: pytest.MonkeyPatch) -
         128,
         16,
         [1, 7],
-        [70, 24],
-        window=33,
+        seq_lens,
+        window=window,
         soft_cap=GEMMA2_SOFT_CAP,
         poisoned=True,
         kernel_write=False,
