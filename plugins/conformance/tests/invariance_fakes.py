@@ -9,9 +9,19 @@ that takes another order above some rows. Each result is close to the right one;
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
-from paged_core.api import LINEAR_KINDS, AttentionMetadata, AttentionSpec, FusedOps, PackedLinear, QuantizedWeight
+from paged_core.api import (
+    LINEAR_KINDS,
+    AttentionMetadata,
+    AttentionSpec,
+    BackendCapabilities,
+    FusedOps,
+    PackedLinear,
+    QuantizedWeight,
+)
 from paged_core.testing import ReferenceBackend, ReferenceFusedOps, dequantize
 
 
@@ -20,6 +30,12 @@ class SplitByBatch(ReferenceBackend):
     their log-sum-exp: one row alone is one part, the same row in a batch is summed in another order."""
 
     name = "split-by-batch"
+
+    @classmethod
+    def capabilities(cls) -> BackendCapabilities:
+        """The reference's, but float KV caches only (this attention reads no quantized cache)."""
+        caps = ReferenceBackend.capabilities()
+        return dataclasses.replace(caps, kv_cache_dtypes=caps.dtypes)
 
     def attention(
         self, query: torch.Tensor, kv_cache: torch.Tensor, metadata: AttentionMetadata, spec: AttentionSpec

@@ -34,7 +34,9 @@ def test_the_reference_backend_passes_every_part(run_suite) -> None:
     assert code == 0, _messages(report)
     assert _statuses(report) == dict.fromkeys(ROWS, "pass")
     caps = report["capabilities"]
-    assert caps["batch_invariance:attention"]["counts"]["passed"] == 2  # quick: the first two dtypes
+    # quick: the first two dtypes, then the first over each quantized KV cache (int8, fp8 e4m3 and e5m2)
+    assert caps["batch_invariance:attention"]["counts"]["passed"] == 2 + 3
+    assert caps["kv_dtype:int8"]["counts"]["passed"] == 1
     assert caps["batch_invariance:linear:q4_k"]["counts"]["passed"] == 2
     assert caps["batch_invariance:linear:float16"]["counts"]["passed"] == 1  # a dense kind at its own dtype
     assert caps["capability_check"]["status"] == "pass"

@@ -6,7 +6,9 @@ speculative verify rows. That holds when every part of the forward reduces each 
 shapes fix, which :func:`batch_invariance` reads from what the backend declares and the conformance suite
 proves bit for bit:
 
-* attention: ``BackendCapabilities.batch_invariant``;
+* attention: ``BackendCapabilities.batch_invariant``, over whatever KV cache dtype runs (``kv_cache_dtype``): a
+  quantized cache (int8, fp8) stays invariant, since each vector's scale is its own (per token-head), so what
+  is stored for a token depends on that token alone, and the suite checks reading it back the same way;
 * the layer ops of the fused decoder (norms, activation, rotary): ``FusedOps.batch_invariant_layer_ops``;
 * each kind of linear weight the model holds (packed format or dense dtype, the LM head included):
   ``FusedOps.batch_invariant_linear``.

@@ -295,7 +295,13 @@ class AttentionPool:
     """
 
     def __init__(
-        self, backend: AttentionBackend, spec: AttentionSpec, dtype: torch.dtype, block_size: int, seed: int
+        self,
+        backend: AttentionBackend,
+        spec: AttentionSpec,
+        dtype: torch.dtype,
+        block_size: int,
+        seed: int,
+        kv_dtype: torch.dtype | None = None,
     ) -> None:
         gen = generator(seed)
         self.backend, self.spec, self.dtype, self.block_size = backend, spec, dtype, block_size
@@ -313,7 +319,7 @@ class AttentionPool:
         self.keys = [randn(gen, n, spec.num_kv_heads, spec.head_size).to(dtype) for n in self.lens]
         self.values = [randn(gen, n, spec.num_kv_heads, spec.head_size).to(dtype) for n in self.lens]
         self.queries = [randn(gen, n, spec.num_heads, spec.head_size, scale=q_scale).to(dtype) for n in self.lens]
-        self.cache = backend.allocate_kv_cache(num_blocks, block_size, spec, dtype)
+        self.cache = backend.allocate_kv_cache(num_blocks, block_size, spec, kv_dtype or dtype)
         everything = [Row(s, 0, n) for s, n in enumerate(self.lens)]
         md = self._metadata(everything)
         k, v = self._tensors(everything, self.keys), self._tensors(everything, self.values)
@@ -381,21 +387,31 @@ class AttentionPool:
 
 
 def check_attention(
-    backend: AttentionBackend, dtype: torch.dtype, block_size: int, head_size: int, gqa: int, seed: int
+    backend: AttentionBackend,
+    dtype: torch.dtype,
+    block_size: int,
+    head_size: int,
+    gqa: int,
+    seed: int,
+    kv_dtype: torch.dtype | None = None,
+    share: int = 1,
 ) -> None:
-    """The attention half of the section (see the module) at one dtype, block size and layer shape."""
+    """The attention half of the section (see the module) at one dtype, block size and layer shape, over a KV
+    cache of ``kv_dtype`` (default: the compute dtype; a quantized one is written once, like the others).
+    ``share`` > 1 runs a lighter pass (a variant of a layout the full pass covered): 1/share of the random steps
+    and the chunk comparison on the longest sequence only."""
     spec = AttentionSpec(NUM_KV_HEADS * gqa, NUM_KV_HEADS, head_size)
-    pool = AttentionPool(backend, spec, dtype, block_size, seed)
+    pool = AttentionPool(backend, spec, dtype, block_size, seed, kv_dtype)
     gen = generator(seed + 1)
     # Decode rows alone then among others: 1..16 others, random order, prefill chunks in some steps.
-    for b in range(INVARIANCE_BATCHES):
+    for b in range(INVARIANCE_BATCHES // share):
         count = 1 + int(torch.randint(17, (1,), generator=gen))
         rows = [
             pool.random_row(gen, decode=bool(b % 3 == 0) or bool(torch.rand(1, generator=gen) < 0.6))
             for _ in range(count)
         ]
         pool.check(rows, f"random step {b}")
-    for n in INVARIANCE_CHUNK_SEQS:
+    for n in INVARIANCE_CHUNK_SEQS if share == 1 else INVARIANCE_CHUNK_SEQS[-1:]:
         seq = pool.lens.index(n)
         first = n - INVARIANCE_CHUNK
         others = [pool.random_row(gen, decode=True), pool.random_row(gen, decode=False)]

@@ -12,6 +12,7 @@ in speculative verify rows and among decode rows in shuffled order, over key ran
 from __future__ import annotations
 
 import pytest
+import torch
 
 from paged_conformance.batch_invariance import (
     check_attention,
@@ -28,6 +29,8 @@ from paged_conformance.grid import (
     InvarianceCase,
     InvarianceLinearCase,
     base_config,
+    declared_dtypes,
+    dtype_name,
     rotary_head_sizes,
 )
 from paged_conformance.session import Conformance
@@ -45,6 +48,25 @@ def test_batch_invariant_attention(conformance: Conformance, invariance: Invaria
         pytest.skip("N/A: no head size or GQA ratio the suite knows is declared")
     head, gqa = base
     check_attention(conformance.backend(), invariance.dtype, caps.default_block_size, head, gqa, invariance.seed)
+
+
+@pytest.mark.paged_capability("batch_invariance:attention")
+@pytest.mark.paged_cases("quantized_kv")
+def test_batch_invariant_attention_over_a_quantized_cache(conformance: Conformance, kv_dtype: torch.dtype) -> None:
+    """The same over an int8/fp8 cache (at the first declared compute dtype; a third of the random steps and the
+    longest sequence's chunks, to keep the suite short): per token-head scales keep a stored vector's bits its
+    own, and reading it back must not depend on the batch either."""
+    caps = conformance.caps
+    if not caps.batch_invariant:
+        pytest.skip("N/A: capabilities().batch_invariant is not declared")
+    if kv_dtype not in caps.effective_kv_cache_dtypes:
+        pytest.skip(f"N/A: KV dtype {dtype_name(kv_dtype)} not declared")
+    base = base_config(caps)
+    if base is None:
+        pytest.skip("N/A: no head size or GQA ratio the suite knows is declared")
+    head, gqa = base
+    dtype = declared_dtypes(caps)[0]
+    check_attention(conformance.backend(), dtype, caps.default_block_size, head, gqa, 17, kv_dtype, share=3)
 
 
 @pytest.mark.paged_capability("batch_invariance:layer_ops")
