@@ -242,3 +242,12 @@ def test_the_engine_runs_and_reports_its_kv_dtype(tiny_model_dir: Path, caplog: 
     assert len(done[0].outputs[0].token_ids) == 4
     plain = LLMEngine(config.replace(kv_cache_dtype="auto"), engine.loaded)
     assert plain.facts.kv_cache_dtype == "float32"
+
+
+def test_paged_backends_lists_kv_dtypes_that_differ_from_the_compute_dtypes() -> None:
+    from paged_core.cli.backends import capabilities_summary
+
+    assert capabilities_summary(ReferenceBackend.capabilities()).startswith(
+        "dtypes bf16,fp16,fp32; kv bf16,fp16,fp32,fp8_e4m3,fp8_e5m2,int8; heads any;"
+    )
+    assert "kv " not in capabilities_summary(_NoInt8.capabilities())  # the same as its dtypes: not repeated

@@ -18,7 +18,14 @@ from paged_core.errors import PagedError
 from paged_core.graph.strategy_check import strategy_problem
 from paged_core.registry import BackendRecord, BackendRegistry, BackendStatus, load_registry
 
-_SHORT_DTYPES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32", "float64": "fp64"}
+_SHORT_DTYPES = {
+    "bfloat16": "bf16",
+    "float16": "fp16",
+    "float32": "fp32",
+    "float64": "fp64",
+    "float8_e4m3fn": "fp8_e4m3",
+    "float8_e5m2": "fp8_e5m2",
+}
 
 _STYLE = {
     BackendStatus.LOADED: "green",
@@ -45,7 +52,7 @@ def register(subparsers: Any) -> None:
 
 
 def capabilities_summary(caps: BackendCapabilities | None) -> str:
-    """One short line: dtypes, head sizes, block sizes and graph support."""
+    """One short line: dtypes, KV-cache dtypes (when they differ), head sizes, block sizes and graph support."""
     if caps is None:
         return "-"
     d = caps.to_dict()
@@ -55,8 +62,9 @@ def capabilities_summary(caps: BackendCapabilities | None) -> str:
             return str(values)
         return ",".join(_SHORT_DTYPES.get(str(v), str(v)) for v in values)
 
+    kv = f"kv {join(d['kv_cache_dtypes'])}; " if d["kv_cache_dtypes"] != d["dtypes"] else ""
     return (
-        f"dtypes {join(d['dtypes'])}; heads {join(d['head_sizes'])}; "
+        f"dtypes {join(d['dtypes'])}; {kv}heads {join(d['head_sizes'])}; "
         f"blocks {join(d['block_sizes'])}; graphs {d['graph_support']}"
     )
 
