@@ -251,3 +251,25 @@ def test_paged_backends_lists_kv_dtypes_that_differ_from_the_compute_dtypes() ->
         "dtypes bf16,fp16,fp32; kv bf16,fp16,fp32,fp8_e4m3,fp8_e5m2,int8; heads any;"
     )
     assert "kv " not in capabilities_summary(_NoInt8.capabilities())  # the same as its dtypes: not repeated
+
+
+def test_a_draft_models_cache_is_in_the_kv_dtype_and_paid_from_the_budget(tiny_model_dir: Path) -> None:
+    """Speculation with a draft model (the tiny model drafting for itself): both caches int8, one budget."""
+    from paged_core.frontend.llm_engine import LLMEngine
+    from paged_core.sampling.params import SamplingParams
+
+    fields = dict(model=str(tiny_model_dir), backend="reference", dtype="float32", kv_cache_memory="1MiB")
+    plain = LLMEngine(EngineConfig.of(**fields, kv_cache_dtype="int8"))
+    engine = LLMEngine(EngineConfig.of(**fields, kv_cache_dtype="int8", speculative=str(tiny_model_dir)))
+    proposer = engine.core.drafts.proposer
+    assert proposer is not None
+    assert {c.dtype for c in proposer.executor.kv_caches} == {c.dtype for c in engine.core.runner.kv_caches}
+    assert engine.core.runner.kv_caches[0].dtype == torch.int8
+    # The draft's blocks (the same model) cost as much again: half the blocks of the engine without one.
+    per_block = bytes_per_block(ReferenceBackend(), [AttentionSpec(2, 1, 64)] * 2, 16, torch.int8)
+    assert per_block == 2 * 2 * 16 * 66
+    assert plain.core.scheduler.kv.pool.num_usable_blocks + 1 == 2**20 // per_block == 248
+    assert engine.core.scheduler.kv.pool.num_usable_blocks + 1 == 2**20 // (2 * per_block) == 124
+    engine.add_request([5, 6, 7, 8, 5, 6, 7], SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True))
+    while engine.has_unfinished_requests():
+        engine.step()
