@@ -12,9 +12,10 @@ included); peak concurrent requests and slots against ``bfloat16``.
 from __future__ import annotations
 
 import dataclasses
+import gc
 import importlib.metadata
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -126,7 +127,7 @@ def run_throughput_kv_dtypes(
     config: EngineConfig,
     requests: Sequence[BenchRequest],
     names: Sequence[str],
-    timed: Any,
+    timed: Callable[[LLMEngine, Sequence[BenchRequest], str], RunResult],
     ours: RunResult,
 ) -> tuple[list[RunResult], dict[str, Any]]:
     """The runs of the other KV dtypes (``timed(engine, requests, name)`` warms up and times one), and the
@@ -143,7 +144,9 @@ def run_throughput_kv_dtypes(
         run = timed(other, requests, run_name(name))
         runs.append(run)
         entries.append(_engine_entry(other, name, run.name, ids))
+        other.shutdown()
         del other
+        gc.collect()  # its KV cache (as large as ours) goes before the next one is allocated
     tok_s = {e["name"]: r.output_tok_s for e, r in zip(entries, [ours, *runs], strict=True)}
     for e in entries:
         e["output_tok_s"] = tok_s[e["name"]]
