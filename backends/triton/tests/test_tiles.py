@@ -63,8 +63,9 @@ def test_every_launchable_specialization_is_listed(family: str) -> None:
                     continue
                 for block in CAPS.block_sizes:
                     for decode, split in ((True, False), (True, True), (False, False)):
-                        t = attention_tiles(q, head, block, decode, split, family, kv_dtype=kv)
                         for window, soft_cap in ((False, False), (True, False), (False, True), (True, True)):
+                            features = window or soft_cap
+                            t = attention_tiles(q, head, block, decode, split, family, kv_dtype=kv, features=features)
                             key = (
                                 tuple(t.constexprs(dot_fp32(q, False), window, soft_cap).items()),
                                 POINTER_TYPES[q],
@@ -99,10 +100,24 @@ def test_quantized_caches_have_their_own_specializations(family: str) -> None:
 
 
 def test_rdna_quantized_caches_take_narrow_key_tiles() -> None:
-    """On RDNA an 8-bit cache's decode tiles are 16 keys wide on 512 threads (wider ones spilled); other
-    families' tiles do not depend on it."""
+    """On RDNA an 8-bit cache's decode tiles are 16 keys wide, its q.k chunks 32, on 512 threads (wider ones
+    spilled); other families' tiles do not depend on it."""
     for kv in QUANTIZED_KV:
         t = attention_tiles(torch.bfloat16, 64, 64, True, True, "rdna", kv_dtype=kv)
-        assert (t.block_n, t.lanes) == (16, 512)
+        assert (t.block_n, t.d_chunk, t.lanes) == (16, 32, 512)
         cdna = attention_tiles(torch.bfloat16, 64, 64, True, True, "cdna", kv_dtype=kv)
         assert cdna == attention_tiles(torch.bfloat16, 64, 64, True, True, "cdna", kv_dtype=torch.bfloat16)
+
+
+def test_window_and_soft_cap_variants_take_smaller_tiles() -> None:
+    """A variant with a window or soft cap keeps half the decode key tile (D64 16-bit: 16 keys, not 32) and,
+    on CDNA, prefill over a wider cache stays at 256 threads (the aot report's SGPR spills)."""
+    plain = attention_tiles(torch.bfloat16, 64, 64, True, False, "cdna")
+    assert plain.block_n == 32
+    assert attention_tiles(torch.bfloat16, 64, 64, True, False, "cdna", features=True).block_n == 16
+    wide = attention_tiles(torch.bfloat16, 128, 16, False, False, "cdna", kv_dtype=torch.float32)
+    assert wide.lanes == 512
+    assert (
+        attention_tiles(torch.bfloat16, 128, 16, False, False, "cdna", kv_dtype=torch.float32, features=True).lanes
+        == 256
+    )

@@ -186,6 +186,7 @@ def attention(
     widen = dot_fp32(query.dtype, interpreter_active())
     family = family_of(query.device)
     big_tiles = interpreter_active() and interpreted_family() is None
+    features = window > 0 or soft_cap > 0
     if family == "rdna" and not rdna_supported(query.dtype, head_size):
         raise UnsupportedConfigError(
             f"fp32 attention with head size {head_size} is not supported on RDNA GPUs (its FMA dots spill); "
@@ -202,7 +203,7 @@ def attention(
         parts: tuple[torch.Tensor, torch.Tensor],
     ) -> None:
         tiles = attention_tiles(
-            query.dtype, head_size, block_size, decode, splits > 1, family, big_tiles, kv_cache.dtype
+            query.dtype, head_size, block_size, decode, splits > 1, family, big_tiles, kv_cache.dtype, features
         )
         ks.attention[(rows, tiles_y * splits, kv_heads)](
             out,
@@ -231,7 +232,7 @@ def attention(
 
     if num_decodes > 0:
         block_n = attention_tiles(
-            query.dtype, head_size, block_size, True, False, family, big_tiles, kv_cache.dtype
+            query.dtype, head_size, block_size, True, False, family, big_tiles, kv_cache.dtype, features
         ).block_n
         # A windowed decode row reads at most window + block_n - 1 keys (its start aligned down to a key
         # tile): the partitions split that span, counted from the row's first key.
@@ -259,7 +260,9 @@ def attention(
                 **_launch("reduce", family, REDUCE_LANES),
             )
     if num_prefills > 0 and max_query_len > 0:
-        tiles = attention_tiles(query.dtype, head_size, block_size, False, False, family, big_tiles, kv_cache.dtype)
+        tiles = attention_tiles(
+            query.dtype, head_size, block_size, False, False, family, big_tiles, kv_cache.dtype, features
+        )
         per_tile = tiles.block_m // group
         launch(num_prefills, num_decodes, triton.cdiv(max_query_len, per_tile), 1, block_size, False, (out, out))
     return out

@@ -98,7 +98,9 @@ def attention_specializations(caps: BackendCapabilities, family: str) -> Iterato
                     continue  # refused at launch on RDNA (see tiles.rdna_supported)
                 for block in caps.block_sizes:
                     for decode, split in ((True, False), (True, True), (False, False)):
-                        tiles = attention_tiles(q, head, block, decode, split, family, kv_dtype=kv)
+                        tiles = attention_tiles(
+                            q, head, block, decode, split, family, kv_dtype=kv, features=window or soft_cap
+                        )
                         key = ("attention", q, kv, tiles, window, soft_cap)
                         if key in seen:
                             continue

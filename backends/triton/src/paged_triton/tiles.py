@@ -61,12 +61,14 @@ def attention_tiles(
     family: str = "cdna",
     interpreter: bool = False,
     kv_dtype: torch.dtype | None = None,
+    features: bool = False,
 ) -> AttentionTiles:
     """Tiles for queries of ``dtype``: BLOCK_N divides the block size and keeps a KV tile in budget.
 
     ``family``: the device family (``rdna``: AMD wave32, whose WMMA operands cost a whole row per lane;
     ``xpu``: Intel's own tiles).
     ``kv_dtype``: the cache's dtype (a cache wider than the queries is converted after loading).
+    ``features``: the variant with a sliding window or a soft cap compiled in (more live values).
     ``interpreter``: the Triton interpreter, where registers cost nothing and every loop trip costs
     Python time, so tiles are as large as the block allows (same code, fewer trips).
     """
@@ -82,17 +84,22 @@ def attention_tiles(
     quantized_rdna = rdna and kv_dtype is not None and torch.empty((), dtype=kv_dtype).element_size() == 1
     # Prefill tiles already have BLOCK_M rows; a wider key tile there spills SGPRs on CDNA (aot report).
     block_n = 16 if not decode or quantized_rdna else 64
-    while block_n > 16 and (block_size % block_n or block_n * pad * elem > KV_TILE_BYTES):
+    # A window or soft cap costs scalar registers: decode keeps half the key tile there (aot report).
+    budget = KV_TILE_BYTES // 2 if features else KV_TILE_BYTES
+    while block_n > 16 and (block_size % block_n or block_n * pad * elem > budget):
         block_n //= 2
     if block_size % block_n:
         raise ValueError(f"block size {block_size} is not a multiple of 16")
     block_m = DECODE_BLOCK_M if decode else (64 if pad * elem <= 128 else 32)
     # fp32 dots have no WMMA on RDNA: they run on FMAs, whose operands are narrower still.
-    chunk = min(pad, RDNA_FP32_D_CHUNK if dot_fp32(dtype, False) else RDNA_D_CHUNK)
+    # (And a quantized cache's converted chunks are narrower too, as fp32's: wider ones spilled, aot report.)
+    chunk = min(pad, RDNA_FP32_D_CHUNK if dot_fp32(dtype, False) or quantized_rdna else RDNA_D_CHUNK)
     # Twice the threads where the aot report showed spills at 256: fp32 at head 256, and a cache wider
     # than the queries (except at head 256 on CDNA, where 512 threads spill SGPRs instead).
     wide_cache = kv_dtype is not None and torch.empty((), dtype=kv_dtype).element_size() > elem
-    wide = (elem == 4 and pad == 256) or (wide_cache and (pad < 256 or rdna)) or quantized_rdna
+    # (Not for prefill with a window or soft cap on CDNA either: 512 threads spilled SGPRs there.)
+    wide_ok = (pad < 256 and (decode or not features)) or rdna
+    wide = (elem == 4 and pad == 256) or (wide_cache and wide_ok) or quantized_rdna
     lanes = 2 * ATTENTION_LANES if wide else ATTENTION_LANES
     return AttentionTiles(pad, block_m, block_n, split and decode, chunk if rdna else pad, lanes)
 
