@@ -74,6 +74,9 @@ def run_layers(
     caches = []
     for batch in layers:
         cache = backend.allocate_kv_cache(batch.num_blocks, batch.block_size, spec, batch.kv_dtype)
+        want = tuple(backend.kv_cache_shape_for(batch.num_blocks, batch.block_size, spec, batch.kv_dtype))
+        if tuple(cache.shape) != want:  # the KV budget counts blocks with kv_cache_shape_for: it must be the truth
+            raise AssertionError(f"allocate_kv_cache gave shape {tuple(cache.shape)}, kv_cache_shape_for says {want}")
         if fill is not None:
             cache.copy_(fill.to(device=cache.device, dtype=cache.dtype))
         caches.append(cache)
