@@ -74,4 +74,6 @@ def test_declares_capture_and_its_envelope() -> None:
     assert caps.graph_support == GraphSupport.ANY
     assert caps.block_sizes == (16, 32, 64)
     assert caps.head_sizes == frozenset({64, 80, 96, 128, 256})
-    assert caps.effective_kv_cache_dtypes == caps.dtypes == {torch.float32, torch.bfloat16, torch.float16}
+    assert caps.dtypes == {torch.float32, torch.bfloat16, torch.float16}
+    assert caps.effective_kv_cache_dtypes == caps.dtypes | {torch.int8, torch.float8_e4m3fn, torch.float8_e5m2}
+    assert caps.sliding_window and caps.logits_soft_cap

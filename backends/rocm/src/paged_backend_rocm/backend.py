@@ -6,7 +6,7 @@ import torch
 
 from paged_backend_rocm import environment
 from paged_core.api import Availability, DeviceGraphStrategy, EagerStrategy, GraphCaptureStrategy, PagedError
-from paged_triton.backend import TritonBackend
+from paged_triton.backend import QUANTIZED_KV, TritonBackend
 
 
 class RocmBackend(TritonBackend):
@@ -20,6 +20,7 @@ class RocmBackend(TritonBackend):
     name = "rocm"
     api_version = 1  # the plugin API this backend is written for (paged-core 0.1.x implements it)
     priority = 50
+    quantized_kv_dtypes = QUANTIZED_KV  # int8 and both fp8 formats compile on every AOT target (aot-report.md)
 
     def __init__(self, device: str | torch.device | None = None) -> None:
         super().__init__(device)

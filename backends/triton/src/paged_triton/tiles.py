@@ -97,9 +97,9 @@ def attention_tiles(
     # Twice the threads where the aot report showed spills at 256: fp32 at head 256, and a cache wider
     # than the queries (except at head 256 on CDNA, where 512 threads spill SGPRs instead).
     wide_cache = kv_dtype is not None and torch.empty((), dtype=kv_dtype).element_size() > elem
-    # (Not for prefill with a window or soft cap on CDNA either: 512 threads spilled SGPRs there.)
-    wide_ok = (pad < 256 and (decode or not features)) or rdna
-    wide = (elem == 4 and pad == 256) or (wide_cache and wide_ok) or quantized_rdna
+    wide = (elem == 4 and pad == 256) or (wide_cache and (pad < 256 or rdna)) or quantized_rdna
+    if wide_cache and features and not decode and not rdna:
+        block_m = DECODE_BLOCK_M  # prefill with a window or soft cap over a wider cache spilled SGPRs at 32 rows
     lanes = 2 * ATTENTION_LANES if wide else ATTENTION_LANES
     return AttentionTiles(pad, block_m, block_n, split and decode, chunk if rdna else pad, lanes)
 
