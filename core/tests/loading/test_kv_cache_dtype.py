@@ -218,7 +218,7 @@ def test_a_loaded_model_reconfigured_to_an_undeclared_kv_dtype_is_refused(tiny_m
     loaded = dataclasses.replace(loaded, backend=_NoInt8())
     assert resolve(config.replace(kv_cache_dtype="float16"), loaded).cache.num_blocks == 2**20 // 8192
     with pytest.raises(UnsupportedConfigError, match=r"backend 'no-int8' cannot serve this model: kv_cache_dtype"):
-        resolve(config.replace(kv_cache_dtype="int8"), loaded)
+        build.build_parts(config.replace(kv_cache_dtype="int8"), loaded)
 
 
 def test_the_engine_runs_and_reports_its_kv_dtype(tiny_model_dir: Path, caplog: pytest.LogCaptureFixture) -> None:

@@ -360,18 +360,11 @@ def resolve(config: EngineConfig, loaded: LoadedModel, draft: LoadedModel | None
     from ``kv_cache_memory`` or, without it, from free memory after a
     profiling step, at the bytes a block costs in the KV dtype (``kv_cache_dtype``: an int8 cache holds about
     twice the blocks of a bf16 one). A draft model's KV (one block per target block) is paid from the same budget.
-    The backend must declare the KV dtype (checked here too, for a model loaded under another configuration).
     """
     backend, specs, dtype = loaded.backend, loaded.specs, loaded.dtype
     cache, sched = config.cache, config.scheduler
     block_size = cache.block_size or type(backend).capabilities().default_block_size
     kv_dtype = resolve_kv_dtype(cache.kv_cache_dtype, dtype)
-    for model in (loaded, draft) if draft is not None else (loaded,):
-        model_kv = resolve_kv_dtype(cache.kv_cache_dtype, model.dtype)
-        try:
-            _check(type(model.backend), model.specs, model.dtype, block_size, model_kv)
-        except UnsupportedConfigError as exc:
-            raise UnsupportedConfigError(f"backend {model.backend.name!r} cannot serve this model: {exc}") from None
     limit = loaded.model_max_len
     max_model_len = min(sched.max_model_len or limit, limit)
     if sched.max_model_len and sched.max_model_len > limit:
@@ -425,12 +418,18 @@ def build_parts(config: EngineConfig, loaded: LoadedModel | None = None) -> Engi
             "a tensor-parallel model serves one engine (its workers mirror that engine's "
             "runner); load it again for another"
         )
-    _check(
-        type(loaded.backend),
-        loaded.specs,
-        loaded.dtype,
-        config.cache.block_size or type(loaded.backend).capabilities().default_block_size,
-    )
+    # A model loaded under another configuration: this one's block size and KV dtype must be declared too (a
+    # draft model is loaded afresh, through choose_backend).
+    try:
+        _check(
+            type(loaded.backend),
+            loaded.specs,
+            loaded.dtype,
+            config.cache.block_size or type(loaded.backend).capabilities().default_block_size,
+            resolve_kv_dtype(config.cache.kv_cache_dtype, loaded.dtype),
+        )
+    except UnsupportedConfigError as exc:
+        raise UnsupportedConfigError(f"backend {loaded.backend.name!r} cannot serve this model: {exc}") from None
     return _build(config, loaded)
 
 
@@ -473,9 +472,8 @@ def _build(config: EngineConfig, loaded: LoadedModel) -> EngineParts:
     cache, sched = config.cache, config.scheduler
     block_size, num_blocks, max_model_len = _resolved(config)
     groups = kv_cache_groups(config, loaded, draft)
-    kv_caches = _allocate_caches(
-        backend, specs, groups, num_blocks, block_size, resolve_kv_dtype(cache.kv_cache_dtype, dtype)
-    )
+    kv_dtype = resolve_kv_dtype(cache.kv_cache_dtype, dtype)
+    kv_caches = _allocate_caches(backend, specs, groups, num_blocks, block_size, kv_dtype)
     forward = _forward(config, loaded, max_model_len)
     lora = _lora_slots(config, loaded, forward)
     scheduler = Scheduler(
@@ -498,7 +496,6 @@ def _build(config: EngineConfig, loaded: LoadedModel) -> EngineParts:
         compile_cache=_compile_cache(config, loaded),
         layer_groups=groups.layer_group if groups.is_hybrid else (),
     )
-    kv_dtype = resolve_kv_dtype(cache.kv_cache_dtype, dtype)
     per_block = bytes_per_block(backend, specs, block_size, kv_dtype)
     log.info(
         "model %s (%s) on backend %s, device %s; KV cache: %d blocks of %d tokens, %s (%.2f GiB), "

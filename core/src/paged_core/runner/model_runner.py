@@ -51,6 +51,8 @@ class ModelRunner:
         self.backend = backend
         self.specs = specs
         self.kv_caches = kv_caches
+        # Layers of different KV-cache groups share tensors: block copies touch each tensor once.
+        self._cache_tensors = list({id(c): c for c in kv_caches}.values())
         self.block_size = block_size
         self.device = backend.device
         self.rows: dict[str, RowState] = {}
@@ -118,8 +120,7 @@ class ModelRunner:
         """Copy-on-write: duplicate shared blocks in every layer before attention writes into them."""
         if pairs:
             src_to_dst = torch.tensor(pairs, dtype=torch.int64, device=self.device).view(-1, 2)
-            # Layers of different KV-cache groups share tensors: copy each tensor once.
-            self.backend.copy_blocks(list({id(c): c for c in self.kv_caches}.values()), src_to_dst)
+            self.backend.copy_blocks(self._cache_tensors, src_to_dst)
             self.num_block_copies += len(pairs)
 
     def prepare_batch(self, out: SchedulerOutput) -> StepBatch:
