@@ -22,6 +22,7 @@ from paged_core.contract.graph_strategy import EagerStrategy, GraphCaptureStrate
 from paged_core.contract.inputs import check_attention_inputs, check_default_cache, check_write_inputs
 from paged_core.contract.kv_quant import QUANTIZED_KV_DTYPES, dequantize_kv, is_quantized_kv, quantize_kv
 from paged_core.contract.metadata import AttentionMetadata, build_attention_metadata
+from paged_core.contract.moe import MoERouting, PackedExperts, route_experts
 from paged_core.contract.version import PLUGIN_API_VERSION, SUPPORTED_PLUGIN_API_VERSIONS
 from paged_core.errors import (
     BackendNotFoundError,
@@ -58,6 +59,8 @@ __all__ = [
     "FusedOps",
     "GraphCaptureStrategy",
     "GraphSupport",
+    "MoERouting",
+    "PackedExperts",
     "PackedLinear",
     "PagedError",
     "QuantizedWeight",
@@ -76,4 +79,5 @@ __all__ = [
     "is_quantized_kv",
     "linear_kind",
     "quantize_kv",
+    "route_experts",
 ]

@@ -29,6 +29,12 @@ op                            meaning (``T`` tokens; every input may be a stride
 ``lora_expand(y, s, b, slots)`` second product, in place: ``y[t] += s[t] @ b[slots[t]].T`` for ``b``
                               ``[S, N, R]`` (scaling folded in); rows with ``slots[t] < 0`` untouched;
                               returns ``y``
+``pack_experts(gu, down)``    called once per MoE layer at load; returns the backend's
+                              :class:`~paged_core.contract.moe.PackedExperts` (dense ``gu`` ``[E, 2I, H]``
+                              and ``down`` ``[E, H, I]``, or stacked packed rows; see there)
+``moe(x, logits, experts, r)`` routed experts of ``x`` ``[T, H]``: ``logits`` ``[T, E]`` routed by
+                              ``r`` (:class:`~paged_core.contract.moe.MoERouting`), each token's ``k``
+                              experts' ``down(act(gate) * up)`` summed with their weights; ``[T, H]``
 ============================  =====================================================================
 
 **Packed weights.** ``linear_formats`` names the packed formats
@@ -64,7 +70,9 @@ override must be a torch custom op with a fake (meta) implementation, must
 not read tensors on the host, and must return new tensors (inputs are never
 modified), except ``lora_expand``, which adds into ``y`` (declare the
 mutation in its schema). The reference's LoRA pair reads the slots on the
-host (it groups tokens by adapter), so the engine runs LoRA steps eagerly.
+host (it groups tokens by adapter), so the engine runs LoRA steps eagerly; so
+does the reference ``moe`` (it groups tokens by expert): a step holding it runs
+eagerly unless the backend overrides ``moe``.
 """
 
 from __future__ import annotations
@@ -75,6 +83,7 @@ from typing import Any, ClassVar
 
 import torch
 
+from paged_core.contract.moe import ExpertWeight, MoERouting, PackedExperts, reference_moe
 from paged_core.quant import FORMATS, QuantizedWeight, reference_linear
 
 DENSE_LINEAR_KINDS: tuple[str, ...] = ("float32", "bfloat16", "float16")
@@ -161,6 +170,25 @@ class FusedOps:
     see the module docstring). A subclass that overrides any of the four without declaring (nor
     inheriting from a class between it and this one) gets ``False``."""
 
+    moe_formats: ClassVar[frozenset[str]] = frozenset(FORMATS)
+    """Packed formats whose expert weights :meth:`pack_experts` and :meth:`moe` serve themselves (the reference:
+    all, by dequantizing each expert it uses exactly in fp32).
+
+    As :attr:`linear_formats` for linears: the engine gives ``pack_experts`` only layers whose ``gate_up`` and
+    ``down`` are each dense or of a format named here, packs the others with this reference class, and a
+    backend's ``moe`` must pass :class:`~paged_core.contract.moe.PackedExperts` it did not make to
+    ``super().moe``. Formats of :attr:`q8_activation_formats` named here may have the input of each of the two
+    products rounded likewise. A subclass that overrides ``pack_experts`` or ``moe`` without declaring (nor
+    inheriting from a class between it and this one) gets ``frozenset()``."""
+
+    batch_invariant_moe: ClassVar[frozenset[str]] = frozenset()
+    """Weight kinds (as :attr:`batch_invariant_linear` names them) whose :meth:`moe` gives each token the same
+    output bits whatever other tokens share the call (and so whatever other tokens its experts serve). A layer
+    counts when both its kinds (:attr:`PackedExperts.kinds <paged_core.contract.moe.PackedExperts.kinds>`) are
+    named, for every compute dtype the backend declares. This class declares none: it multiplies each
+    expert's group of tokens with torch's matmul, whose kernel changes with the group's row count. A subclass
+    that overrides ``pack_experts`` or ``moe`` without declaring gets ``frozenset()``."""
+
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
 
@@ -172,6 +200,11 @@ class FusedOps:
             cls.linear_formats = frozenset()
         if overrides and not declared("batch_invariant_linear"):
             cls.batch_invariant_linear = frozenset()
+        own_moe = cls.pack_experts is not FusedOps.pack_experts or cls.moe is not FusedOps.moe
+        if own_moe and not declared("moe_formats"):
+            cls.moe_formats = frozenset()
+        if own_moe and not declared("batch_invariant_moe"):
+            cls.batch_invariant_moe = frozenset()
         layer_ops = any(getattr(cls, op) is not getattr(FusedOps, op) for op in LAYER_OPS)
         if layer_ops and not declared("batch_invariant_layer_ops"):
             cls.batch_invariant_layer_ops = False
@@ -223,6 +256,31 @@ class FusedOps:
             # row stride exceeds its width when K is not a multiple of 32 (NaN from beyond the view, measured).
             x = x.contiguous()
         return torch.nn.functional.linear(x, packed.weight, packed.bias)
+
+    def pack_experts(self, gate_up: ExpertWeight, down: ExpertWeight) -> PackedExperts:
+        """Prepare one MoE layer's experts for :meth:`moe` (called once at load). The reference keeps them as is.
+
+        ``gate_up`` and ``down`` are dense ``[E, 2I, H]`` and ``[E, H, I]`` or stacked packed rows (the layouts
+        of :class:`~paged_core.contract.moe.PackedExperts`, which refuses ones that do not fit together).
+        """
+        return PackedExperts(gate_up, down)
+
+    def moe(
+        self, x: torch.Tensor, router_logits: torch.Tensor, experts: PackedExperts, routing: MoERouting
+    ) -> torch.Tensor:
+        """Routed experts: ``out[t] = sum_j w[t, j] * down_e(act(gate_e(x[t])) * up_e(x[t]))``, ``e = ids[t, j]``.
+
+        ``x`` ``[T, H]`` (any float dtype, possibly a strided view), ``router_logits`` ``[T, E]`` (the router's
+        product), ``(w, ids) = route_experts(router_logits, routing)``
+        (:func:`~paged_core.contract.moe.route_experts`: the routing rule, float32 weights). Returns a new
+        ``[T, H]`` in ``x.dtype``. The reference (:func:`~paged_core.contract.moe.reference_moe`) sorts the
+        tokens by expert, runs each expert that has tokens on its tokens in float32 (a packed expert
+        dequantized exactly), and sums each token's ``k`` outputs times their weights in slot order in
+        float32, rounded once: a token's sum does not depend on the other tokens. Experts no token chose are
+        skipped. Refuses (:class:`~paged_core.errors.UnsupportedConfigError`, naming the shapes) experts or
+        inputs that do not fit the routing. It reads the per-expert counts on the host: eager steps only.
+        """
+        return reference_moe(x, router_logits, experts, routing)
 
     def lora_shrink(self, x: torch.Tensor, a: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
         """Multi-LoRA shrink: ``[T, R]`` fp32 with row ``t`` = ``x[t] @ a[slots[t]].T`` (0 where ``slots[t] < 0``).
