@@ -140,6 +140,13 @@ def test_ties_go_to_the_lower_expert_id_largest_weight_first() -> None:
     assert ids.tolist() == [[3, 1, 2, 0]]
 
 
+def test_the_choice_is_made_on_the_logits_where_scores_round_equal() -> None:
+    logits = torch.tensor([[20.0, 25.0, 0.0, -1.0]])  # both sigmoids round to 1.0 in float32
+    weights, ids = route_experts(logits, MoERouting(4, 1, "sigmoid", renormalize=False))
+    assert logits.sigmoid()[0, 0] == logits.sigmoid()[0, 1] == 1.0
+    assert ids.tolist() == [[1]] and weights.tolist() == [[1.0]]
+
+
 def test_route_refuses_logits_of_another_expert_count() -> None:
     with pytest.raises(UnsupportedConfigError, match=r"router_logits \(3, 5\): the routing needs \[T, 4\]"):
         route_experts(torch.zeros(3, 5), MoERouting(4, 2, renormalize=True))

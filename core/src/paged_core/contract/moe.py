@@ -58,10 +58,11 @@ class MoERouting:
     """How a MoE layer routes: ``scoring`` of the router's logits, ``top_k`` experts per token, their weights.
 
     For each token, in float32: ``scores = softmax(logits)`` over all ``num_experts`` (or ``sigmoid(logits)``
-    elementwise); the ``top_k`` largest scores are chosen, largest first, an exact tie going to the lower
-    expert id; with ``renormalize`` the chosen scores are divided by their sum; the weights are then
-    multiplied by ``routed_scaling``. Each chosen expert computes ``down(act(gate) * up)`` with the gated
-    ``activation`` (``silu``: :func:`torch.nn.functional.silu`; ``gelu_tanh``: GELU's tanh approximation).
+    elementwise); the experts of the ``top_k`` largest logits are chosen (those of the largest scores: both
+    scorings are increasing), largest first, an exact tie going to the lower expert id; their scores are the
+    weights, divided by their sum with ``renormalize``, then multiplied by ``routed_scaling``. Each chosen
+    expert computes ``down(act(gate) * up)`` with the gated ``activation`` (``silu``:
+    :func:`torch.nn.functional.silu`; ``gelu_tanh``: GELU's tanh approximation).
 
     ``renormalize`` has no default (families differ; see the module table) and is keyword-only. Invalid
     values raise :class:`~paged_core.errors.UnsupportedConfigError` naming the field.
@@ -103,10 +104,12 @@ def route_experts(router_logits: torch.Tensor, routing: MoERouting) -> tuple[tor
     """Each token's experts and weights: ``(weights [T, k] float32, ids [T, k] int32)``, largest weight first.
 
     ``router_logits`` ``[T, E]`` in any float dtype (the router's product in the model's dtype); the rule is
-    :class:`MoERouting`'s, computed in float32. With the same ops in the same order as transformers' routers
-    (``softmax`` of the float32 logits, top-k, division by the sum), so an fp32 model's weights are those
-    bits. Two differences, both deliberate: ties go to the lower expert id (``torch.topk`` leaves their order
-    to the kernel), and the weights stay float32 (Qwen2/Qwen3-MoE and OLMoE round them to the logits' dtype).
+    :class:`MoERouting`'s, computed in float32. The weights are the scores transformers' routers compute
+    (``softmax`` of the float32 logits, the chosen ones divided by their sum), so an fp32 model's weights are
+    those bits. Two differences, both deliberate: the choice is made on the logits with ties to the lower
+    expert id (``torch.topk`` of the scores leaves the order of equal scores to the kernel, and rounding can
+    make distinct logits equal scores: a kernel computing its scores another way would choose otherwise),
+    and the weights stay float32 (Qwen2/Qwen3-MoE and OLMoE round them to the logits' dtype).
     """
     if router_logits.dim() != 2 or router_logits.shape[1] != routing.num_experts:
         raise UnsupportedConfigError(
@@ -114,10 +117,10 @@ def route_experts(router_logits: torch.Tensor, routing: MoERouting) -> tuple[tor
             f"(num_experts = {routing.num_experts})"
         )
     logits = router_logits.float()
+    # A stable descending sort keeps equal logits in expert order, which torch.topk does not promise.
+    ids = torch.sort(logits, dim=-1, descending=True, stable=True).indices[:, : routing.top_k]
     scores = logits.softmax(dim=-1) if routing.scoring == "softmax" else logits.sigmoid()
-    # A stable descending sort puts equal scores in expert order, which torch.topk does not promise.
-    values, ids = torch.sort(scores, dim=-1, descending=True, stable=True)
-    weights, ids = values[:, : routing.top_k], ids[:, : routing.top_k]
+    weights = scores.gather(1, ids)
     if routing.renormalize:
         weights = weights / weights.sum(dim=-1, keepdim=True)
     if routing.routed_scaling != 1.0:

@@ -32,6 +32,8 @@ METHODS: tuple[str, ...] = (
     "linear",
     "lora_shrink",
     "lora_expand",
+    "pack_experts",
+    "moe",
 )
 """The overridable methods of :class:`FusedOps`."""
 ROW_SCALES: tuple[float, ...] = (1e-3, 1.0, 40.0, 0.1)
@@ -277,8 +279,8 @@ def linear_weight(gen: torch.Generator, out_features: int, in_features: int) -> 
 def fused_ops_info(make_backend: Callable[[], AttentionBackend]) -> dict[str, object]:
     """What the report says of a backend's ``fused_ops()``: ``name``, ``class``, ``overrides``, ``linear_formats``
     (the packed formats it declares, in the core's order, then any unknown names sorted),
-    ``q8_activation_formats`` and ``batch_invariant_linear`` (likewise) and ``batch_invariant_layer_ops``; or
-    ``error``."""
+    ``q8_activation_formats`` and ``batch_invariant_linear`` (likewise), ``batch_invariant_layer_ops``,
+    ``moe_formats`` and ``batch_invariant_moe`` (likewise); or ``error``."""
     try:
         ops = make_backend().fused_ops()
     except Exception as exc:
@@ -295,6 +297,12 @@ def fused_ops_info(make_backend: Callable[[], AttentionBackend]) -> dict[str, ob
     kinds: object = getattr(ops, "batch_invariant_linear", frozenset())
     kind_names = {str(k) for k in kinds} if isinstance(kinds, (set, frozenset, list, tuple)) else set()
     invariant = [k for k in LINEAR_KINDS if k in kind_names] + sorted(kind_names - set(LINEAR_KINDS))
+
+    def listed(attribute: str, order: Sequence[str]) -> list[str]:
+        value: object = getattr(ops, attribute, frozenset())
+        found = {str(n) for n in value} if isinstance(value, (set, frozenset, list, tuple)) else set()
+        return [n for n in order if n in found] + sorted(found - set(order))
+
     return {
         "name": str(getattr(ops, "name", "")),
         "class": f"{cls.__module__}:{cls.__qualname__}",
@@ -303,4 +311,6 @@ def fused_ops_info(make_backend: Callable[[], AttentionBackend]) -> dict[str, ob
         "q8_activation_formats": q8_formats,
         "batch_invariant_linear": invariant,
         "batch_invariant_layer_ops": getattr(ops, "batch_invariant_layer_ops", False) is True,
+        "moe_formats": listed("moe_formats", LINEAR_FORMATS),
+        "batch_invariant_moe": listed("batch_invariant_moe", LINEAR_KINDS),
     }

@@ -543,6 +543,76 @@ def graph_batch_sizes(grid: str) -> tuple[int, ...]:
     return (1, 2, 3, 4) if grid == "quick" else (1, 2, 3, 4, 5, 8)
 
 
+MOE_ROUTINGS: dict[str, dict[str, object]] = {
+    "mixtral": {"renormalize": True},
+    "qwen3": {"renormalize": False},
+    "sigmoid": {"scoring": "sigmoid", "renormalize": True, "routed_scaling": 2.5},
+    "gelu": {"renormalize": False, "activation": "gelu_tanh", "routed_scaling": 0.75},
+}
+"""Keyword arguments of :class:`paged_core.api.MoERouting` (besides ``num_experts`` and ``top_k``) by name:
+Mixtral's (softmax, top-k renormalised), Qwen3-MoE/OLMoE's without ``norm_topk_prob``, a sigmoid router
+(renormalised, scaled) and the tanh-GELU gate (scaled)."""
+MOE_TOKENS: tuple[int, ...] = (1, 7, 130)
+"""Token counts ``T`` of every expert layer of the MoE checks."""
+MOE_DISTRIBUTIONS: tuple[str, ...] = ("random", "few_experts", "one_expert", "ties")
+"""How the router's logits send tokens: at random (well separated scores), to ``top_k + 1`` experts only (the
+others empty), every token's first choice one expert, and logits on a grid of three values (exact ties, which go
+to the lower expert id)."""
+
+
+@dataclass(frozen=True)
+class MoEShape:
+    """One expert layer of the MoE checks: ``E`` experts, ``top_k``, hidden ``H``, intermediate ``I``, a routing of
+    :data:`MOE_ROUTINGS`, and for packed experts the format of ``down`` when it differs from ``gate_up``'s."""
+
+    experts: int
+    top_k: int
+    hidden: int
+    intermediate: int
+    routing: str
+    down_format: str | None = None
+
+    @property
+    def label(self) -> str:
+        down = f", down {self.down_format}" if self.down_format else ""
+        return f"E={self.experts} k={self.top_k} H={self.hidden} I={self.intermediate} {self.routing}{down}"
+
+
+MOE_SHAPES: tuple[MoEShape, ...] = (
+    MoEShape(4, 1, 64, 32, "qwen3"),
+    MoEShape(4, 4, 67, 45, "mixtral"),
+    MoEShape(8, 2, 96, 77, "mixtral"),
+    MoEShape(8, 8, 64, 48, "sigmoid"),
+    MoEShape(60, 4, 128, 64, "qwen3"),
+    MoEShape(60, 8, 72, 40, "gelu"),
+)
+"""Dense expert layers: 4, 8 and 60 experts (Qwen1.5/Qwen2-MoE's 60 with top-4), top-k 1, 2, 4 and 8 (every
+expert, for 4 and 8), odd hidden and intermediate sizes, each routing."""
+MOE_PACKED_SHAPES: dict[int, tuple[MoEShape, ...]] = {
+    1: (MoEShape(8, 2, 67, 45, "mixtral"), MoEShape(60, 4, 128, 64, "qwen3")),
+    32: (MoEShape(8, 2, 64, 96, "mixtral"), MoEShape(60, 4, 128, 64, "qwen3")),
+    256: (MoEShape(4, 2, 256, 256, "mixtral"), MoEShape(8, 8, 256, 256, "sigmoid")),
+}
+"""Packed expert layers per block size of the format (``H`` and ``I`` multiples of it)."""
+MOE_MIXED_DOWN: dict[str, str] = {"q4_k": "q6_k", "q4_0": "q8_0"}
+"""A further layer for these formats with ``down`` in another format (GGUF ``Q4_K_M`` keeps ``q6_k`` down
+projections; ``Q4_0`` files ``q8_0`` ones in places), on the first packed shape."""
+MOE_INVARIANCE_SHAPE = MoEShape(8, 2, 256, 256, "mixtral")
+"""The expert layer of the MoE batch-invariance check (a pool of :data:`INVARIANCE_POOL` tokens)."""
+
+
+def moe_packed_shapes(fmt: str) -> tuple[MoEShape, ...]:
+    """The packed expert layers of format ``fmt``: its block's shapes, then the mixed-format one where listed."""
+    shapes = MOE_PACKED_SHAPES[FORMATS_BY_NAME[fmt].block_size]
+    if fmt in MOE_MIXED_DOWN:
+        first = shapes[0]
+        shapes = (
+            *shapes,
+            MoEShape(first.experts, first.top_k, first.hidden, first.intermediate, "qwen3", MOE_MIXED_DOWN[fmt]),
+        )
+    return shapes
+
+
 def iter_universe() -> Iterator[tuple[str, str]]:
     """Every (axis, value) capability row the report lists, declared or not."""
     for d in DTYPES:
@@ -560,6 +630,7 @@ def iter_universe() -> Iterator[tuple[str, str]]:
     for op in FUSED_OPS:
         yield "fused", op
     yield "fused", "trace"
+    yield "fused", "moe"
     yield "structured", "token_bitmask"
     yield "lora", "shrink_expand"
     yield "lora", "trace"
