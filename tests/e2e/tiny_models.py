@@ -71,9 +71,35 @@ def _mistral16() -> Any:
     return MistralConfig(**_common(sliding_window=16))
 
 
+def _qwen3_moe() -> Any:
+    from transformers import Qwen3MoeConfig
+
+    # Eight experts, two per token, renormalised; the middle layer dense (mlp_only_layers), so the fused decoder's
+    # steps pass from a MoE layer to a dense one and back.
+    return Qwen3MoeConfig(
+        **_common(
+            num_hidden_layers=3,
+            num_experts=8,
+            num_experts_per_tok=2,
+            moe_intermediate_size=64,
+            norm_topk_prob=True,
+            mlp_only_layers=[1],
+        )
+    )
+
+
+def _mixtral() -> Any:
+    from transformers import MixtralConfig
+
+    # Four experts, two per token (Mixtral's routing always renormalises), every layer MoE.
+    return MixtralConfig(**_common(num_local_experts=4, num_experts_per_tok=2, intermediate_size=128))
+
+
 ARCHITECTURES = {"qwen3": _qwen3, "mistral": _mistral, "gemma2": _gemma2, "gemma3": _gemma3}
 """The architectures of the parity battery (test_tiny_architectures.py)."""
-EXTRA = {"mistral16": _mistral16}
+MOE = {"qwen3_moe": _qwen3_moe, "mixtral": _mixtral}
+"""Mixture-of-experts models (test_moe_models.py runs the same battery on them)."""
+EXTRA = {"mistral16": _mistral16, **MOE}
 """Further tiny models for single tests."""
 
 

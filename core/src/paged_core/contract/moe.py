@@ -322,12 +322,52 @@ def reference_moe(
     """
     check_moe_inputs(x, router_logits, experts, routing)
     weights, ids = route_experts(router_logits, routing)
-    tokens, hidden, k = x.shape[0], experts.hidden_size, routing.top_k
-    inter = experts.intermediate_size
-    act = _ACTIVATION_FNS[routing.activation]
+    return apply_experts(x, weights, ids, experts, routing.activation)
+
+
+def apply_experts(
+    x: torch.Tensor,
+    weights: torch.Tensor,
+    ids: torch.Tensor,
+    experts: PackedExperts,
+    activation: Activation = "silu",
+) -> torch.Tensor:
+    """The experts half of :func:`reference_moe`, for a routing computed elsewhere: ``[T, H]`` in ``x.dtype``.
+
+    ``x`` ``[T, H]``; ``weights`` ``[T, k]`` (any float dtype, read in float32) and ``ids`` ``[T, k]`` (any
+    integer dtype, each in ``0 .. E - 1``) are each token's experts and weights, as :func:`route_experts`
+    gives them or a model's own router computed them (transformers' ``*Experts`` modules receive
+    ``top_k_index`` and ``top_k_weights``: the engine's transformers path calls this, see
+    :mod:`paged_core.runner.experts`). The arithmetic is :func:`reference_moe`'s: the ``T * k`` pairs grouped
+    by expert (stable), each expert that has tokens in float32, each token's ``k`` outputs times their weights
+    summed in slot order in float32, rounded once. Refuses (:class:`~paged_core.errors.UnsupportedConfigError`)
+    shapes that do not fit and ids outside the experts; reads the per-expert counts on the host.
+    """
+    tokens, hidden = x.shape[0] if x.dim() == 2 else -1, experts.hidden_size
+    if x.dim() != 2 or x.shape[1] != hidden:
+        raise UnsupportedConfigError(f"experts x {tuple(x.shape)}: the experts need [T, {hidden}]")
+    if ids.dim() != 2 or ids.shape[0] != tokens or tuple(weights.shape) != tuple(ids.shape):
+        raise UnsupportedConfigError(
+            f"experts weights {tuple(weights.shape)} and ids {tuple(ids.shape)}: x {tuple(x.shape)} needs both "
+            f"[{tokens}, k]"
+        )
+    if ids.is_floating_point() or not weights.is_floating_point():
+        raise UnsupportedConfigError(
+            f"experts ids must be integers and weights floats, got {ids.dtype}, {weights.dtype}"
+        )
+    k, inter = ids.shape[1], experts.intermediate_size
+    if k == 0:
+        return torch.zeros_like(x)
+    act = _ACTIVATION_FNS[activation]
     flat = ids.reshape(-1).long()
+    if flat.numel():
+        lo, hi = torch.stack(torch.aminmax(flat)).tolist()
+        if lo < 0 or hi >= experts.num_experts:
+            raise UnsupportedConfigError(
+                f"experts ids range over {lo} .. {hi}; the experts are 0 .. {experts.num_experts - 1}"
+            )
     order = torch.argsort(flat, stable=True)
-    counts = torch.bincount(flat, minlength=routing.num_experts).tolist()
+    counts = torch.bincount(flat, minlength=experts.num_experts).tolist()
     outs = torch.empty(tokens * k, hidden, dtype=torch.float32, device=x.device)
     start = 0
     for e, n in enumerate(counts):
@@ -339,7 +379,8 @@ def reference_moe(
         h = torch.nn.functional.linear(x.index_select(0, pairs // k).float(), _dense(gate_up))
         outs.index_copy_(0, pairs, torch.nn.functional.linear(act(h[:, :inter]) * h[:, inter:], _dense(down)))
     per_slot = outs.view(tokens, k, hidden)
-    acc = per_slot[:, 0] * weights[:, 0:1]
+    w = weights.float()
+    acc = per_slot[:, 0] * w[:, 0:1]
     for j in range(1, k):
-        acc = acc + per_slot[:, j] * weights[:, j : j + 1]
+        acc = acc + per_slot[:, j] * w[:, j : j + 1]
     return acc.to(x.dtype)

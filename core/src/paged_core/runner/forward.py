@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
+from contextlib import nullcontext
 from typing import Any, Protocol
 
 import torch
@@ -21,6 +22,7 @@ from paged_core.contract.capabilities import AttentionSpec
 from paged_core.contract.metadata import AttentionMetadata
 from paged_core.errors import ConfigError, UnsupportedConfigError
 from paged_core.runner.attention import ForwardContext, forward_context
+from paged_core.runner.experts import experts_step, route_model_experts
 from paged_core.runner.fused import FusedDecoder, fused_refusal
 
 log = logging.getLogger("paged.engine")
@@ -46,7 +48,9 @@ class ModelForward(Protocol):
 
 
 class TransformersForward:
-    """transformers' modules with attention routed into the backend (any decoder transformers defines)."""
+    """transformers' modules with attention routed into the backend (any decoder transformers defines), and
+    the experts of MoE layers through the contract's routed-experts arithmetic where their layout allows
+    (:mod:`paged_core.runner.experts`)."""
 
     name = "transformers"
 
@@ -54,6 +58,8 @@ class TransformersForward:
         self.model = model
         self.backend = backend
         self.specs = specs
+        self.experts = route_model_experts(model)
+        """Which experts modules run the contract's arithmetic, and which keep transformers' (with the reason)."""
 
     def forward(
         self,
@@ -65,7 +71,7 @@ class TransformersForward:
         layer_metadata: Sequence[AttentionMetadata] | None = None,
     ) -> torch.Tensor:
         ctx = ForwardContext(self.backend, kv_caches, self.specs, metadata, layer_metadata)
-        with forward_context(ctx):
+        with forward_context(ctx), experts_step() if self.experts.routed else nullcontext():
             result = self.model(
                 input_ids=input_ids.unsqueeze(0),
                 position_ids=positions.unsqueeze(0),

@@ -17,6 +17,7 @@ from paged_core.lora.slots import LoRASlots
 from paged_core.quant import QuantizedWeight
 from paged_core.quant.weight import cat_rows
 from paged_core.runner.fused.families import fused_refusal
+from paged_core.runner.fused.moe_layer import MOE_FAMILIES, MoEMLP, build_moe, family_routing, is_moe_block, moe_call
 from paged_core.runner.packed_linear import PackedLinearModule, route_pack
 
 
@@ -30,12 +31,14 @@ class _Layer:
     post_eps: float
     qkv: PackedLinear | list[PackedLinear]
     o: PackedLinear
-    gate_up: PackedLinear | list[PackedLinear]
-    down: PackedLinear
+    gate_up: PackedLinear | list[PackedLinear] | None
+    down: PackedLinear | None
     q_norm: torch.Tensor | None
     k_norm: torch.Tensor | None
     qk_eps: float
     index: int
+    moe: MoEMLP | None = None
+    """A MoE layer's routed experts (then ``gate_up`` and ``down`` are ``None``)."""
 
 
 def _weight(module: Any) -> torch.Tensor | QuantizedWeight:
@@ -110,7 +113,8 @@ def _cos_sin_cache(rotary: Any, max_positions: int, device: torch.device) -> tor
 
 
 class FusedDecoder:
-    """Runs a Llama/Mistral/Qwen2/Qwen3 model with merged projections and fused norm, activation and rotary.
+    """Runs a Llama/Mistral/Qwen2/Qwen3 model with merged projections and fused norm, activation and rotary
+    (and Mixtral/Qwen3-MoE, whose MoE layers route their MLP through the backend's ``moe``).
 
     Built once at load from the transformers model (which keeps working: its
     q/k/v and gate/up weights become views of the merged ones). The kernels
@@ -153,6 +157,8 @@ class FusedDecoder:
         self.lm_head = route_pack(self.ops, _weight(model.lm_head), getattr(model.lm_head, "bias", None))
         device = self.embed.device
         self.cos_sin = _cos_sin_cache(inner.rotary_emb, max_positions, device)
+        self._routing = family_routing(model) if type(model).__name__ in MOE_FAMILIES else None
+        self._moe = moe_call(self.ops)
         self.layers = [self._layer(i, layer) for i, layer in enumerate(inner.layers)]
         self.shared: dict[str, Any] = {}
         """What engines running this decoder share, e.g. the compiled step (see the executors)."""
@@ -162,6 +168,7 @@ class FusedDecoder:
     def _layer(self, index: int, layer: Any) -> _Layer:
         attn, mlp = layer.self_attn, layer.mlp
         q_norm, k_norm = getattr(attn, "q_norm", None), getattr(attn, "k_norm", None)
+        moe = build_moe(self.ops, self._routing, mlp) if self._routing is not None and is_moe_block(mlp) else None
         return _Layer(
             in_norm=layer.input_layernorm.weight.detach(),
             post_norm=layer.post_attention_layernorm.weight.detach(),
@@ -169,12 +176,13 @@ class FusedDecoder:
             post_eps=float(layer.post_attention_layernorm.variance_epsilon),
             qkv=_merge(self.ops, [attn.q_proj, attn.k_proj, attn.v_proj]),
             o=route_pack(self.ops, _weight(attn.o_proj), None),
-            gate_up=_merge(self.ops, [mlp.gate_proj, mlp.up_proj]),
-            down=route_pack(self.ops, _weight(mlp.down_proj), None),
+            gate_up=_merge(self.ops, [mlp.gate_proj, mlp.up_proj]) if moe is None else None,
+            down=route_pack(self.ops, _weight(mlp.down_proj), None) if moe is None else None,
             q_norm=q_norm.weight.detach() if q_norm is not None else None,
             k_norm=k_norm.weight.detach() if k_norm is not None else None,
             qk_eps=float(q_norm.variance_epsilon) if q_norm is not None else 0.0,
             index=index,
+            moe=moe,
         )
 
     def forward(
@@ -281,6 +289,11 @@ class FusedDecoder:
         if reduce is not None:
             hidden = reduce(hidden)
         x, residual = ops.add_rms_norm(hidden, residual, layer.post_norm, layer.post_eps)
+        if layer.moe is not None:
+            # Every rank holds every expert (tensor parallelism splits Linear modules only): the output is whole,
+            # not a partial sum to reduce. Adapters have no expert projections to target.
+            return self._moe(x, ops.linear(x, layer.moe.router), layer.moe.experts, layer.moe.routing), residual
+        assert layer.gate_up is not None and layer.down is not None
         act = ops.silu_and_mul(self._adapt(layer, "gate_up", x, _linear(ops, x, layer.gate_up)))
         hidden = self._adapt(layer, "down", act, ops.linear(act, layer.down))
         if reduce is not None:

@@ -4,8 +4,13 @@ from __future__ import annotations
 
 from typing import Any
 
+from paged_core.runner.fused.moe_layer import MOE_FAMILIES, moe_refusal
+
 FAMILIES = frozenset({"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM"})
 """Architectures whose layers are pre-norm RMSNorm, rotary, (GQA) attention and a SiLU-gated MLP."""
+ALL_FAMILIES = FAMILIES | frozenset(MOE_FAMILIES)
+"""Those and the MoE families (:data:`~paged_core.runner.fused.moe_layer.MOE_FAMILIES`): the same layers with
+routed experts for the MLP of some or all of them."""
 
 STATIC_ROPE = frozenset({"default", "linear", "llama3", "yarn"})
 """Rotary variants whose frequencies do not depend on the sequence length (so one cos/sin table serves)."""
@@ -14,8 +19,8 @@ STATIC_ROPE = frozenset({"default", "linear", "llama3", "yarn"})
 def fused_refusal(model: Any) -> str | None:
     """``None`` when :class:`~paged_core.runner.fused.FusedDecoder` can run ``model``, else the reason."""
     arch = type(model).__name__
-    if arch not in FAMILIES:
-        return f"{arch} is not one of the fused families ({', '.join(sorted(FAMILIES))})"
+    if arch not in ALL_FAMILIES:
+        return f"{arch} is not one of the fused families ({', '.join(sorted(ALL_FAMILIES))})"
     config = model.config
     act = getattr(config, "hidden_act", "silu")
     if act != "silu":
@@ -34,4 +39,4 @@ def fused_refusal(model: Any) -> str | None:
         return f"{arch}: partial rotary ({rotary_dim} of {attn.head_dim} dimensions)"
     if getattr(attn.o_proj, "bias", None) is not None:
         return f"{arch}: o_proj has a bias"
-    return None
+    return moe_refusal(model) if arch in MOE_FAMILIES else None
