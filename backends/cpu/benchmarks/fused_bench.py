@@ -8,7 +8,8 @@ heads and 3 KV heads of 64), for T tokens, it times one call of each layer op as
 * ``hf``: the unfused torch sequence a transformers Llama layer issues for the same work
   (rms_norm: to(float32), pow, mean, add, rsqrt, mul, to, mul; the residual add before it;
   silu(gate) * up in the model dtype; q * cos + rotate_half(q) * sin for q and k, with cos
-  and sin already gathered, as transformers does once per step),
+  and sin already gathered, as transformers does once per step; for ``rotate_heads``, which
+  transformers has not, ``q @ R`` in the model dtype),
 
 and, with ``--linear``, the native linear against ``torch.nn.functional.linear`` for
 row counts across the crossover on every projection of the model.
@@ -47,7 +48,7 @@ import torch.nn.functional as F
 
 from paged_backend_cpu import CpuFusedOps, fused, ops
 from paged_core.api import LINEAR_FORMATS as FORMATS
-from paged_core.api import FusedOps, PackedLinear
+from paged_core.api import FusedOps, PackedLinear, head_rotation
 from paged_core.testing import dequantize, random_packed
 
 HIDDEN, INTER, HEADS, KV_HEADS, HEAD = 576, 1536, 9, 3, 64
@@ -126,6 +127,8 @@ def op_cases(tokens: int, dtype: torch.dtype) -> dict[str, dict[str, Callable[[]
     cos = torch.cat([angles.cos(), angles.cos()], -1)[positions][:, None, :].to(dtype)
     sin = torch.cat([angles.sin(), angles.sin()], -1)[positions][:, None, :].to(dtype)
 
+    rotation = head_rotation(HEAD).to(dtype)
+
     def hf_silu() -> torch.Tensor:
         gate, up = gate_up.chunk(2, dim=-1)
         return F.silu(gate) * up
@@ -153,6 +156,11 @@ def op_cases(tokens: int, dtype: torch.dtype) -> dict[str, dict[str, Callable[[]
             "cpu": lambda: cpu.rotary(positions, q, k, cache),
             "reference": lambda: ref.rotary(positions, q, k, cache),
             "hf": hf_rotary,
+        },
+        "rotate_heads": {
+            "cpu": lambda: cpu.rotate_heads(q),
+            "reference": lambda: ref.rotate_heads(q),
+            "hf": lambda: q @ rotation,
         },
     }
 

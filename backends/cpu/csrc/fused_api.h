@@ -55,6 +55,20 @@ struct RotaryArgs {
   RotaryTensor q, k;
 };
 
+// rotate_heads: each D-vector of [T, heads, D] times the block-diagonal normalised Hadamard matrix R(D), by the
+// fast Walsh-Hadamard butterfly (fused_body.h, hadamard_rows): the order paged_core's reference follows.
+struct HadamardArgs {
+  const void* src;        // [T, heads, D], arbitrary token and head strides, unit stride within a vector
+  int64_t token_stride;
+  int64_t head_stride;
+  Elem type;              // of src and dst
+  int64_t heads;
+  int64_t head_size;      // D
+  int64_t block;          // b: the largest power of two dividing D
+  float scale;            // float32(1 / sqrt(b)), computed in double
+  void* dst;              // [T, heads, D] contiguous
+};
+
 // Linear layers read weights packed once at load into panels of 16 output features:
 // packed [ceil(N / 16), K, 16], panel p row k = features 16p .. 16p+15 at input k, zero past N.
 // fp32 and fp16 panels hold the 16 features in order. bf16 panels interleave the two halves, so
@@ -159,6 +173,7 @@ using RmsFn = void (*)(const RmsArgs&, int64_t begin, int64_t end);
 using SiluFn = void (*)(const SiluArgs&, int64_t begin, int64_t end);
 using RotaryFn = void (*)(const RotaryArgs&, int64_t begin, int64_t end);
 using LinearFn = void (*)(const LinearArgs&, int64_t panel_begin, int64_t panel_end);
+using HadamardFn = void (*)(const HadamardArgs&, int64_t begin, int64_t end);
 
 // One instruction-set variant of the layer kernels.
 struct FusedKernels {
@@ -167,6 +182,7 @@ struct FusedKernels {
   SiluFn silu_and_mul;
   RotaryFn rotary;
   LinearFn linear;
+  HadamardFn rotate_heads;  // tokens [begin, end)
 };
 
 const FusedKernels* scalar_fused_kernels();

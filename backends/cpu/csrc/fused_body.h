@@ -1,4 +1,4 @@
-// The element-wise layer kernels (rms_norm, add_rms_norm, silu_and_mul, rotary) as portable C++.
+// The element-wise layer kernels (rms_norm, add_rms_norm, silu_and_mul, rotary, rotate_heads) as portable C++.
 //
 // Included inside a per-ISA namespace by fused_scalar.cpp (baseline target) and fused_avx2.cpp
 // (under `#pragma GCC target`), so that each copy of these inline functions is compiled for, and
@@ -299,6 +299,94 @@ inline void silu_any(const SiluArgs& a, int64_t begin, int64_t end) {
     case Elem::BF16: silu_rows<Elem::BF16>(a, begin, end); break;
     case Elem::F16: silu_rows<Elem::F16>(a, begin, end); break;
   }
+}
+
+// ---- rotate_heads: the fast Walsh-Hadamard butterfly (paged_core.reference.fused.hadamard_butterfly) ----
+//
+// Each vector is converted to fp32, then within each block of b values stages h = 1, 2, 4, ..., b / 2 replace
+// every pair (v[j], v[j + h]) of a 2h-wide group by (v[j] + v[j + h], v[j] - v[j + h]); then each value is
+// multiplied by the scale and rounded once. Each result is one rounded operation on the same two operands as in
+// the reference, so the bits are the reference's whatever the vector width (a + b and b + a are the same IEEE
+// sum) and whatever other rows share the call.
+
+// One vector: out[0, d) = in[0, d) times R(D), both of `type`, in fp32 and rounded once (`scratch` holds d floats).
+// Each includer defines it after this file: blocks in registers where the vectors have 8 lanes, else
+// hadamard_vector_loops.
+void hadamard_vector(const void* in, void* out, Elem type, int64_t d, int64_t b, float scale, float* scratch);
+
+// n pairs (lo[j], hi[j]) -> (lo[j] + hi[j], lo[j] - hi[j]); the halves never overlap.
+inline void butterfly(float* __restrict__ lo, float* __restrict__ hi, int64_t n) {
+  for (int64_t j = 0; j < n; ++j) {
+    const float a = lo[j], c = hi[j];
+    lo[j] = a + c;
+    hi[j] = a - c;
+  }
+}
+
+// Stage H (1, 2 or 4) over v[0, d): groups of a fixed size, which the compiler unrolls (a call per group is slow).
+template <int H>
+inline void small_stage(float* v, int64_t d) {
+  for (int64_t i = 0; i < d; i += 2 * H)
+    for (int j = 0; j < H; ++j) {
+      const float a = v[i + j], c = v[i + j + H];
+      v[i + j] = a + c;
+      v[i + j + H] = a - c;
+    }
+}
+
+// Stages h = from, 2 from, ..., b / 2 over v[0, d) (every 2h-wide group lies in one block).
+inline void hadamard_stages(float* v, int64_t d, int64_t from, int64_t b) {
+  for (int64_t h = from; h < b; h *= 2) {
+    if (h == 1) small_stage<1>(v, d);
+    else if (h == 2) small_stage<2>(v, d);
+    else if (h == 4) small_stage<4>(v, d);
+    else
+      for (int64_t i = 0; i < d; i += 2 * h) butterfly(v + i, v + i + h, h);
+  }
+}
+
+// out = v * scale, rounded once to E.
+template <Elem E>
+inline void hadamard_store(float* v, Store<E>* out, int64_t d, float scale) {
+  if constexpr (E == Elem::F16) {
+    for (int64_t i = 0; i < d; ++i) v[i] *= scale;
+    round_f16(v, d, out);
+  } else {
+    for (int64_t i = 0; i < d; ++i) out[i] = round_to<E>(v[i] * scale);
+  }
+}
+
+template <Elem E>
+void hadamard_loops(const Store<E>* in, Store<E>* out, int64_t d, int64_t b, float scale, float* v) {
+  to_float(in, E, d, v);
+  hadamard_stages(v, d, 1, b);
+  hadamard_store<E>(v, out, d, scale);
+}
+
+inline void hadamard_vector_loops(const void* in, void* out, Elem type, int64_t d, int64_t b, float scale,
+                                  float* scratch) {
+  switch (type) {
+    case Elem::F32:
+      hadamard_loops<Elem::F32>(static_cast<const float*>(in), static_cast<float*>(out), d, b, scale, scratch);
+      break;
+    case Elem::BF16:
+      hadamard_loops<Elem::BF16>(static_cast<const uint16_t*>(in), static_cast<uint16_t*>(out), d, b, scale, scratch);
+      break;
+    case Elem::F16:
+      hadamard_loops<Elem::F16>(static_cast<const uint16_t*>(in), static_cast<uint16_t*>(out), d, b, scale, scratch);
+      break;
+  }
+}
+
+inline void hadamard_any(const HadamardArgs& a, int64_t begin, int64_t end) {
+  const int64_t d = a.head_size, esize = a.type == Elem::F32 ? 4 : 2;
+  Scratch buf(d);
+  for (int64_t t = begin; t < end; ++t)
+    for (int64_t hd = 0; hd < a.heads; ++hd) {
+      const char* src = static_cast<const char*>(a.src) + (t * a.token_stride + hd * a.head_stride) * esize;
+      char* dst = static_cast<char*>(a.dst) + (t * a.heads + hd) * d * esize;
+      hadamard_vector(src, dst, a.type, d, a.block, a.scale, buf.data());
+    }
 }
 
 // ---- linear: shared pieces of the panel kernels ----

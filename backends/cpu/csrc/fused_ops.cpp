@@ -1,4 +1,4 @@
-// paged_cpu layer ops (rms_norm, add_rms_norm, silu_and_mul, rotary, pack_linear, linear): checks,
+// paged_cpu layer ops (rms_norm, add_rms_norm, silu_and_mul, rotary, rotate_heads, pack_linear, linear): checks,
 // new outputs, and the split over torch's threads; the arithmetic is in the per-ISA fused kernels.
 #include <ATen/Parallel.h>
 #include <c10/util/StringUtil.h>
@@ -161,6 +161,31 @@ std::tuple<at::Tensor, at::Tensor> rotary(const at::Tensor& positions_in, const 
     fn(a, begin, end);
   });
   return {q_out, k_out};
+}
+
+at::Tensor rotate_heads(const at::Tensor& x_in) {
+  TORCH_CHECK(x_in.dim() == 3, "paged_cpu.rotate_heads: x must be 3-D [tokens, heads, head_size], got shape ",
+              x_in.sizes());
+  const int64_t tokens = x_in.size(0), heads = x_in.size(1), d = x_in.size(2);
+  TORCH_CHECK(d >= 1, "paged_cpu.rotate_heads: head_size must be positive, got shape ", x_in.sizes());
+  const Elem type = elem_of(x_in, "rotate_heads", "x");
+  const at::Tensor x = unit_last(x_in);
+  at::Tensor out = at::empty({tokens, heads, d}, x.options());
+  if (tokens == 0 || heads == 0) return out;
+  const int64_t block = d & -d;  // the largest power of two dividing d
+  HadamardArgs a{};
+  a.src = x.data_ptr();
+  a.token_stride = x.stride(0);
+  a.head_stride = x.stride(1);
+  a.type = type;
+  a.heads = heads;
+  a.head_size = d;
+  a.block = block;
+  a.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(block)));  // as torch rounds a Python float
+  a.dst = out.data_ptr();
+  const HadamardFn fn = fused().rotate_heads;
+  at::parallel_for(0, tokens, row_grain(heads * d), [&](int64_t begin, int64_t end) { fn(a, begin, end); });
+  return out;
 }
 
 at::Tensor pack_linear(const at::Tensor& weight_in) {

@@ -58,7 +58,11 @@ void linear(const LinearArgs& a, int64_t begin, int64_t end) {
   }
 }
 
-const FusedKernels kKernels{"scalar", &rms_any, &silu_any, &rotary_rows, &linear};
+void hadamard_vector(const void* in, void* out, Elem type, int64_t d, int64_t b, float scale, float* scratch) {
+  hadamard_vector_loops(in, out, type, d, b, scale, scratch);
+}
+
+const FusedKernels kKernels{"scalar", &rms_any, &silu_any, &rotary_rows, &linear, &hadamard_any};
 
 }  // namespace scalar_fused
 }  // namespace paged_cpu

@@ -53,6 +53,9 @@ std::tuple<at::Tensor, at::Tensor> add_rms_norm(const at::Tensor& x, const at::T
 at::Tensor silu_and_mul(const at::Tensor& x);
 std::tuple<at::Tensor, at::Tensor> rotary(const at::Tensor& positions, const at::Tensor& query,
                                           const at::Tensor& key, const at::Tensor& cos_sin_cache);
+// Each head vector of x [T, H, D] (any token and head strides) times the block-diagonal normalised Hadamard matrix,
+// by the fast Walsh-Hadamard butterfly in the reference's order (fused_body.h); a new contiguous [T, H, D].
+at::Tensor rotate_heads(const at::Tensor& x);
 at::Tensor pack_linear(const at::Tensor& weight);
 at::Tensor linear(const at::Tensor& x, const at::Tensor& packed, const std::optional<at::Tensor>& bias,
                   int64_t out_features);

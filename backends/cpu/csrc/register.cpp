@@ -18,6 +18,7 @@ TORCH_LIBRARY(paged_cpu, m) {
   m.def("add_rms_norm(Tensor x, Tensor residual, Tensor weight, float eps) -> (Tensor, Tensor)");
   m.def("silu_and_mul(Tensor x) -> Tensor");
   m.def("rotary(Tensor positions, Tensor query, Tensor key, Tensor cos_sin_cache) -> (Tensor, Tensor)");
+  m.def("rotate_heads(Tensor x) -> Tensor");
   m.def("pack_linear(Tensor weight) -> Tensor");
   m.def("linear(Tensor x, Tensor packed, Tensor? bias, int out_features) -> Tensor");
   m.def("quant_linear(Tensor x, Tensor data, Tensor? scale, Tensor? bias, int fmt, int out_features, "
@@ -42,6 +43,7 @@ TORCH_LIBRARY_IMPL(paged_cpu, CPU, m) {
   m.impl("add_rms_norm", &paged_cpu::add_rms_norm);
   m.impl("silu_and_mul", &paged_cpu::silu_and_mul);
   m.impl("rotary", &paged_cpu::rotary);
+  m.impl("rotate_heads", &paged_cpu::rotate_heads);
   m.impl("pack_linear", &paged_cpu::pack_linear);
   m.impl("linear", &paged_cpu::linear);
   m.impl("quant_linear", &paged_cpu::quant_linear);

@@ -17,7 +17,14 @@ from __future__ import annotations
 from paged_core.contract.backend import AttentionBackend, Availability
 from paged_core.contract.capabilities import AttentionSpec, BackendCapabilities, GraphSupport
 from paged_core.contract.device import DeviceHooks, TorchDeviceHooks, default_device_hooks
-from paged_core.contract.fused_ops import DENSE_LINEAR_KINDS, LINEAR_KINDS, FusedOps, PackedLinear, linear_kind
+from paged_core.contract.fused_ops import (
+    DENSE_LINEAR_KINDS,
+    LINEAR_KINDS,
+    FusedOps,
+    PackedLinear,
+    head_rotation,
+    linear_kind,
+)
 from paged_core.contract.graph_strategy import EagerStrategy, GraphCaptureStrategy, StepFn
 from paged_core.contract.inputs import check_attention_inputs, check_default_cache, check_write_inputs
 from paged_core.contract.kv_quant import QUANTIZED_KV_DTYPES, dequantize_kv, is_quantized_kv, quantize_kv
@@ -75,6 +82,7 @@ __all__ = [
     "check_write_inputs",
     "default_device_hooks",
     "dequantize_kv",
+    "head_rotation",
     "hookimpl",
     "is_quantized_kv",
     "linear_kind",

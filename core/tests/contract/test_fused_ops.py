@@ -21,7 +21,7 @@ def test_the_base_class_promises_nothing() -> None:
 def test_weight_kinds_are_the_packed_formats_then_the_dense_dtypes() -> None:
     assert LINEAR_KINDS == (*LINEAR_FORMATS, "float32", "bfloat16", "float16")
     assert DENSE_LINEAR_KINDS == ("float32", "bfloat16", "float16")
-    assert LAYER_OPS == ("rms_norm", "add_rms_norm", "silu_and_mul", "rotary")
+    assert LAYER_OPS == ("rms_norm", "add_rms_norm", "silu_and_mul", "rotary", "rotate_heads")
     for name, fmt in LINEAR_FORMATS.items():
         assert linear_kind(random_packed(fmt, 4, 256)) == name
     for kind in DENSE_LINEAR_KINDS:
@@ -44,11 +44,16 @@ def test_an_override_without_a_declaration_promises_nothing() -> None:
         def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
             return super().rms_norm(x, weight, eps)
 
+    class OwnRotation(FusedOps):
+        def rotate_heads(self, x: torch.Tensor) -> torch.Tensor:
+            return super().rotate_heads(x)
+
     # Set on the class itself, so that a later base in the MRO (a declaring mixin) cannot lend its promise.
     assert "batch_invariant_linear" in vars(OwnLinear) and OwnLinear.batch_invariant_linear == frozenset()
     assert "batch_invariant_layer_ops" not in vars(OwnLinear)  # the layer ops are still the base class's
     assert "batch_invariant_layer_ops" in vars(OwnNorm) and OwnNorm.batch_invariant_layer_ops is False
     assert "batch_invariant_linear" not in vars(OwnNorm)
+    assert "batch_invariant_layer_ops" in vars(OwnRotation) and OwnRotation.batch_invariant_layer_ops is False
 
     class Mixed(OwnLinear, OwnNorm, Declares):
         pass

@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import pytest
 import torch
 
-from paged_core.api import LINEAR_FORMATS, FusedOps
+from paged_core.api import LINEAR_FORMATS, FusedOps, head_rotation
 from paged_core.contract.fused_ops import LINEAR_KINDS
-from paged_core.reference.fused import ReferenceFusedOps
+from paged_core.reference.fused import ReferenceFusedOps, hadamard_butterfly
 from paged_core.testing import ReferenceBackend, random_packed, reference_linear
 
 OPS, BASE = ReferenceFusedOps(), FusedOps()
@@ -95,3 +96,39 @@ def test_the_ops_trace_as_opaque_calls_whatever_the_token_count() -> None:
     for t in (3, 9, 40):
         x = torch.randn(t, 64, generator=_gen(t))
         assert torch.equal(compiled(x), step(x))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_rotate_heads_is_the_butterfly_row_invariant_and_close_to_the_product(dtype: torch.dtype) -> None:
+    for d in (64, 80, 96, 6):
+        pool = (3 * torch.randn(130, 9, d, generator=_gen(d))).to(dtype)
+        assert_rows_invariant(OPS.rotate_heads, pool)
+        out = OPS.rotate_heads(pool[:, 2:7])  # a strided view
+        assert out.is_contiguous() and out.dtype == dtype and out.shape == (130, 5, d)
+        assert torch.equal(out, hadamard_butterfly(pool[:, 2:7].contiguous()))
+        want = (pool[:, 2:7].double() @ head_rotation(d).double()).to(dtype)
+        torch.testing.assert_close(out, want, atol=1e-5, rtol=1e-5 if dtype == torch.float32 else 1e-2)
+
+
+def test_the_butterfly_rounds_in_its_documented_order() -> None:
+    """Stages h = 1, 2, 4 on one 8-wide block, written out: each output one rounded sum or difference, then the
+    scale (a reordering, such as h = 4 first, gives other bits on these values)."""
+    x = torch.tensor([1.0, 2.0**-24, -1.0, 3.0, 2.0**24, 0.1, 7.0, -(2.0**24)])
+
+    def stages(order: tuple[int, ...]) -> torch.Tensor:
+        v, j = x.clone(), torch.arange(8)
+        for h in order:  # float32: (v[j], v[j + h]) -> (v[j] + v[j + h], v[j] - v[j + h])
+            low = j % (2 * h) < h
+            partner = v[torch.where(low, j + h, j - h)]
+            v = torch.where(low, v + partner, partner - v)
+        return v * (1.0 / math.sqrt(8))
+
+    assert torch.equal(hadamard_butterfly(x[None])[0], stages((1, 2, 4)))
+    assert not torch.equal(stages((4, 2, 1)), stages((1, 2, 4)))  # the values tell the orders apart
+
+
+def test_rotate_heads_traces_as_an_opaque_call() -> None:
+    compiled = torch.compile(lambda x: OPS.rotate_heads(x[:, 1:]), backend="aot_eager", fullgraph=True, dynamic=True)
+    for t in (3, 9):
+        x = torch.randn(t, 4, 80, generator=_gen(t))
+        assert torch.equal(compiled(x), OPS.rotate_heads(x[:, 1:]))

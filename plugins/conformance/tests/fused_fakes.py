@@ -58,6 +58,15 @@ def _rotate_neox(t: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
     return (tf * torch.cat((cos, cos), -1) + rotated * torch.cat((sin, sin), -1)).to(t.dtype)
 
 
+def _sylvester(b: int) -> torch.Tensor:
+    """``H_b`` from its entries, ``(-1) ** popcount(i & j)``, in float64 (no recursion, no butterfly)."""
+    i = torch.arange(b)
+    bits, parity = i[:, None] & i[None, :], torch.zeros(b, b, dtype=torch.int64)
+    for k in range(max(1, b.bit_length())):
+        parity ^= (bits >> k) & 1
+    return (1 - 2 * parity).double()
+
+
 class ReimplementedOps(FusedOps):
     """Correct: a custom op (with a fake) for the norm, other formulas elsewhere, an fp32 transposed weight packed."""
 
@@ -81,6 +90,12 @@ class ReimplementedOps(FusedOps):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         cos, sin = cos_sin_cache[positions].float()[:, None, :].chunk(2, dim=-1)
         return _rotate_neox(query, cos, sin), _rotate_neox(key, cos, sin)
+
+    def rotate_heads(self, x: torch.Tensor) -> torch.Tensor:
+        d = x.shape[-1]
+        b = d & -d
+        blocks = x.double().reshape(*x.shape[:-1], d // b, b)
+        return (blocks @ (_sylvester(b) / b**0.5)).reshape(x.shape).to(x.dtype)
 
     def pack_linear(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> PackedLinear:
         return PackedLinear(weight, bias, packed=weight.float().t().contiguous())
@@ -156,6 +171,33 @@ class InterleavedRotary(FusedFake):
     OPS = InterleavedRotaryOps
 
 
+class PowerOfTwoPrefixRotationOps(FusedOps):
+    """Bug: one Hadamard block of the largest power of two not above ``D``, the rest left as is (another block rule:
+    right at 64, wrong at 80)."""
+
+    def rotate_heads(self, x: torch.Tensor) -> torch.Tensor:
+        d = x.shape[-1]
+        b = 1 << (d.bit_length() - 1)
+        head = x.float()[..., :b] @ (_sylvester(b) / b**0.5).float()
+        return torch.cat((head, x.float()[..., b:]), dim=-1).to(x.dtype)
+
+
+class PowerOfTwoPrefixRotation(FusedFake):
+    OPS = PowerOfTwoPrefixRotationOps
+
+
+class RotateHeadsInPlaceOps(FusedOps):
+    """Bug: rotates ``x`` in place and returns it (the engine's q, k and v are views of one QKV output)."""
+
+    def rotate_heads(self, x: torch.Tensor) -> torch.Tensor:
+        x.copy_(super().rotate_heads(x))
+        return x
+
+
+class RotateHeadsInPlace(FusedFake):
+    OPS = RotateHeadsInPlaceOps
+
+
 class LinearIgnoresBiasOps(FusedOps):
     """Bug: ``linear`` drops the bias."""
 
@@ -224,6 +266,9 @@ class IgnoresStridesOps(FusedOps):
         self, positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor, cos_sin_cache: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
         return super().rotary(_dense(positions), _dense(query), _dense(key), _dense(cos_sin_cache))
+
+    def rotate_heads(self, x: torch.Tensor) -> torch.Tensor:
+        return super().rotate_heads(_dense(x))
 
     def pack_linear(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> PackedLinear:
         return super().pack_linear(_dense(weight), None if bias is None else _dense(bias))

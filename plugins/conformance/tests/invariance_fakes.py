@@ -98,6 +98,18 @@ class NormOrderByRowCount(ReferenceFusedOps):
         return (xf * torch.rsqrt(mean + eps) * weight.float()).to(x.dtype)
 
 
+class RotationByRowCount(ReferenceFusedOps):
+    """``rotate_heads`` by the reference's butterfly up to 8 rows; above, by the base class's float32 product with
+    ``R`` (sums in another order, as a kernel that switches to a GEMM for large batches)."""
+
+    batch_invariant_layer_ops = True
+
+    def rotate_heads(self, x: torch.Tensor) -> torch.Tensor:
+        if x.shape[0] <= 8:
+            return super().rotate_heads(x)
+        return FusedOps.rotate_heads(self, x)
+
+
 class VariantLinear(ReferenceBackend):
     """The reference, with :class:`RoundsByRowCount` as its layer ops."""
 
@@ -114,6 +126,15 @@ class VariantNorm(ReferenceBackend):
 
     def fused_ops(self) -> FusedOps:
         return NormOrderByRowCount()
+
+
+class VariantRotation(ReferenceBackend):
+    """The reference, with :class:`RotationByRowCount` as its layer ops."""
+
+    name = "variant-rotation"
+
+    def fused_ops(self) -> FusedOps:
+        return RotationByRowCount()
 
 
 class MisnamedKinds(ReferenceBackend):

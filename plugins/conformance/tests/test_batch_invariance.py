@@ -84,6 +84,18 @@ def test_a_norm_summed_otherwise_above_eight_rows_fails_the_layer_ops_only(run_s
     assert _messages(report)[0].startswith("AssertionError: rms_norm [T, 67] float32: row ")
 
 
+def test_a_rotation_that_becomes_a_product_above_eight_rows_fails_the_layer_ops_only(run_suite) -> None:
+    code, report = run_suite(
+        "invariance_fakes:VariantRotation", "-k", f"{SECTION} and float32 and (layer_ops or dense)"
+    )
+    assert code != 0
+    assert _failed(report) == {"test_batch_invariant_layer_ops[float32]"}
+    assert _statuses(report)["batch_invariance:linear:float32"] == "pass"
+    assert _messages(report)[0].startswith(
+        "AssertionError: rotate_heads [T, 9, 128] (a slice of one QKV buffer) float32: row "
+    )
+
+
 def test_unknown_weight_kinds_fail_the_declaration(run_suite) -> None:
     code, report = run_suite("invariance_fakes:MisnamedKinds", "-k", "batch_invariance_declaration")
     assert code != 0

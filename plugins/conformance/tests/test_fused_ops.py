@@ -9,7 +9,15 @@ from __future__ import annotations
 import pytest
 import torch
 
-from paged_conformance.fused import REFERENCE, Untouched, column_view, qkv_views, rope_cache, transposed_view
+from paged_conformance.fused import (
+    REFERENCE,
+    Untouched,
+    column_view,
+    head_major_view,
+    qkv_views,
+    rope_cache,
+    transposed_view,
+)
 from paged_conformance.grid import FUSED_OPS, LINEAR_FORMATS
 
 VALUES = "fused_ops and not traces"
@@ -63,7 +71,15 @@ def test_a_correct_reimplementation_with_a_custom_op_passes(run_suite) -> None:
     assert set(_statuses(report).values()) == {"pass"}
     info = report["backend"]["fused_ops"]
     assert info["class"] == "fused_fakes:ReimplementedOps" and info["name"] == "reimplemented"
-    assert info["overrides"] == ["rms_norm", "add_rms_norm", "silu_and_mul", "rotary", "pack_linear", "linear"]
+    assert info["overrides"] == [
+        "rms_norm",
+        "add_rms_norm",
+        "silu_and_mul",
+        "rotary",
+        "rotate_heads",
+        "pack_linear",
+        "linear",
+    ]
 
 
 # fake, the test functions that must fail (at float32, both layouts, unless `params` says otherwise), a message
@@ -76,6 +92,8 @@ VALUE_BUGS = [
     ("LinearIgnoresBias", {"test_linear"}, None, ", bias) mismatch"),
     ("RotaryInPlace", {"test_rotary"}, None, "modified its input query"),
     ("AddRmsNormInPlace", {"test_add_rms_norm"}, None, "modified its input residual in place"),
+    ("PowerOfTwoPrefixRotation", {"test_rotate_heads"}, None, ", 80])"),
+    ("RotateHeadsInPlace", {"test_rotate_heads"}, None, "modified its input x in place"),
     ("IgnoresStrides", {f"test_{op}" for op in FUSED_OPS}, {"float32-strided"}, "mismatch"),
     ("ReusesOutput", {"test_linear"}, None, "read back after later calls"),
     ("LinearReturnsFloat32", {"test_linear"}, {"bfloat16", "bfloat16-strided"}, "dtype torch.float32, expected"),
@@ -147,6 +165,28 @@ def test_reference_matches_float64_formulas() -> None:
     torch.testing.assert_close(REFERENCE.silu_and_mul(g.float()).double(), want, atol=1e-6, rtol=1e-5)
     a, m, b = torch.randn(4, 7), torch.randn(5, 7), torch.randn(5)
     torch.testing.assert_close(REFERENCE.linear(a, REFERENCE.pack_linear(m, b)), a @ m.T + b)
+
+
+def test_reference_rotation_is_the_block_hadamard_product_and_its_own_inverse() -> None:
+    """The oracle of ``rotate_heads``, in float64 from the matrix's entries: blocks of 16 at ``D = 80``, ``H_b`` in
+    natural order (entry ``(i, j)`` is ``(-1) ** popcount(i & j)``) over ``sqrt(b)``; twice gives ``x`` back."""
+    for d, b in ((64, 64), (80, 16), (96, 32)):
+        x = torch.randn(3, 2, d, dtype=torch.float64)
+        i = torch.arange(b)
+        parity = torch.zeros(b, b, dtype=torch.int64)
+        for k in range(7):
+            parity ^= ((i[:, None] & i[None, :]) >> k) & 1
+        h = (1 - 2 * parity).double() / b**0.5
+        want = (x.reshape(3, 2, d // b, b) @ h).reshape(3, 2, d)
+        got = REFERENCE.rotate_heads(x.float())
+        torch.testing.assert_close(got.double(), want, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(REFERENCE.rotate_heads(got).double(), x, atol=1e-5, rtol=1e-5)
+
+
+def test_head_major_view_holds_the_values_and_nan_around_them() -> None:
+    x = torch.randn(3, 2, 4)
+    v = head_major_view(x)
+    assert torch.equal(v, x) and v.stride() == (4, 16, 1) and v._base is not None and v._base.isnan().sum() == 2 * 4
 
 
 def test_views_hold_the_values_and_nan_around_them() -> None:

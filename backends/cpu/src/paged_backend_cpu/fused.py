@@ -1,4 +1,4 @@
-"""CpuFusedOps: the engine's layer kernels (norms, activation, rotary, small-batch linear) as C++ ops.
+"""CpuFusedOps: the engine's layer kernels (norms, activation, rotary, head rotation, small-batch linear) as C++ ops.
 
 Every op is a ``torch.ops.paged_cpu`` custom operator with a fake implementation
 (:mod:`paged_backend_cpu.ops`), returns new tensors and computes in fp32 with one
@@ -163,8 +163,8 @@ class CpuFusedOps(CpuLoraOps):
     kernel's rows, oneDNN and torch choose their GEMM blocking, and so each row's summation order, by the
     row count."""
     batch_invariant_layer_ops = True
-    """The norms, ``silu_and_mul`` and ``rotary`` are C++ loops over rows, each row's arithmetic fixed by
-    its own length."""
+    """The five layer ops (the norms, ``silu_and_mul``, ``rotary`` and ``rotate_heads``) are C++ loops over rows,
+    each row's arithmetic fixed by its own length."""
 
     def __init__(
         self,
@@ -213,6 +213,12 @@ class CpuFusedOps(CpuLoraOps):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """NeoX rotary of ``query`` and ``key`` at ``positions``; new contiguous ``(q, k)``."""
         return ops.rotary(positions, query, key, cos_sin_cache)
+
+    def rotate_heads(self, x: torch.Tensor) -> torch.Tensor:
+        """Each head vector of ``x`` ``[T, H, D]`` times ``R(D)`` (``paged_core.api.head_rotation``): the fast
+        Walsh-Hadamard butterfly per vector, in the reference backend's order (the same bits, in any batch),
+        8-lane permutes for its first three stages on AVX2; a new contiguous ``[T, H, D]``."""
+        return ops.rotate_heads(x)
 
     def pack_linear(self, weight: torch.Tensor | QuantizedWeight, bias: torch.Tensor | None = None) -> PackedLinear:
         """Keep the weight, and for a dtype the native kernel serves, add a packed copy (same size again).

@@ -66,6 +66,10 @@ def _rotary_fake(
     return query.new_empty(query.shape), key.new_empty(key.shape)
 
 
+def _rotate_heads_fake(x: torch.Tensor) -> torch.Tensor:
+    return x.new_empty(x.shape)
+
+
 def _pack_linear_fake(weight: torch.Tensor) -> torch.Tensor:
     return weight.new_empty(((weight.shape[0] + PANEL - 1) // PANEL, weight.shape[1], PANEL))
 
@@ -100,6 +104,7 @@ if LOAD_ERROR is None:
     torch.library.register_fake("paged_cpu::add_rms_norm", _add_rms_norm_fake)
     torch.library.register_fake("paged_cpu::silu_and_mul", _silu_and_mul_fake)
     torch.library.register_fake("paged_cpu::rotary", _rotary_fake)
+    torch.library.register_fake("paged_cpu::rotate_heads", _rotate_heads_fake)
     torch.library.register_fake("paged_cpu::pack_linear", _pack_linear_fake)
     torch.library.register_fake("paged_cpu::linear", _linear_fake)
     torch.library.register_fake("paged_cpu::quant_linear", _quant_linear_fake)
@@ -183,6 +188,17 @@ def rotary(
     """
     q, k = torch.ops.paged_cpu.rotary(positions, query, key, cos_sin_cache)
     return q, k
+
+
+def rotate_heads(x: torch.Tensor) -> torch.Tensor:
+    """Each head vector of ``x`` ``[T, H, D]`` (any strides) times ``paged_core.api.head_rotation(D)``; a new
+    contiguous ``[T, H, D]`` in ``x.dtype``.
+
+    The fast Walsh-Hadamard butterfly in float32, in the order of the reference backend's (the same bits),
+    then times ``1 / sqrt(b)`` and rounded once.
+    """
+    out: torch.Tensor = torch.ops.paged_cpu.rotate_heads(x)
+    return out
 
 
 def pack_linear(weight: torch.Tensor) -> torch.Tensor:

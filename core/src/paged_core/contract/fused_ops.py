@@ -18,6 +18,9 @@ op                            meaning (``T`` tokens; every input may be a stride
                               ``cache`` ``[max_pos, D]`` = ``cos`` halves then ``sin`` halves
                               (``cache[p, :D/2] = cos``, ``cache[p, D/2:] = sin``), NeoX style
                               (dimension ``i`` pairs with ``i + D/2``); returns new ``(q, k)``
+``rotate_heads(x)``           ``x`` ``[T, H, D]``: each head vector times :func:`head_rotation` ``R(D)``
+                              (block-diagonal normalised Hadamard; symmetric and orthogonal, so rotating
+                              twice gives ``x`` back); returns a new contiguous ``[T, H, D]``
 ``pack_linear(w, b)``         called once per weight at load; returns the backend's
                               :class:`PackedLinear` (a layout its ``linear`` reads). ``w`` is a
                               dense tensor or a :class:`~paged_core.quant.QuantizedWeight`
@@ -55,8 +58,8 @@ either the activations given or those rounded ones.
 **Batch invariance** (DESIGN.md, "a contract property"). ``batch_invariant_linear`` names the
 weight kinds (packed formats and dense dtypes, :func:`linear_kind`) whose ``linear`` gives each
 row of ``x`` the same output bits whatever other rows share the call, and
-``batch_invariant_layer_ops`` says the same of the four layer ops, row by row (token by token
-for ``rotary``). This base class declares neither: torch picks its matmul kernel, and so the
+``batch_invariant_layer_ops`` says the same of the five layer ops, row by row (token by token
+for ``rotary`` and ``rotate_heads``). This base class declares neither: torch picks its matmul kernel, and so the
 order of each row's sums, by the row count (measured with MKL: float32 rows differ between
 ``M = 1`` and ``M = 2``, bfloat16 from 33 rows), and splits an elementwise op between threads
 by its total size, so that part of a row can take the scalar path of ``silu``'s ``exp``
@@ -77,6 +80,7 @@ eagerly unless the backend overrides ``moe``.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -91,7 +95,7 @@ DENSE_LINEAR_KINDS: tuple[str, ...] = ("float32", "bfloat16", "float16")
 LINEAR_KINDS: tuple[str, ...] = (*FORMATS, *DENSE_LINEAR_KINDS)
 """Every weight kind :attr:`FusedOps.batch_invariant_linear` may name: the packed formats
 (:data:`paged_core.quant.FORMATS`), then the dense dtypes."""
-LAYER_OPS: tuple[str, ...] = ("rms_norm", "add_rms_norm", "silu_and_mul", "rotary")
+LAYER_OPS: tuple[str, ...] = ("rms_norm", "add_rms_norm", "silu_and_mul", "rotary", "rotate_heads")
 """The ops :attr:`FusedOps.batch_invariant_layer_ops` speaks for."""
 
 
@@ -101,6 +105,47 @@ def linear_kind(weight: torch.Tensor | QuantizedWeight) -> str:
     if isinstance(weight, QuantizedWeight):
         return weight.format.name
     return str(weight.dtype).removeprefix("torch.")
+
+
+def rotation_block(head_size: int) -> int:
+    """The block size ``b`` of :func:`head_rotation`: the largest power of two dividing ``head_size``."""
+    if head_size < 1:
+        raise ValueError(f"head_size must be positive, got {head_size}")
+    return head_size & -head_size
+
+
+def head_rotation(head_size: int, device: torch.device | str | None = None) -> torch.Tensor:
+    """``R(D)``, the matrix :meth:`FusedOps.rotate_heads` multiplies each head vector by: a new ``[D, D]`` float32.
+
+    Block-diagonal, ``D / b`` blocks of ``H_b / sqrt(b)``, where ``b`` is the largest power of two dividing
+    ``D`` (:func:`rotation_block`: 64 for ``D = 64``, 16 for ``D = 80``, 32 for ``D = 96``) and ``H_b`` the
+    Sylvester Hadamard matrix in natural order (``H_1 = [1]``, ``H_2k = [[H_k, H_k], [H_k, -H_k]]``: entry
+    ``(i, j)`` is ``(-1) ** popcount(i & j)``). ``R`` is symmetric and orthogonal, so ``R @ R`` is the
+    identity: ``(q R) . (k R) = q . k`` and rotating twice gives a vector back. Each entry is ``+-1 / sqrt(b)``
+    rounded once to float32.
+    """
+    b = rotation_block(head_size)
+    h = torch.ones(1, 1, dtype=torch.float64)
+    while h.shape[0] < b:
+        h = torch.cat((torch.cat((h, h), 1), torch.cat((h, -h), 1)), 0)
+    block = (h / math.sqrt(b)).float()
+    r = torch.zeros(head_size, head_size)
+    for i in range(0, head_size, b):
+        r[i : i + b, i : i + b] = block
+    return r.to(device)
+
+
+_ROTATIONS: dict[tuple[int, torch.device], torch.Tensor] = {}
+""":func:`head_rotation` per head size and device, for :meth:`FusedOps.rotate_heads` (built on first use)."""
+
+
+def _rotation(head_size: int, device: torch.device) -> torch.Tensor:
+    # A plain dict, not functools.lru_cache: torch.compile traces through it without a warning. Built on the host
+    # and copied: a first use inside a device-graph capture then fails loudly rather than recording garbage.
+    r = _ROTATIONS.get((head_size, device))
+    if r is None:
+        r = _ROTATIONS[(head_size, device)] = head_rotation(head_size, device)
+    return r
 
 
 @dataclass
@@ -164,11 +209,12 @@ class FusedOps:
     layers invariant only when their kinds are declared here."""
 
     batch_invariant_layer_ops: ClassVar[bool] = False
-    """Whether :meth:`rms_norm`, :meth:`add_rms_norm`, :meth:`silu_and_mul` and :meth:`rotary` give each
-    row (token) the same output bits whatever other rows share the call, in every dtype the backend
-    declares. This class does not promise it (torch splits an elementwise op between threads by its size;
-    see the module docstring). A subclass that overrides any of the four without declaring (nor
-    inheriting from a class between it and this one) gets ``False``."""
+    """Whether :meth:`rms_norm`, :meth:`add_rms_norm`, :meth:`silu_and_mul`, :meth:`rotary` and
+    :meth:`rotate_heads` (the five :data:`LAYER_OPS`) give each row (token) the same output bits whatever
+    other rows share the call, in every dtype the backend declares. This class does not promise it (torch
+    splits an elementwise op between threads by its size, and picks its matmul kernel by the row count; see
+    the module docstring). A subclass that overrides any of the five without declaring (nor inheriting from
+    a class between it and this one) gets ``False``."""
 
     moe_formats: ClassVar[frozenset[str]] = frozenset(FORMATS)
     """Packed formats whose expert weights :meth:`pack_experts` and :meth:`moe` serve themselves (the reference:
@@ -242,6 +288,19 @@ class FusedOps:
             return torch.cat((a * cos - b * sin, b * cos + a * sin), dim=-1).to(t.dtype)
 
         return rotate(query), rotate(key)
+
+    def rotate_heads(self, x: torch.Tensor) -> torch.Tensor:
+        """Each head vector of ``x`` ``[T, H, D]`` (any strides) times :func:`head_rotation` ``R(D)``: a new
+        contiguous ``[T, H, D]`` in ``x.dtype``, computed in float32 and rounded once.
+
+        The engine rotates q, k and v before a quantized KV cache stores them, and the attention output back
+        (``R`` is its own inverse): each vector's energy is spread over all its channels, so one scale per
+        vector loses less. This reference is one float32 matmul with ``R`` (cached per head size and device);
+        a kernel may use the fast Walsh-Hadamard butterfly instead (``log2(b)`` stages of sums and
+        differences per block, then times ``1 / sqrt(b)``), which rounds differently and is what a
+        batch-invariant backend runs (the reference backend, :mod:`paged_core.reference.fused`).
+        """
+        return (x.float() @ _rotation(x.shape[-1], x.device)).to(x.dtype)
 
     def pack_linear(self, weight: torch.Tensor | QuantizedWeight, bias: torch.Tensor | None = None) -> PackedLinear:
         """Prepare one weight for :meth:`linear` (called once at load). The reference keeps it as is."""

@@ -11,16 +11,19 @@ one row. Each op is a torch custom op with a fake implementation, so a compiled 
 one opaque call (the row loop never unrolls or specialises on the token count).
 
 It costs a Python loop per row: fine for the tiny models tests run, slow for real prefills, which is
-what the reference may be.
+what the reference may be. ``rotate_heads`` needs no loop: it is the fast Walsh-Hadamard butterfly as
+elementwise float32 sums, differences and one scaling (:func:`hadamard_butterfly`), each output element
+one correctly rounded operation on elements of its own head vector, so its bits cannot depend on the batch.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import torch
 
-from paged_core.contract.fused_ops import LINEAR_KINDS, FusedOps, PackedLinear
+from paged_core.contract.fused_ops import LINEAR_KINDS, FusedOps, PackedLinear, rotation_block
 from paged_core.quant import FORMATS, QuantizedWeight, dequantize
 
 _BASE = FusedOps()
@@ -86,6 +89,38 @@ def _(
     positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor, cos_sin_cache: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
     return query.new_empty(query.shape), key.new_empty(key.shape)
+
+
+def hadamard_butterfly(x: torch.Tensor) -> torch.Tensor:
+    """``x`` ``[..., D]`` times :func:`~paged_core.contract.fused_ops.head_rotation` ``R(D)`` by the fast
+    Walsh-Hadamard transform, in float32, rounded once to ``x.dtype``: a new contiguous tensor.
+
+    Within each block of ``b`` values (:func:`~paged_core.contract.fused_ops.rotation_block`), stages
+    ``h = 1, 2, 4, ..., b / 2`` replace each pair ``(v[j], v[j + h])`` (``j`` in the first half of its
+    ``2h``-wide group) by ``(v[j] + v[j + h], v[j] - v[j + h])``; then every value is multiplied by
+    ``float32(1 / sqrt(b))``. The order of these operations is the contract a batch-invariant kernel
+    (the cpu backend's) follows to give the same bits.
+    """
+    d = x.shape[-1]
+    b = rotation_block(d)
+    v = x.float().reshape(-1, d // b, b)
+    h = 1
+    while h < b:
+        pairs = v.reshape(v.shape[0], d // b, b // (2 * h), 2, h)
+        lo, hi = pairs[..., 0, :], pairs[..., 1, :]
+        v = torch.stack((lo + hi, lo - hi), dim=-2)
+        h *= 2
+    return (v.reshape(x.shape) * (1.0 / math.sqrt(b))).to(x.dtype)
+
+
+@torch.library.custom_op("paged_reference::rotate_heads", mutates_args=())
+def _rotate_heads(x: torch.Tensor) -> torch.Tensor:
+    return hadamard_butterfly(x)  # a new tensor: the final scaling always allocates one
+
+
+@_rotate_heads.register_fake
+def _(x: torch.Tensor) -> torch.Tensor:
+    return x.new_empty(x.shape)
 
 
 @torch.library.custom_op("paged_reference::linear", mutates_args=())
@@ -162,6 +197,12 @@ class ReferenceFusedOps(FusedOps):
         """:meth:`FusedOps.rotary` of each token alone."""
         q, k = torch.ops.paged_reference.rotary(positions, query, key, cos_sin_cache)
         return q, k
+
+    def rotate_heads(self, x: torch.Tensor) -> torch.Tensor:
+        """:meth:`FusedOps.rotate_heads` by the butterfly (:func:`hadamard_butterfly`): batch-invariant by
+        construction, and within float32 rounding of the base class's matmul."""
+        out: torch.Tensor = torch.ops.paged_reference.rotate_heads(x)
+        return out
 
     def linear(self, x: torch.Tensor, packed: PackedLinear) -> torch.Tensor:
         """``x @ weight.T + bias`` row by row: a packed weight dequantized exactly (float32, then rounded once to

@@ -12,8 +12,8 @@ one, among 1 to 511 other rows, in any order, in any chunk, must give it the sam
   up to the size), the same 64 rows in two orders, and the pool in chunks: each row against its bits alone,
   or, for a row never computed alone, in the prefill call (:class:`RowCheck`).
 * Layer ops (``fused_ops().batch_invariant_layer_ops``): ``rms_norm``, ``add_rms_norm`` (both outputs),
-  ``silu_and_mul`` and ``rotary`` (q and k as slices of one QKV buffer, as the fused decoder passes them), in
-  the same calls.
+  ``silu_and_mul``, ``rotary`` (q and k as slices of one QKV buffer, as the fused decoder passes them) and
+  ``rotate_heads`` (a key slice of one QKV buffer), in the same calls.
 * Attention (``capabilities().batch_invariant``): one KV cache holding sequences of 1 to 1,283 keys (block
   edges, past 512 and 1,024: where kernels split key ranges). Query positions are decoded alone (a one-row
   step: query length 1, the sequence's keys up to that position); random steps of 1 to 17 rows mix decode
@@ -50,6 +50,7 @@ from paged_conformance.grid import (
     INVARIANCE_CHUNK_SEQS,
     INVARIANCE_CHUNKS,
     INVARIANCE_POOL,
+    INVARIANCE_ROTATION_HEADS,
     INVARIANCE_ROWS,
     NUM_KV_HEADS,
     InvarianceLinearCase,
@@ -231,9 +232,11 @@ def layer_op_checks(
     hidden: Sequence[int],
     intermediate: Sequence[int],
     heads: tuple[int, int],
+    rotation_sizes: Sequence[int] = (),
 ) -> list[RowCheck]:
     """One :class:`RowCheck` per op and shape: the norms at each hidden size, the activation at each
-    intermediate size, rotary at ``head_size`` with ``heads`` (query, key) heads."""
+    intermediate size, rotary at ``head_size`` with ``heads`` (query, key) heads, ``rotate_heads`` at each of
+    ``rotation_sizes`` with :data:`~paged_conformance.grid.INVARIANCE_ROTATION_HEADS` heads."""
     gen, pool, name = generator(seed), INVARIANCE_POOL, dtype_name(dtype)
     checks = []
     for h in hidden:
@@ -264,6 +267,17 @@ def layer_op_checks(
             seed,
         )
     )
+    h = INVARIANCE_ROTATION_HEADS
+    for d in rotation_sizes:
+        x = (2 * randn(gen, pool, h, d)).to(device=device, dtype=dtype)
+
+        def rotate(xr: torch.Tensor) -> torch.Tensor:
+            _, key = qkv_views(xr, xr, generator(seed))  # a key slice of one QKV output, as the engine passes it
+            return ops.rotate_heads(key)
+
+        checks.append(
+            RowCheck(f"rotate_heads [T, {h}, {d}] (a slice of one QKV buffer) {name}", _rows_of(rotate, x), seed)
+        )
     return checks
 
 

@@ -28,6 +28,7 @@ METHODS: tuple[str, ...] = (
     "add_rms_norm",
     "silu_and_mul",
     "rotary",
+    "rotate_heads",
     "pack_linear",
     "linear",
     "lora_shrink",
@@ -145,6 +146,16 @@ def qkv_views(query: torch.Tensor, key: torch.Tensor, gen: torch.Generator) -> t
     q.copy_(query)
     k.copy_(key)
     return q, k
+
+
+def head_major_view(t: torch.Tensor) -> torch.Tensor:
+    """The values of ``[T, H, D]`` ``t`` stored heads first, ``[H, T, D]``, after a row of NaN in each head (token
+    stride ``D``, head stride ``(T + 1) D``), seen as ``[T, H, D]``: a transposed attention output."""
+    tokens, heads, d = t.shape
+    buffer = torch.full((heads, tokens + 1, d), float("nan"), dtype=t.dtype, device=t.device)
+    view = buffer[:, 1:].transpose(0, 1)
+    view.copy_(t)
+    return view
 
 
 # --- checks ------------------------------------------------------------------------------------------------------

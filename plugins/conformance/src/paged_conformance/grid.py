@@ -249,7 +249,7 @@ def feature_cases(caps: BackendCapabilities, grid: str) -> list[Case]:
     return [Case(dtypes[0], head, caps.block_sizes[0], gqa, kind, "long") for kind in kinds]
 
 
-FUSED_OPS: tuple[str, ...] = ("rms_norm", "add_rms_norm", "silu_and_mul", "rotary", "linear")
+FUSED_OPS: tuple[str, ...] = ("rms_norm", "add_rms_norm", "silu_and_mul", "rotary", "rotate_heads", "linear")
 """The ops of :class:`paged_core.api.FusedOps` checked against the reference (``pack_linear`` with ``linear``)."""
 FUSED_LAYOUTS: tuple[str, ...] = ("contiguous", "strided")
 """``strided``: every input a view into a larger buffer (column slices, q/k slices of one QKV output, transposes)."""
@@ -262,6 +262,8 @@ SILU_INTERMEDIATE: tuple[int, ...] = (64, 77, 1536)
 """``I`` of ``silu_and_mul`` (its input is ``[T, 2I]``)."""
 ROTARY_HEADS: tuple[tuple[int, int], ...] = ((4, 4), (8, 2), (8, 1))
 """``(query heads, key heads)`` of the rotary checks: equal, grouped, one key head."""
+ROTATION_HEADS: tuple[int, ...] = (1, 9)
+"""Heads ``H`` of the ``rotate_heads`` checks (``x`` ``[T, H, D]``): one, and SmolLM2-135M's query heads."""
 ROTARY_MAX_POSITION = 32768
 """Rows of the cos/sin cache; positions reach its last row."""
 ROTARY_BASE = 10000.0
@@ -433,6 +435,8 @@ INVARIANCE_SILU_INTERMEDIATE: tuple[int, ...] = (100, 1536)
 mid-row, off the vector grid: measured, torch's batched silu then gives a row other bits), and SmolLM2-135M's."""
 INVARIANCE_ROTARY_HEADS: tuple[int, int] = (8, 2)
 """``(query heads, key heads)`` of the rotary invariance check (q and k slices of one QKV buffer)."""
+INVARIANCE_ROTATION_HEADS = 9
+"""Heads of the ``rotate_heads`` invariance check (``x`` the key slice of one QKV buffer)."""
 INVARIANCE_SEQ_LENS: tuple[str | int, ...] = (
     1,
     2,
@@ -531,6 +535,23 @@ def rotary_head_sizes(caps: BackendCapabilities) -> list[int]:
     """Declared head sizes (the suite's own when any is allowed) that rotary can rotate (even ones)."""
     sizes = sorted(caps.head_sizes) if caps.head_sizes is not None else list(HEAD_SIZES)
     return [h for h in sizes if h % 2 == 0]
+
+
+def rotation_head_sizes(caps: BackendCapabilities) -> list[int]:
+    """Declared head sizes (the suite's own when any is allowed): ``rotate_heads`` takes every size (``R(D)``'s
+    blocks are the largest power of two dividing ``D``: one block at 64, five of 16 at 80)."""
+    return sorted(caps.head_sizes) if caps.head_sizes is not None else list(HEAD_SIZES)
+
+
+def invariance_rotation_sizes(caps: BackendCapabilities) -> list[int]:
+    """Head sizes of the ``rotate_heads`` invariance check: 128 where declared (else the smallest), and the first
+    declared size that is no power of two (several blocks per vector), if any."""
+    sizes = rotation_head_sizes(caps)
+    if not sizes:
+        return []
+    first = 128 if 128 in sizes else sizes[0]
+    blocked = [s for s in sizes if s & (s - 1) and s != first]
+    return [first, *blocked[:1]]
 
 
 def graph_capture_sizes(grid: str) -> tuple[int, ...]:

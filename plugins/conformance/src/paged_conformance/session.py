@@ -96,6 +96,7 @@ def fused_grid() -> dict[str, object]:
         "rotary_heads": [list(h) for h in grids.ROTARY_HEADS],
         "rotary_max_position": grids.ROTARY_MAX_POSITION,
         "rotary_base": grids.ROTARY_BASE,
+        "rotation_heads": list(grids.ROTATION_HEADS),
         "linear_tokens": list(grids.LINEAR_TOKENS),
         "linear_shapes": [list(s) for s in grids.LINEAR_SHAPES],
     }
@@ -128,6 +129,7 @@ def invariance_grid(grid: str) -> dict[str, object]:
         "norm_hidden": list(grids.INVARIANCE_NORM_HIDDEN),
         "silu_intermediate": list(grids.INVARIANCE_SILU_INTERMEDIATE),
         "rotary_heads": list(grids.INVARIANCE_ROTARY_HEADS),
+        "rotation_heads": grids.INVARIANCE_ROTATION_HEADS,
         "seq_lens": [str(v) for v in grids.INVARIANCE_SEQ_LENS],
         "random_seqs": grids.INVARIANCE_RANDOM_SEQS,
         "random_steps": grids.INVARIANCE_BATCHES,

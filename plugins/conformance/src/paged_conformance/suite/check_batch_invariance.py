@@ -6,7 +6,7 @@ against the same position in mixed steps of up to 17 rows, in one prefill chunk,
 in speculative verify rows and among decode rows in shuffled order, over key ranges up to 1,283 keys (see
 :mod:`paged_conformance.batch_invariance`). Checked where declared: ``capabilities().batch_invariant``
 (attention), ``fused_ops().batch_invariant_layer_ops`` (``rms_norm``, ``add_rms_norm``, ``silu_and_mul``,
-``rotary``) and each weight kind of ``fused_ops().batch_invariant_linear``; N/A elsewhere.
+``rotary``, ``rotate_heads``) and each weight kind of ``fused_ops().batch_invariant_linear``; N/A elsewhere.
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ from paged_conformance.grid import (
     base_config,
     declared_dtypes,
     dtype_name,
+    invariance_rotation_sizes,
     rotary_head_sizes,
 )
 from paged_conformance.session import Conformance
@@ -72,7 +73,8 @@ def test_batch_invariant_attention_over_a_quantized_cache(conformance: Conforman
 @pytest.mark.paged_capability("batch_invariance:layer_ops")
 @pytest.mark.paged_cases("batch_invariance")
 def test_batch_invariant_layer_ops(conformance: Conformance, invariance: InvarianceCase) -> None:
-    """``rms_norm``, ``add_rms_norm``, ``silu_and_mul`` and ``rotary``: each row in any call has its bits alone."""
+    """``rms_norm``, ``add_rms_norm``, ``silu_and_mul``, ``rotary`` and ``rotate_heads``: each row in any call has
+    its bits alone."""
     ops = conformance.fused_ops()
     if not declared_layer_ops(ops):
         pytest.skip(f"N/A: {type(ops).__name__}.batch_invariant_layer_ops is not declared")
@@ -87,6 +89,7 @@ def test_batch_invariant_layer_ops(conformance: Conformance, invariance: Invaria
         INVARIANCE_NORM_HIDDEN,
         INVARIANCE_SILU_INTERMEDIATE,
         INVARIANCE_ROTARY_HEADS,
+        invariance_rotation_sizes(conformance.caps),
     ):
         check.run()
 

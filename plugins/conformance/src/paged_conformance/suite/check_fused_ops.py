@@ -6,8 +6,9 @@ once with every input a view (``-strided``: column slices of wider
 buffers, q and k slices of one merged QKV output, a transposed weight).
 Each call must return new tensors in the input's dtype and shape, within
 the dtype's tolerance of the reference, and leave every input's buffer
-bit-identical. A backend that keeps the reference passes trivially, except
-the trace check: each op is also compiled whole with ``torch.compile(fullgraph=True,
+bit-identical; ``rotate_heads`` applied twice must give its input back. A
+backend that keeps the reference passes trivially, except the trace check:
+each op is also compiled whole with ``torch.compile(fullgraph=True,
 backend="aot_eager")``, as a compiled or captured step holds it.
 """
 
@@ -28,6 +29,7 @@ from paged_conformance.fused import (
     check_call,
     column_view,
     generator,
+    head_major_view,
     linear_weight,
     norm_rows,
     norm_weight,
@@ -46,9 +48,11 @@ from paged_conformance.grid import (
     NORM_EPS,
     NORM_HIDDEN,
     ROTARY_HEADS,
+    ROTATION_HEADS,
     SILU_INTERMEDIATE,
     FusedCase,
     rotary_head_sizes,
+    rotation_head_sizes,
 )
 from paged_conformance.session import Conformance
 from paged_conformance.tracing import HostReads, first_line, own_entry
@@ -155,6 +159,32 @@ def test_rotary(conformance: Conformance, fused: FusedCase) -> None:
         assert_rope_cache_untouched(cache, head, f"rotary (head size {head})")
 
 
+@pytest.mark.paged_capability("fused:rotate_heads")
+@pytest.mark.paged_cases("fused")
+def test_rotate_heads(conformance: Conformance, fused: FusedCase) -> None:
+    """Each head vector times ``R(D)`` (``paged_core.api.head_rotation``) at each declared head size, 1 and 9 heads;
+    rotating the result again gives the input back (``R`` is its own inverse).
+
+    ``-strided`` passes ``x`` as the key slice of a merged QKV projection output and as a head-major tensor.
+    """
+    sizes = rotation_head_sizes(conformance.caps)
+    if not sizes:
+        pytest.skip("N/A: no head size declared")
+    ops, gen, device = conformance.fused_ops(), generator(fused.seed), conformance.device
+    for head, tokens, heads in itertools.product(sizes, FUSED_TOKENS, ROTATION_HEADS):
+        x = randn(gen, tokens, heads, head, scale=2.0).to(device, fused.dtype)
+        views = {"": x}
+        if fused.layout == "strided":
+            _, key = qkv_views(randn(gen, tokens, heads, head).to(device, fused.dtype), x, gen)
+            views = {" (a QKV slice)": key, " (head-major)": head_major_view(x)}
+        for how, view in views.items():
+            what = f"rotate_heads(x [{tokens}, {heads}, {head}]){how}"
+            ((out, _),) = check_call(
+                what, fused.dtype, ops.rotate_heads, REFERENCE.rotate_heads, {"x": view}, [(tokens, heads, head)]
+            )
+            assert_close(ops.rotate_heads(out), x, fused.dtype, f"{what} rotated again (R is its own inverse)")
+
+
 def _linear_case(
     ops: FusedOps, fused: FusedCase, gen: torch.Generator, device: torch.device, n: int, k: int, bias: bool
 ) -> None:
@@ -237,6 +267,15 @@ def _trace_step(
             randn(gen, t, hq, sizes[0]).to(device, dtype), randn(gen, t, hk, sizes[0]).to(device, dtype), gen
         )
         return ops.rotary, (positions(gen, t).to(device), q, k, rope_cache(sizes[0], device)), 2
+    if op == "rotate_heads":
+        sizes = rotation_head_sizes(conformance.caps)
+        if not sizes:
+            pytest.skip("N/A: no head size declared")
+        heads = ROTATION_HEADS[-1]
+        _, key = qkv_views(
+            randn(gen, t, heads, sizes[0]).to(device, dtype), randn(gen, t, heads, sizes[0]).to(device, dtype), gen
+        )
+        return ops.rotate_heads, (key,), 1
     n, k_in = LINEAR_SHAPES[2]
     packed = ops.pack_linear(
         transposed_view(linear_weight(gen, n, k_in).to(device, dtype)), spaced_view(randn(gen, n).to(device, dtype))
