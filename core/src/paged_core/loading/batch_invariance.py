@@ -9,7 +9,8 @@ proves bit for bit:
 * attention: ``BackendCapabilities.batch_invariant``, over whatever KV cache dtype runs (``kv_cache_dtype``): a
   quantized cache (int8, fp8) stays invariant, since each vector's scale is its own (per token-head), so what
   is stored for a token depends on that token alone, and the suite checks reading it back the same way;
-* the layer ops of the fused decoder (norms, activation, rotary): ``FusedOps.batch_invariant_layer_ops``;
+* the layer ops of the fused decoder (norms, activation, rotary, and the head rotation of quantized KV caches):
+  ``FusedOps.batch_invariant_layer_ops``;
 * each kind of linear weight the model holds (packed format or dense dtype, the LM head included):
   ``FusedOps.batch_invariant_linear``.
 
@@ -140,7 +141,8 @@ def batch_invariance(
         variant.append(
             VariantPart(
                 "layer ops",
-                f"{who} do not declare batch_invariant_layer_ops (rms_norm, add_rms_norm, silu_and_mul, rotary)",
+                f"{who} do not declare batch_invariant_layer_ops (rms_norm, add_rms_norm, silu_and_mul, rotary, "
+                "rotate_heads)",
             )
         )
     declared = _declared_kinds(ops)

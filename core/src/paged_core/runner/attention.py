@@ -22,6 +22,7 @@ from paged_core.contract.backend import AttentionBackend
 from paged_core.contract.capabilities import AttentionSpec
 from paged_core.contract.metadata import AttentionMetadata
 from paged_core.errors import PagedError
+from paged_core.runner.kv_rotation import AttendFn
 
 ATTN_IMPLEMENTATION = "paged"
 
@@ -36,6 +37,9 @@ class ForwardContext:
     metadata: AttentionMetadata
     layer_metadata: Sequence[AttentionMetadata] | None = None
     """Each layer's metadata when the model has several KV-cache groups (else every layer reads ``metadata``)."""
+    attend: AttendFn | None = None
+    """What each layer calls: the backend's ``forward`` with quantized caches' rotation (runner/kv_rotation.py);
+    ``None``: ``backend.forward`` itself."""
 
 
 _state = threading.local()
@@ -80,7 +84,8 @@ def paged_attention_forward(
     k = key[0].transpose(0, 1)
     v = value[0].transpose(0, 1)
     metadata = ctx.layer_metadata[layer] if ctx.layer_metadata else ctx.metadata
-    out = ctx.backend.forward(q, k, v, ctx.kv_caches[layer], metadata, spec)
+    attend = ctx.attend or ctx.backend.forward
+    out = attend(q, k, v, ctx.kv_caches[layer], metadata, spec)
     return out.unsqueeze(0), None
 
 

@@ -24,6 +24,7 @@ from paged_core.errors import ConfigError, UnsupportedConfigError
 from paged_core.runner.attention import ForwardContext, forward_context
 from paged_core.runner.experts import experts_step, route_model_experts
 from paged_core.runner.fused import FusedDecoder, fused_refusal
+from paged_core.runner.kv_rotation import rotating
 
 log = logging.getLogger("paged.engine")
 
@@ -58,6 +59,7 @@ class TransformersForward:
         self.model = model
         self.backend = backend
         self.specs = specs
+        self.attend = rotating(backend.forward, backend.fused_ops())
         self.experts = route_model_experts(model)
         """Which experts modules run the contract's arithmetic, and which keep transformers' (with the reason)."""
 
@@ -70,7 +72,7 @@ class TransformersForward:
         logits_indices: torch.Tensor | None = None,
         layer_metadata: Sequence[AttentionMetadata] | None = None,
     ) -> torch.Tensor:
-        ctx = ForwardContext(self.backend, kv_caches, self.specs, metadata, layer_metadata)
+        ctx = ForwardContext(self.backend, kv_caches, self.specs, metadata, layer_metadata, self.attend)
         with forward_context(ctx), experts_step() if self.experts.routed else nullcontext():
             result = self.model(
                 input_ids=input_ids.unsqueeze(0),

@@ -18,6 +18,7 @@ from paged_core.quant import QuantizedWeight
 from paged_core.quant.weight import cat_rows
 from paged_core.runner.fused.families import fused_refusal
 from paged_core.runner.fused.moe_layer import MOE_FAMILIES, MoEMLP, build_moe, family_routing, is_moe_block, moe_call
+from paged_core.runner.kv_rotation import rotating
 from paged_core.runner.packed_linear import PackedLinearModule, route_pack
 
 
@@ -149,7 +150,9 @@ class FusedDecoder:
         # a bug: in that eagerly run frame it is False, so dynamo compiled the backend's row loop frame by
         # frame, once per token count and row value (the tiny Mistral's compiled battery took 17 minutes).
         capturable = type(backend).capabilities().graph_support != GraphSupport.NEVER
-        self._attend = backend.forward if capturable else torch.compiler.disable(backend.forward)  # type: ignore[no-untyped-call]
+        # Quantized caches hold rotated keys and values (runner/kv_rotation.py): the rotation goes with the call.
+        attend = rotating(backend.forward, self.ops)
+        self._attend = attend if capturable else torch.compiler.disable(attend)  # type: ignore[no-untyped-call]
         inner = model.model
         self.embed = inner.embed_tokens.weight.detach()
         self.norm = inner.norm.weight.detach()
