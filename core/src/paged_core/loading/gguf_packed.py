@@ -8,7 +8,8 @@ over the file's bytes (rows permuted where the converter permuted them:
 a permutation of output rows moves whole packed rows); every other tensor
 (embeddings, norms, a linear weight of another type) is dequantized by
 ``gguf`` into the compute dtype, as transformers would. A tied LM head reads
-the token embedding's packed bytes. Anything that cannot be read, or whose
+the token embedding's packed bytes. A MoE layer's 3-D expert tensors stay packed
+too (:mod:`paged_core.loading.gguf_experts`). Anything that cannot be read, or whose
 size or shape disagrees with the model's config, is refused naming the tensor.
 """
 
@@ -24,8 +25,21 @@ from typing import Any
 import numpy as np
 import torch
 
+from paged_core.contract.moe import ExpertWeight
 from paged_core.errors import ConfigError, WeightFormatError
+from paged_core.loading.gguf_experts import (
+    EXPERT_LEAVES,
+    LayerExperts,
+    expert_role,
+    expert_target,
+    experts_modules_of,
+    fill_parameters,
+    fix_moe_config,
+    layer_weights,
+    read_expert_tensor,
+)
 from paged_core.quant import BY_GGML_TYPE, QuantizedWeight, arena
+from paged_core.runner.packed_experts import PackedExpertsModule
 from paged_core.runner.packed_linear import PackedLinearModule, replace_module
 
 log = logging.getLogger("paged.engine")
@@ -114,6 +128,7 @@ def load_packed_gguf(path: Path, config: Any, dtype: torch.dtype) -> Any:
 
     reader = gguf_reader(path)
     arch = read_field(reader, "general.architecture")[0]  # type: ignore[no-untyped-call]
+    fix_moe_config(reader, config)
     with no_init_weights():
         model = AutoModelForCausalLM.from_config(config, dtype=dtype)  # type: ignore[no-untyped-call]
     model.tie_weights()  # skipped with the initialisation; a dense tied head must share the embedding
@@ -127,13 +142,21 @@ def load_packed_gguf(path: Path, config: Any, dtype: torch.dtype) -> Any:
     packed: dict[str, QuantizedWeight] = {}
     embed_name = next((n for n, m in model.named_modules() if m is model.get_input_embeddings()), None)
     embed_packed: QuantizedWeight | None = None
+    experts_of = experts_modules_of(model, name_map)
+    layers: dict[str, LayerExperts] = {}
     for tensor in reader.tensors:
-        hf_name = name_map.get(tensor.name)
+        hf_name = name_map.get(tensor.name) or expert_target(name_map, tensor.name)
         if hf_name is None:
             continue
         _check_size(tensor)
         module_name, _, leaf = hf_name.rpartition(".")
         fmt = BY_GGML_TYPE.get(int(tensor.tensor_type))
+        role = expert_role(tensor.name)
+        if role is not None and module_name in experts_of:
+            layer = layers.setdefault(module_name, LayerExperts(experts_of[module_name]))
+            layer.parts[role] = read_expert_tensor(tensor, fmt, layer.module, _dense)
+            layer.names[role] = tensor.name
+            continue
         if fmt is not None and leaf == "weight" and module_name in linears:
             linear = linears[module_name]
             packed[module_name] = _packed(
@@ -157,8 +180,20 @@ def load_packed_gguf(path: Path, config: Any, dtype: torch.dtype) -> Any:
         with torch.no_grad():
             param.copy_(torch.from_numpy(np.array(values, copy=True)))
         loaded.add(hf_name)
-    packed, embed_packed = _gathered(linears, packed, embed_packed)
+    experts: dict[str, tuple[ExpertWeight, ExpertWeight]] = {}
+    for name, layer in layers.items():
+        weights = layer_weights(name, layer, dtype)
+        if weights is None:
+            fill_parameters(layer)
+        else:
+            experts[name] = weights
+        loaded.update(f"{name}.{leaf}" for leaf in EXPERT_LEAVES)
+    packed, embed_packed, experts = _gathered(model, packed, embed_packed, experts)
     _install(model, linears, packed, loaded, config, embed_packed)
+    for name, (gate_up, down) in experts.items():
+        replace_module(model, name, PackedExpertsModule(gate_up, down, layers[name].module.act_fn, name))
+    if experts:
+        log.info("%s: the experts of %d MoE layer(s) kept packed", path.name, len(experts))
     missing = [n for n in dict(model.named_parameters()) if n not in loaded]
     if missing:
         raise ConfigError(
@@ -182,14 +217,35 @@ def _packed(
 
 
 def _gathered(
-    linears: dict[str, torch.nn.Linear], packed: dict[str, QuantizedWeight], embed_packed: QuantizedWeight | None
-) -> tuple[dict[str, QuantizedWeight], QuantizedWeight | None]:
+    model: torch.nn.Module,
+    packed: dict[str, QuantizedWeight],
+    embed_packed: QuantizedWeight | None,
+    experts: dict[str, tuple[ExpertWeight, ExpertWeight]],
+) -> tuple[dict[str, QuantizedWeight], QuantizedWeight | None, dict[str, tuple[ExpertWeight, ExpertWeight]]]:
     """The packed weights moved into one huge-page buffer (:mod:`paged_core.quant.arena`) in the model's module
-    order (a layer's q, k, v, o, gate, up, down, then the next layer; the packed embedding, the tied LM head
-    read last, at the end): decoding streams them front to back, and q/k/v and gate/up end up adjacent."""
-    order = [n for n in linears if n in packed]
-    moved = arena.gather([packed[n] for n in order] + ([embed_packed] if embed_packed is not None else []))
-    return dict(zip(order, moved, strict=False)), moved[-1] if embed_packed is not None else None
+    order (a layer's q, k, v, o, gate, up, down, or its packed experts, then the next layer; the packed embedding,
+    the tied LM head read last, at the end): decoding streams them front to back, and q/k/v and gate/up end up
+    adjacent. Packed experts are copied out of the file's mapping here (dense ones stay where they are)."""
+    keys: list[tuple[str, int]] = []
+    weights: list[QuantizedWeight] = []
+    for name, _ in model.named_modules():
+        if name in packed:
+            keys.append((name, -1))
+            weights.append(packed[name])
+        for i, w in enumerate(experts.get(name, ())):
+            if isinstance(w, QuantizedWeight):
+                keys.append((name, i))
+                weights.append(w)
+    moved = arena.gather(weights + ([embed_packed] if embed_packed is not None else []))
+    out = dict(packed)
+    parts = {name: list(pair) for name, pair in experts.items()}
+    for (name, i), w in zip(keys, moved, strict=False):
+        if i < 0:
+            out[name] = w
+        else:
+            parts[name][i] = w
+    gathered = {name: (pair[0], pair[1]) for name, pair in parts.items()}
+    return out, moved[-1] if embed_packed is not None else None, gathered
 
 
 def _install(

@@ -136,6 +136,10 @@ def load_model(
     gguf_path = source.directory / source.gguf_file if source.gguf_file is not None else None
     if quantization == "int8" and gguf_path is not None:
         _refuse_requantizing(gguf_path)
+    if gguf_path is not None:
+        from paged_core.loading.gguf_experts import fix_moe_config
+
+        fix_moe_config(gguf_reader(gguf_path), config)  # MoE sizes transformers does not read from the file
     try:
         if gguf_path is not None and quantization == "auto":
             from paged_core.loading.gguf_packed import load_packed_gguf
@@ -161,10 +165,13 @@ def load_model(
         if cfg is not None and hasattr(cfg, "_attn_implementation"):
             cfg._attn_implementation = attn_implementation
     moved: Any = model.to(device)
+    from paged_core.runner.packed_experts import packed_experts_modules
     from paged_core.runner.packed_linear import packed_modules
 
     for _, m in packed_modules(moved):
         m.to_device(device)
+    for _, e in packed_experts_modules(moved):
+        e.to_device(device)
     return moved.eval()
 
 

@@ -20,8 +20,10 @@ import torch
 from paged_core.contract.fused_ops import FusedOps, PackedLinear
 from paged_core.contract.moe import ExpertWeight, MoERouting, PackedExperts
 from paged_core.errors import UnsupportedConfigError
+from paged_core.parallel.experts import EXPERT_SHARD, ExpertShard
 from paged_core.quant import QuantizedWeight
 from paged_core.runner.experts import experts_activation, experts_refusal
+from paged_core.runner.packed_experts import PackedExpertsModule, expert_weights
 from paged_core.runner.packed_linear import route_pack
 
 _REFERENCE = FusedOps()
@@ -69,6 +71,8 @@ class MoEMLP:
     """``[E, H]``: the router logits are ``linear(x, router)``."""
     experts: PackedExperts
     routing: MoERouting
+    shard: ExpertShard | None = None
+    """Expert parallel: which of the routing's experts ``experts`` holds (``None``: all of them)."""
 
 
 def is_moe_block(mlp: Any) -> bool:
@@ -118,17 +122,26 @@ def _block_refusal(family: MoEFamily, routing: MoERouting, mlp: Any) -> str | No
         return "the router has a bias"
     if int(getattr(gate, "top_k", routing.top_k)) != routing.top_k:
         return f"the router's top_k {gate.top_k} differs from the config's num_experts_per_tok {routing.top_k}"
-    if type(experts).__name__ != family.experts:
+    packed = isinstance(experts, PackedExpertsModule)  # a GGUF's experts kept packed: the contract's layout
+    if type(experts).__name__ != family.experts and not packed:
         return f"experts {type(experts).__name__}, not {family.experts}"
-    reason = experts_refusal(experts)
+    reason = None if packed else experts_refusal(experts)
     if reason is not None:
         return reason
     if experts_activation(experts) != routing.activation:
         return f"experts activation {experts_activation(experts)} (the routing runs {routing.activation})"
-    if int(experts.gate_up_proj.shape[0]) != routing.num_experts:
-        return f"{int(experts.gate_up_proj.shape[0])} experts, the config routes over {routing.num_experts}"
-    if int(experts.gate_up_proj.shape[-1]) != int(weight.shape[-1]):
-        return f"the router reads {int(weight.shape[-1])} features, the experts {int(experts.gate_up_proj.shape[-1])}"
+    count, hidden = (
+        (experts.num_experts, experts.hidden_dim)
+        if packed
+        else (int(experts.gate_up_proj.shape[0]), int(experts.gate_up_proj.shape[-1]))
+    )
+    shard = getattr(experts, EXPERT_SHARD, None)  # expert parallel: this rank holds a slice of the experts
+    if isinstance(shard, ExpertShard) and count == shard.local:
+        count = shard.num_experts
+    if count != routing.num_experts:
+        return f"{count} experts, the config routes over {routing.num_experts}"
+    if hidden != int(weight.shape[-1]):
+        return f"the router reads {int(weight.shape[-1])} features, the experts {hidden}"
     return None
 
 
@@ -142,13 +155,13 @@ def pack_experts_for(ops: FusedOps, gate_up: ExpertWeight, down: ExpertWeight) -
 
 
 def build_moe(ops: FusedOps, routing: MoERouting, mlp: Any) -> MoEMLP:
-    """A sparse block (checked by :func:`moe_refusal`) in the fused layout: views of its weights, no copies
-    unless the backend's packing makes them."""
-    experts = mlp.experts
+    """A sparse block (checked by :func:`moe_refusal`) in the fused layout: views of its weights (a GGUF's packed
+    expert rows as they are), no copies unless the backend's packing makes them."""
     return MoEMLP(
         router=route_pack(ops, mlp.gate.weight.detach(), None),
-        experts=pack_experts_for(ops, experts.gate_up_proj.detach(), experts.down_proj.detach()),
+        experts=pack_experts_for(ops, *expert_weights(mlp.experts)),
         routing=routing,
+        shard=getattr(mlp.experts, EXPERT_SHARD, None),
     )
 
 
