@@ -13,6 +13,7 @@
 #include <utility>
 
 #include "fused_api.h"
+#include "moe_api.h"
 #include "ops.h"
 
 namespace paged_cpu {
@@ -486,6 +487,12 @@ std::string fused_isa() { return fused().name; }
 std::string quant_isa() { return quant().name; }
 
 std::string quant_q8_isa() { return q8_kernels().name; }
+
+// moe_api.h: the same kernels and modes for the routed experts (moe_ops.cpp).
+const QuantKernels& quant_kernels_in_use() { return quant(); }
+const Q8Kernels& q8_kernels_in_use() { return q8_kernels(); }
+int q8_activation_levels() { return g_q8_activations().load(std::memory_order_relaxed); }
+const FusedKernels& fused_kernels_in_use() { return fused(); }
 
 bool quant_amx() { return std::strcmp(q8_kernels().name, "vnni") == 0 && amx_x8_stream() != nullptr; }
 

@@ -36,9 +36,9 @@ from dataclasses import dataclass
 
 import torch
 
-from paged_backend_cpu import ops
+from paged_backend_cpu import fused_moe, ops
 from paged_backend_cpu.fused_lora import CpuLoraOps
-from paged_core.api import PackedLinear, QuantizedWeight
+from paged_core.api import MoERouting, PackedExperts, PackedLinear, QuantizedWeight
 
 UNLIMITED = 1 << 62
 """A ``max_rows`` that sends every row count to the native kernel."""
@@ -165,6 +165,15 @@ class CpuFusedOps(CpuLoraOps):
     batch_invariant_layer_ops = True
     """The five layer ops (the norms, ``silu_and_mul``, ``rotary`` and ``rotate_heads``) are C++ loops over rows,
     each row's arithmetic fixed by its own length."""
+    moe_formats = frozenset({"q4_0", "q4_1", "q8_0", "q4_k", "q6_k", "int8"})
+    """Every packed format of ``linear_formats``, for routed experts too (``paged_cpu::moe``, csrc/moe_ops.cpp): each
+    expert's rows go through the kernels ``quant_linear`` runs, q4_0 / q4_1 with int8 activations unless
+    ``linear_activations()`` is ``fp32`` (one int8 level where linears take two with ``int8x2``: the contract's
+    declared rounding, which the conformance suite's MoE oracle holds kernels to)."""
+    batch_invariant_moe = frozenset({"q4_0", "q4_1", "q8_0", "q4_k", "q6_k", "int8", "float32", "bfloat16", "float16"})
+    """Every kind ``moe`` serves: the packed kernels' rule per row, dense experts through row kernels of the same
+    rule (blocks of 32 inputs, sums in an order fixed by the layer's sizes), activations rounded per row, each
+    token's slots summed in order."""
 
     def __init__(
         self,
@@ -268,3 +277,22 @@ class CpuFusedOps(CpuLoraOps):
                 out: torch.Tensor = torch.ops.mkldnn._linear_pointwise(x.contiguous(), p.onednn, p.bias, "none", [], "")
                 return out
         return super().linear(x, packed)
+
+    def pack_experts(
+        self, gate_up: torch.Tensor | QuantizedWeight, down: torch.Tensor | QuantizedWeight
+    ) -> PackedExperts:
+        """Keep the experts as they are (packed rows in place; q4_0 / q4_1 also in groups of 8 rows, a second copy,
+        as ``pack_linear``); layouts that do not fit are refused by :class:`PackedExperts`. Experts on another device
+        or of a dtype the op does not read are the reference's."""
+        experts = PackedExperts(gate_up, down)
+        packed = fused_moe.pack(experts, self.moe_formats, self.quant_stream_rows, self.interleave)
+        return experts if packed is None else PackedExperts(gate_up, down, packed)
+
+    def moe(
+        self, x: torch.Tensor, router_logits: torch.Tensor, experts: PackedExperts, routing: MoERouting
+    ) -> torch.Tensor:
+        """Routed experts by ``paged_cpu::moe`` (routing in torch, then one C++ op: tokens grouped by expert, only
+        the chosen experts' bytes read); experts this class did not pack go to the reference."""
+        if not fused_moe.serves(x, experts):
+            return super().moe(x, router_logits, experts, routing)
+        return fused_moe.moe(x, router_logits, experts, routing)

@@ -10,6 +10,7 @@ says why and the backend reports itself unavailable instead of failing at import
 from __future__ import annotations
 
 import importlib
+from typing import NamedTuple
 
 import torch
 
@@ -356,3 +357,54 @@ def supported_isas() -> list[str]:
     """Kernel variants this CPU can run, best first."""
     names: list[str] = torch.ops.paged_cpu.supported_isas()
     return names
+
+
+MOE_DENSE = -1
+"""The ``fmt`` of a :class:`MoEProjection` of dense expert weights (``[E, N, K]`` fp32, bf16 or fp16)."""
+MOE_ACTIVATIONS: dict[str, int] = {"silu": 0, "gelu_tanh": 1}
+"""The ``activation`` ids of :func:`moe`, by :class:`paged_core.api.MoERouting` activation name."""
+
+
+class MoEProjection(NamedTuple):
+    """One projection of a MoE layer's experts as :func:`moe` reads them (the op's arguments, in order).
+
+    ``fmt`` is a :data:`QUANT_FORMATS` id with ``data`` the experts' packed rows stacked (``E * N`` rows: a
+    :class:`~paged_core.api.QuantizedWeight`'s bytes, ``scale`` its int8 row scales, ``interleaved`` the q4_0 / q4_1
+    copy of :func:`interleave_q4` or ``None``), or :data:`MOE_DENSE` with ``data`` ``[E, N, K]``. ``stream_rows``
+    is :func:`quant_linear`'s, per expert's rows.
+    """
+
+    data: torch.Tensor
+    scale: torch.Tensor | None
+    interleaved: torch.Tensor | None
+    fmt: int
+    stream_rows: int
+
+
+def _moe_fake(x: torch.Tensor, *args: object) -> torch.Tensor:
+    return x.new_empty(x.shape)
+
+
+if LOAD_ERROR is None:
+    torch.library.register_fake("paged_cpu::moe", _moe_fake)
+
+
+def moe(
+    x: torch.Tensor,
+    weights: torch.Tensor,
+    ids: torch.Tensor,
+    gate_up: MoEProjection,
+    down: MoEProjection,
+    activation: int,
+) -> torch.Tensor:
+    """Routed experts of ``x`` ``[T, H]`` for a routing computed before: ``weights`` float32 and ``ids`` int32
+    ``[T, k]`` (each in ``0 .. E - 1``, else refused); a new ``[T, H]`` in ``x.dtype`` (csrc/moe_ops.cpp).
+
+    ``gate_up`` has ``2I`` rows per expert (its gate rows, then its up rows), ``down`` ``H``. Each expert's rows
+    are multiplied as :func:`quant_linear` multiplies a weight (q4_0 / q4_1 with the int8 activations of
+    :func:`linear_activations`), the gated ``activation`` (a :data:`MOE_ACTIVATIONS` id) between; each token's
+    ``k`` outputs times its weights are summed in slot order in fp32 and rounded once. Every token's bits are its
+    own (batch-invariant).
+    """
+    out: torch.Tensor = torch.ops.paged_cpu.moe(x, weights, ids, *gate_up, *down, activation)
+    return out
