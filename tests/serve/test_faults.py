@@ -18,6 +18,7 @@ from typing import Any
 import httpx
 import psutil
 import pytest
+import torch
 
 from .serve_helpers import free_socket, save_tiny_chat_model, wait_healthy
 
@@ -244,8 +245,44 @@ def tp_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def test_tensor_parallel_worker_killed_mid_stream_ends_the_core_with_the_cause(tp_model_dir: Path) -> None:
     # The front end sees a dead core, as above, but the streams and the log name the worker that died.
+    _worker_killed_mid_stream(tp_model_dir)
+
+
+@pytest.fixture(scope="module")
+def ep_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny random Mixtral (4 experts, top-2) with the tiny chat model's tokenizer."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer, MixtralConfig
+
+    tok = AutoTokenizer.from_pretrained(save_tiny_chat_model(tmp_path_factory.mktemp("serve-ep-tok")))
+    config = MixtralConfig(
+        vocab_size=len(tok),
+        hidden_size=64,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        head_dim=32,
+        num_local_experts=4,
+        num_experts_per_tok=2,
+        max_position_embeddings=512,
+        initializer_range=0.3,
+        bos_token_id=tok.bos_token_id,
+        eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id,
+    )
+    out = tmp_path_factory.mktemp("serve-ep-model") / "tiny-moe"
+    AutoModelForCausalLM.from_config(config, dtype=torch.float32).save_pretrained(out)
+    tok.save_pretrained(out)
+    return out
+
+
+def test_expert_parallel_worker_killed_mid_stream_is_reported_as_for_tensor_parallelism(ep_model_dir: Path) -> None:
+    _worker_killed_mid_stream(ep_model_dir, "--enable-expert-parallel")
+
+
+def _worker_killed_mid_stream(model_dir: Path, *flags: str) -> None:
     with cli_server(
-        tp_model_dir,
+        model_dir,
         "reference",
         "--served-model-name",
         "tiny",
@@ -253,6 +290,7 @@ def test_tensor_parallel_worker_killed_mid_stream_ends_the_core_with_the_cause(t
         "2",
         "--distributed-timeout",
         "10",
+        *flags,
     ) as (proc, url, log):
         wait_healthy(url, headers={}, timeout=120, proc=proc)
         family = _family(proc.pid)

@@ -278,10 +278,15 @@ class ParallelConfig:
     says how the ranks meet: ``local`` starts the workers here on a free loopback port; ``env`` reads
     ``MASTER_ADDR``, ``MASTER_PORT``, ``WORLD_SIZE`` and ``RANK`` (torchrun's variables), so ranks can
     be launched on several machines (rank 0 by ``paged serve``/``generate``, the others by ``paged
-    worker``). ``data_parallel_size`` M runs M engine cores behind one server.
+    worker``). ``data_parallel_size`` M runs M engine cores behind one server. ``enable_expert_parallel``
+    spreads each MoE layer's experts over the N tensor-parallel ranks instead of every rank holding
+    all of them (:mod:`paged_core.parallel.experts`); a model without routed experts is refused.
     """
 
     tensor_parallel_size: int = _opt(1, "ranks one model is split across (tensor parallel)")
+    enable_expert_parallel: bool = _opt(
+        False, "spread each MoE layer's experts over the tensor-parallel ranks (expert parallel)"
+    )
     data_parallel_size: int = _opt(1, "engine cores behind one server (data parallel; paged serve only)")
     distributed_init: str = _opt(
         "local",
@@ -296,6 +301,7 @@ class ParallelConfig:
     def __post_init__(self) -> None:
         _require_int("tensor_parallel_size", self.tensor_parallel_size, 1, 1024)
         _require_int("data_parallel_size", self.data_parallel_size, 1, 1024)
+        _require_bool("enable_expert_parallel", self.enable_expert_parallel)
         _require_choice("distributed_init", self.distributed_init, DISTRIBUTED_INITS)
         timeout = self.distributed_timeout
         if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout <= 86400:

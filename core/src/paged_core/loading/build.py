@@ -30,6 +30,7 @@ from paged_core.loading.loader import (
 from paged_core.lora import LoRAAdapter, LoRARequest, LoRASlots, load_adapter
 from paged_core.lora.adapter import model_shapes
 from paged_core.memory.kv_groups import KVCacheGroups
+from paged_core.parallel.experts import check_ep, shard_experts
 from paged_core.parallel.group import STARTUP_TIMEOUT, TPGroup
 from paged_core.parallel.leader import Leader, start_leader
 from paged_core.parallel.placement import place
@@ -40,6 +41,7 @@ from paged_core.runner.attention import layer_specs, register_paged_attention
 from paged_core.runner.compile_cache import CompileCache
 from paged_core.runner.executors import resolve_graph_mode
 from paged_core.runner.forward import ModelForward, make_forward, model_path
+from paged_core.runner.fused.families import fused_refusal
 from paged_core.runner.model_runner import ModelRunner
 from paged_core.runner.packed_linear import attach_ops, packed_modules
 from paged_core.runner.profile import profile_peak_bytes
@@ -233,6 +235,8 @@ def load(config: EngineConfig, group: TPGroup | None = None) -> LoadedModel:
     model_config, specs = meta_specs(source)
     tp = config.parallel.tensor_parallel_size
     check_tp_size(tp, specs, model_config)
+    if config.parallel.enable_expert_parallel:
+        check_ep(tp, model_config, specs)
     quant = config.model.quantization
     if tp > 1 and (quant == "int8" or (quant == "auto" and source.gguf_file is not None)):
         raise UnsupportedConfigError(
@@ -260,6 +264,8 @@ def load(config: EngineConfig, group: TPGroup | None = None) -> LoadedModel:
         if group is not None:
             assert not packed_modules(model)  # refused above, before any rank started
             shard_model(model, group)
+            if config.parallel.enable_expert_parallel:
+                _shard_experts(config, model, group)
             # Loading takes each rank its own time; the collectives that follow must not count it.
             if leader is not None:
                 leader.barrier("loaded")
@@ -273,6 +279,14 @@ def load(config: EngineConfig, group: TPGroup | None = None) -> LoadedModel:
     return LoadedModel(
         source, tokenizer, model, specs, backend, dtype, _eos_ids(model, tokenizer), limit, tp=group, leader=leader
     )
+
+
+def _shard_experts(config: EngineConfig, model: Any, group: TPGroup) -> None:
+    """Expert parallel: keep this rank's experts; the fused decoder runs them (transformers' modules cannot)."""
+    if model_path(config.model.model_impl, model) != "fused":
+        why = fused_refusal(model) or "model_impl='transformers'"
+        raise UnsupportedConfigError(f"enable_expert_parallel needs the fused decoder, which cannot run here: {why}")
+    shard_experts(model, group.rank, group.world_size)
 
 
 def _forward(config: EngineConfig, loaded: LoadedModel, max_model_len: int) -> ModelForward:

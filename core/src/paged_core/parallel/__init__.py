@@ -4,6 +4,7 @@
 * :mod:`~paged_core.parallel.rendezvous`: how ranks meet (a free loopback port, or torchrun's variables).
 * :mod:`~paged_core.parallel.group`: the process group and the collectives the model path calls.
 * :mod:`~paged_core.parallel.shard`: slicing a loaded model's projections in place (no model code forked).
+* :mod:`~paged_core.parallel.experts`: expert parallelism (each rank keeps a share of every MoE layer's experts).
 * :mod:`~paged_core.parallel.plans`: the step-plan channel from rank 0 to the workers (zmq, msgspec).
 * :mod:`~paged_core.parallel.heartbeat`: liveness of ranks rank 0 cannot watch as processes.
 * :mod:`~paged_core.parallel.placement`: which devices and threads each data-parallel core's ranks take.

@@ -41,11 +41,15 @@ KINDS = {
 """transformers' plan words we apply, by the split they mean (replication variants differ only in
 how transformers lays out activations, which this in-place split never changes)."""
 
+REPLICATED = frozenset({"replicated_with_grad_allreduce"})
+"""Plan words for modules every rank keeps whole (Qwen3's per-head q/k norms; the grad all-reduce is training's)."""
+
 
 def tp_plan(model: Any) -> dict[str, str]:
     """The model's own plan (its config's ``base_model_tp_plan``) or the fallback, refusing words we cannot apply."""
     config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
     plan = dict(getattr(config, "base_model_tp_plan", None) or FALLBACK_PLAN)
+    plan = {k: v for k, v in plan.items() if v not in REPLICATED}
     unknown = {k: v for k, v in plan.items() if v not in KINDS}
     if unknown:
         raise UnsupportedConfigError(

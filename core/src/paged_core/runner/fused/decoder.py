@@ -14,6 +14,7 @@ from paged_core.contract.fused_ops import FusedOps, PackedLinear
 from paged_core.contract.metadata import AttentionMetadata
 from paged_core.errors import UnsupportedConfigError
 from paged_core.lora.slots import LoRASlots
+from paged_core.parallel.experts import expert_parallel_moe
 from paged_core.quant import QuantizedWeight
 from paged_core.quant.weight import cat_rows
 from paged_core.runner.fused.families import fused_refusal
@@ -111,6 +112,10 @@ def _cos_sin_cache(rotary: Any, max_positions: int, device: torch.device) -> tor
     cos, sin = rotary(probe, positions)
     half = cos.shape[-1] // 2
     return torch.cat((cos[0, :, :half], sin[0, :, :half]), dim=-1).float().contiguous()
+
+
+# Reads the per-expert counts on the host (the reference arithmetic): never traced.
+_expert_parallel_moe = torch.compiler.disable(expert_parallel_moe)  # type: ignore[no-untyped-call]
 
 
 class FusedDecoder:
@@ -293,9 +298,13 @@ class FusedDecoder:
             hidden = reduce(hidden)
         x, residual = ops.add_rms_norm(hidden, residual, layer.post_norm, layer.post_eps)
         if layer.moe is not None:
+            moe = layer.moe
+            if moe.shard is not None:  # expert parallel: this rank's experts' share, summed over the ranks
+                logits = ops.linear(x, moe.router)
+                return _expert_parallel_moe(x, logits, moe.experts, moe.routing, moe.shard, reduce), residual
             # Every rank holds every expert (tensor parallelism splits Linear modules only): the output is whole,
             # not a partial sum to reduce. Adapters have no expert projections to target.
-            return self._moe(x, ops.linear(x, layer.moe.router), layer.moe.experts, layer.moe.routing), residual
+            return self._moe(x, ops.linear(x, moe.router), moe.experts, moe.routing), residual
         assert layer.gate_up is not None and layer.down is not None
         act = ops.silu_and_mul(self._adapt(layer, "gate_up", x, _linear(ops, x, layer.gate_up)))
         hidden = self._adapt(layer, "down", act, ops.linear(act, layer.down))

@@ -20,6 +20,7 @@ import torch
 from paged_core.contract.fused_ops import FusedOps, PackedLinear
 from paged_core.contract.moe import ExpertWeight, MoERouting, PackedExperts
 from paged_core.errors import UnsupportedConfigError
+from paged_core.parallel.experts import EXPERT_SHARD, ExpertShard
 from paged_core.quant import QuantizedWeight
 from paged_core.runner.experts import experts_activation, experts_refusal
 from paged_core.runner.packed_experts import PackedExpertsModule, expert_weights
@@ -70,6 +71,8 @@ class MoEMLP:
     """``[E, H]``: the router logits are ``linear(x, router)``."""
     experts: PackedExperts
     routing: MoERouting
+    shard: ExpertShard | None = None
+    """Expert parallel: which of the routing's experts ``experts`` holds (``None``: all of them)."""
 
 
 def is_moe_block(mlp: Any) -> bool:
@@ -132,6 +135,9 @@ def _block_refusal(family: MoEFamily, routing: MoERouting, mlp: Any) -> str | No
         if packed
         else (int(experts.gate_up_proj.shape[0]), int(experts.gate_up_proj.shape[-1]))
     )
+    shard = getattr(experts, EXPERT_SHARD, None)  # expert parallel: this rank holds a slice of the experts
+    if isinstance(shard, ExpertShard) and count == shard.local:
+        count = shard.num_experts
     if count != routing.num_experts:
         return f"{count} experts, the config routes over {routing.num_experts}"
     if hidden != int(weight.shape[-1]):
@@ -155,6 +161,7 @@ def build_moe(ops: FusedOps, routing: MoERouting, mlp: Any) -> MoEMLP:
         router=route_pack(ops, mlp.gate.weight.detach(), None),
         experts=pack_experts_for(ops, *expert_weights(mlp.experts)),
         routing=routing,
+        shard=getattr(mlp.experts, EXPERT_SHARD, None),
     )
 
 
