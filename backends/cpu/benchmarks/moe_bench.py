@@ -13,8 +13,8 @@ per token, read per second against the machine's read bandwidth (a 256 MB tensor
 256 MB tensor copied, read + write bytes) measured in the same run. Experts are cold: each call uses the next of
 enough copies of the layer to fill ``--cold-mb`` and fresh router logits, as a model's layers follow each other.
 
-Figures are medians (and minima) of ``--repeat`` calls per cell, threads set by ``torch.set_num_threads``: on a
-shared machine, read the ratios.
+Figures are medians (and minima) of ``--repeat`` calls per cell after 10 warmup calls, threads set by
+``torch.set_num_threads``: on a shared machine, read the ratios.
 
     python backends/cpu/benchmarks/moe_bench.py [--formats q4_0 q8_0] [--tokens 1 8 64] [--threads 1 2]
         [--repeat 30] [--cold-mb 256] [--no-reference] [--no-interleave]
@@ -37,8 +37,11 @@ from paged_core.testing import random_packed
 HIDDEN, INTER, EXPERTS, TOP_K = 1024, 768, 64, 8
 
 
-def times(fn: Callable[[int], object], repeat: int, warmup: int = 2) -> list[float]:
-    """Seconds of ``fn(i)`` for ``i`` in ``0 .. repeat - 1`` after ``warmup`` calls."""
+def times(fn: Callable[[int], object], repeat: int, warmup: int = 10) -> list[float]:
+    """Seconds of ``fn(i)`` for ``i`` in ``0 .. repeat - 1`` after ``warmup`` calls.
+
+    The warmup also wakes every thread: on the 2-vCPU development VM the first calls after a pause took whole
+    scheduler ticks (4-20 ms) at two threads, the reference's as well, until both vCPUs were busy."""
     for i in range(warmup):
         fn(i)
     out = []
