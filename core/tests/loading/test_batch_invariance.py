@@ -12,7 +12,7 @@ import torch
 
 from paged_core.api import BackendCapabilities, FusedOps
 from paged_core.errors import UnsupportedConfigError
-from paged_core.loading.batch_invariance import batch_invariance, model_linear_kinds
+from paged_core.loading.batch_invariance import batch_invariance, model_expert_kinds, model_linear_kinds
 from paged_core.quant import Q4_0, Q8_0
 from paged_core.runner.packed_linear import PackedLinearModule
 from paged_core.testing import ReferenceBackend, ReferenceFusedOps, random_packed
@@ -158,3 +158,46 @@ def test_a_backend_that_does_not_declare_it_is_refused(reference_loaded: Any) ->
     msg = str(err.value)
     assert "attention: backend 'reference-undeclared' does not declare batch_invariant" in msg
     assert "layer ops: reference FusedOps" in msg and "linear bfloat16 (15 layers)" in msg
+
+
+class MoEDeclared(PackedOnly):
+    """:class:`PackedOnly` whose routed experts are declared invariant for q4_0 and q8_0 only."""
+
+    moe_formats: ClassVar[frozenset[str]] = frozenset({"q4_0", "q8_0"})
+    batch_invariant_moe: ClassVar[frozenset[str]] = frozenset({"q4_0", "q8_0"})
+
+    def moe(self, x: torch.Tensor, router_logits: torch.Tensor, experts: Any, routing: Any) -> torch.Tensor:
+        return super().moe(x, router_logits, experts, routing)
+
+
+def test_routed_experts_count_when_both_their_kinds_are_declared() -> None:
+    experts = Counter({("q4_0", "q8_0"): 2, ("q4_0", "float32"): 1})
+    report = batch_invariance(INVARIANT, MoEDeclared(), ["q8_0"], backend="vendor", expert_kinds=experts)
+    assert _parts(report) == ["routed experts q4_0/float32 (1 layer)"]
+    assert "batch_invariant_moe" in report.reasons()[0]
+    assert "routed experts q4_0/float32 x1, q4_0/q8_0 x2" in report.parts
+    # The base class declares no routed experts: every MoE layer is named.
+    base = batch_invariance(
+        INVARIANT, ReferenceFusedOps(), [], backend="ref", expert_kinds=Counter({("q8_0", "q8_0"): 3})
+    )
+    assert _parts(base) == ["routed experts q8_0/q8_0 (3 layers)"]
+
+
+def test_model_expert_kinds_reads_transformers_experts_modules() -> None:
+    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+    config = Qwen3MoeConfig(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        moe_intermediate_size=16,
+        num_hidden_layers=3,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=16,
+        num_experts=4,
+        num_experts_per_tok=2,
+        mlp_only_layers=[1],
+    )
+    model = Qwen3MoeForCausalLM(config)
+    assert model_expert_kinds(model) == Counter({("float32", "float32"): 2})

@@ -38,6 +38,7 @@ from paged_core.contract.capabilities import BackendCapabilities
 from paged_core.contract.fused_ops import FusedOps, linear_kind
 from paged_core.errors import UnsupportedConfigError
 from paged_core.quant.formats import FORMATS
+from paged_core.runner.packed_experts import PackedExpertsModule
 from paged_core.runner.packed_linear import PackedLinearModule
 
 PROVEN_MODEL_PATHS = ("fused",)
@@ -100,10 +101,29 @@ def model_linear_kinds(model: torch.nn.Module) -> Counter[str]:
     return kinds
 
 
-def _declared_kinds(ops: FusedOps) -> frozenset[str]:
-    declared: object = getattr(type(ops), "batch_invariant_linear", frozenset())
+def model_expert_kinds(model: torch.nn.Module) -> Counter[tuple[str, str]]:
+    """How many routed-experts layers of ``model`` hold each ``(gate_up, down)`` weight-kind pair: packed experts
+    (:class:`~paged_core.runner.packed_experts.PackedExpertsModule`) by their formats, transformers' experts
+    modules (3-D ``gate_up_proj`` and ``down_proj`` parameters) by their dtypes."""
+    kinds: Counter[tuple[str, str]] = Counter()
+    for module in model.modules():
+        if isinstance(module, PackedExpertsModule):
+            kinds[module.weights.kinds] += 1
+            continue
+        gate_up, down = getattr(module, "gate_up_proj", None), getattr(module, "down_proj", None)
+        if isinstance(gate_up, torch.Tensor) and isinstance(down, torch.Tensor) and gate_up.dim() == down.dim() == 3:
+            kinds[(linear_kind(gate_up), linear_kind(down))] += 1
+    return kinds
+
+
+def _names(ops: FusedOps, attribute: str) -> frozenset[str]:
+    declared: object = getattr(type(ops), attribute, frozenset())
     # A declaration that is no collection of names declares nothing (the conformance suite fails it).
     return frozenset(str(k) for k in declared) if isinstance(declared, (set, frozenset, list, tuple)) else frozenset()
+
+
+def _declared_kinds(ops: FusedOps) -> frozenset[str]:
+    return _names(ops, "batch_invariant_linear")
 
 
 def batch_invariance(
@@ -115,13 +135,16 @@ def batch_invariance(
     model_path: str = "fused",
     graph_mode: str = "eager",
     tensor_parallel_size: int = 1,
+    expert_kinds: Counter[tuple[str, str]] | None = None,
 ) -> BatchInvariance:
     """Whether a configuration is batch-invariant (see the module), naming each part that is not and why.
 
     ``capabilities`` and ``ops`` are the backend's (``backend`` its name); ``linear_kinds`` the kinds of the
     model's linear weights (:func:`model_linear_kinds`, or any iterable of kinds); ``model_path`` the
     resolved model path (``fused`` or ``transformers``), ``graph_mode`` the resolved one (``eager``,
-    ``compiled``, ``device``). Anything not proven counts as not invariant.
+    ``compiled``, ``device``); ``expert_kinds`` the ``(gate_up, down)`` kinds of its routed-experts layers
+    (:func:`model_expert_kinds`), each invariant when both kinds are in ``FusedOps.batch_invariant_moe``.
+    Anything not proven counts as not invariant.
     """
     kinds = linear_kinds if isinstance(linear_kinds, Counter) else Counter(linear_kinds)
     cls = type(ops)
@@ -155,6 +178,16 @@ def batch_invariance(
             variant.append(
                 VariantPart(f"linear {kind} ({layers})", f"{who} do not declare it in batch_invariant_linear{route}")
             )
+    experts = expert_kinds or Counter()
+    moe_declared = _names(ops, "batch_invariant_moe")
+    for pair in sorted(experts):
+        if not set(pair) <= moe_declared:
+            layers = f"{experts[pair]} layer{'s' if experts[pair] != 1 else ''}"
+            variant.append(
+                VariantPart(
+                    f"routed experts {pair[0]}/{pair[1]} ({layers})", f"{who} do not declare it in batch_invariant_moe"
+                )
+            )
     if graph_mode not in PROVEN_GRAPH_MODES:
         why = {
             "compiled": "torch.compile (inductor) generates the kernels of the ops around the backend's; not "
@@ -176,6 +209,7 @@ def batch_invariance(
         f"attention of backend {backend!r}",
         f"{model_path} model path on {who}",
         f"linear {linear}",
+        *([f"routed experts {', '.join(f'{g}/{d} x{n}' for (g, d), n in sorted(experts.items()))}"] if experts else []),
         f"graph_mode {graph_mode}",
     )
     return BatchInvariance(tuple(variant), parts)

@@ -15,7 +15,13 @@ from paged_core.contract.backend import AttentionBackend
 from paged_core.contract.capabilities import AttentionSpec
 from paged_core.engine_config import EngineConfig
 from paged_core.errors import BackendUnavailableError, ConfigError, UnsupportedConfigError
-from paged_core.loading.batch_invariance import BatchInvariance, VariantPart, batch_invariance, model_linear_kinds
+from paged_core.loading.batch_invariance import (
+    BatchInvariance,
+    VariantPart,
+    batch_invariance,
+    model_expert_kinds,
+    model_linear_kinds,
+)
 from paged_core.loading.dtype import resolve_dtype
 from paged_core.loading.kv_budget import default_budget
 from paged_core.loading.kv_dtype import describe_kv_dtype, kv_dtype_name, resolve_kv_dtype
@@ -463,6 +469,7 @@ def check_invariance(config: EngineConfig, loaded: LoadedModel, draft: LoadedMod
             model_path=model_path(config.model.model_impl, model.model),
             graph_mode=mode,
             tensor_parallel_size=tp,
+            expert_kinds=model_expert_kinds(model.model),
         )
 
     invariance = report(loaded)
