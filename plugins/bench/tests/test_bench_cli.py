@@ -79,7 +79,9 @@ def test_throughput_with_every_baseline(tiny_model: str, tmp_path: Path) -> None
         "hf-static,hf-cb,reference",
     )
     assert [run["name"] for run in r["runs"]] == ["paged", "hf-static", "hf-cb", "reference"]
-    assert set(r["ratios"]) == {"paged_vs_hf-static", "paged_vs_hf-cb", "paged_vs_reference"}
+    output = {"paged_vs_hf-static", "paged_vs_hf-cb", "paged_vs_reference"}
+    # Decode tok/s where the other system measured it too (hf-static: both requests in one batch).
+    assert set(r["ratios"]) == output | {"decode_paged_vs_hf-static", "decode_paged_vs_reference"}
     assert all(run["output_tokens"] == 8 for run in r["runs"])
     assert r["roofline"]["kind"] == "flops" and r["roofline"]["gemm"]["shape"] == [256, 576, 49152]
     figures = ["paged_vs_hf-static", "paged_vs_hf-cb", "roofline_fraction", "constrained_vs_same_lengths"]
@@ -130,3 +132,54 @@ def test_long_context(tiny_model: str, tmp_path: Path) -> None:
 def test_bad_baseline_is_a_clear_error(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["bench", "throughput", "--baseline", "sglang"]) == 1
     assert "unknown baseline(s) sglang" in capsys.readouterr().err
+
+
+@pytest.fixture(scope="module")
+def tiny_moe(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A random Qwen3-MoE (8 experts, top-2) whose vocabulary is smaller than the workloads' ids (folded in)."""
+    import torch
+    from transformers import AutoModelForCausalLM, Qwen3MoeConfig
+
+    torch.manual_seed(0)
+    cfg = Qwen3MoeConfig(
+        vocab_size=1024,
+        hidden_size=64,
+        intermediate_size=128,
+        moe_intermediate_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=64,
+        num_experts=8,
+        num_experts_per_tok=2,
+        max_position_embeddings=1024,
+        tie_word_embeddings=False,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=0,
+    )
+    out = tmp_path_factory.mktemp("bench") / "tiny-qwen3-moe"
+    AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).save_pretrained(out)
+    return str(out)
+
+
+def test_decode_1_on_a_moe_model(tiny_moe: str, tmp_path: Path) -> None:
+    r = bench(tmp_path, tiny_moe, "decode-1", "--output-len", "6", "--baseline", "hf-static")
+    ours, hf = r["runs"]
+    assert (ours["name"], hf["name"]) == ("paged", "hf-static")
+    assert all(run["output_tokens"] == 6 and run["decode_tok_s"] > 0 for run in r["runs"])
+    # transformers ran the model's own experts modules: every layer, every forward (a prefill and 5 decode steps).
+    assert hf["experts_calls"] == 2 * 6
+    assert r["ratios"]["decode_paged_vs_hf-static"] == pytest.approx(ours["decode_tok_s"] / hf["decode_tok_s"])
+    moe = r["roofline"]["moe"]
+    assert (moe["num_layers"], moe["num_experts"], moe["top_k"]) == (2, 8, 2)
+    assert moe["experts_modules"] == ["Qwen3MoeExperts"] and r["model"]["moe"] == moe
+    element = 2 if r["engine"]["dtype"] == "bfloat16" else 4
+    assert moe["expert_bytes"] == 2 * 8 * 3 * 64 * 32 * element
+    assert moe["active_expert_bytes_per_token"] == moe["expert_bytes"] // 4
+    roof = r["roofline"]
+    assert roof["weight_bytes_per_token"] == roof["total_weight_bytes"] - moe["expert_bytes"] * 3 // 4
+    share = moe["active_expert_bytes_per_token"] / roof["weight_bytes_per_token"]
+    assert moe["active_expert_share"] == pytest.approx(share)
+    assert roof["bound_tok_s"] == pytest.approx(roof["peak_bytes_per_s"] / roof["weight_bytes_per_token"])
+    assert r["engine"]["model_path"] == "fused"

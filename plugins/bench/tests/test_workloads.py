@@ -96,3 +96,20 @@ def test_bad_arguments_are_named() -> None:
         w.throughput(0)
     with pytest.raises(ValueError, match="suffix_len"):
         w.prefix(suffix_len=0)
+
+
+def test_fit_vocab_folds_ids_into_a_small_vocabulary() -> None:
+    from paged_bench.workloads import TOKEN_HIGH, TOKEN_LOW, BenchRequest, fit_vocab
+
+    requests = [BenchRequest([TOKEN_LOW, TOKEN_LOW + 7, TOKEN_LOW + 2 * 900 + 7, TOKEN_HIGH - 1], 5)]
+    (folded,) = fit_vocab(requests, TOKEN_LOW + 900)
+    assert folded.prompt_token_ids == [
+        TOKEN_LOW,
+        TOKEN_LOW + 7,
+        TOKEN_LOW + 7,
+        TOKEN_LOW + (TOKEN_HIGH - 1 - TOKEN_LOW) % 900,
+    ]
+    assert folded.max_tokens == 5
+    assert fit_vocab(requests, TOKEN_HIGH) is requests  # a real vocabulary keeps the ids as drawn
+    with pytest.raises(ValueError, match="no ids above"):
+        fit_vocab(requests, TOKEN_LOW)

@@ -52,17 +52,78 @@ def run_hf_static(model: Any, requests: Sequence[BenchRequest], batch_size: int,
     pad = _pad_id(model)
     device = model.device
     chunks = [requests[i : i + batch_size] for i in range(0, len(requests), batch_size)]
-    with attention(model, "sdpa"), torch.inference_mode():
+    first = _FirstToken()
+    with attention(model, "sdpa"), torch.inference_mode(), count_experts_calls(model) as calls:
         _generate(model, [BenchRequest(list(range(100, 116)), 2)], pad, device)  # warm-up
+        calls.clear()
         start = time.perf_counter()
         for chunk in tqdm(chunks, desc="hf-static", unit="batch", disable=not progress):
-            _generate(model, chunk, pad, device)
+            _generate(model, chunk, pad, device, first if len(chunks) == 1 else None)
         seconds = time.perf_counter() - start
     prompt, output = _counts(requests)
-    return RunResult("hf-static", seconds, len(requests), prompt, output)
+    result = RunResult("hf-static", seconds, len(requests), prompt, output, experts_calls=calls.total())
+    if first.at is not None:  # one batch: its first token is every request's, so the rest is pure decode
+        result.ttft = [first.at - start] * len(requests)
+        span = start + seconds - first.at
+        result.decode_tok_s = (output - len(requests)) / span if span > 0 and output > len(requests) else None
+    return result
 
 
-def _generate(model: Any, chunk: Sequence[BenchRequest], pad: int, device: torch.device) -> None:
+class _FirstToken:
+    """A ``generate`` streamer noting when the first generated token came (its first ``put`` is the prompt)."""
+
+    def __init__(self) -> None:
+        self.puts = 0
+        self.at: float | None = None
+
+    def put(self, value: torch.Tensor) -> None:
+        self.puts += 1
+        if self.puts == 2:
+            self.at = time.perf_counter()
+
+    def end(self) -> None:
+        pass
+
+
+class _ExpertsCalls(dict[str, int]):
+    """Forward calls of each routed-experts module while counting."""
+
+    enabled = False
+    """Whether the model has routed experts at all."""
+
+    def total(self) -> int | None:
+        """Calls in all (``None``: the model has no routed experts)."""
+        return sum(self.values()) if self.enabled else None
+
+
+@contextmanager
+def count_experts_calls(model: Any) -> Iterator[_ExpertsCalls]:
+    """Count forward calls of ``model``'s routed-experts modules (transformers' own, or paged's packed ones):
+    proof that a baseline ran the model's experts, and through which module."""
+    from paged_core.runner.experts import experts_modules
+    from paged_core.runner.packed_experts import packed_experts_modules
+
+    calls = _ExpertsCalls()
+    found = dict(experts_modules(model))
+    found.update(packed_experts_modules(model))
+    calls.enabled = bool(found)
+    handles = []
+    for name, module in found.items():
+
+        def hook(*_: Any, key: str = name) -> None:
+            calls[key] = calls.get(key, 0) + 1
+
+        handles.append(module.register_forward_hook(hook))
+    try:
+        yield calls
+    finally:
+        for h in handles:
+            h.remove()
+
+
+def _generate(
+    model: Any, chunk: Sequence[BenchRequest], pad: int, device: torch.device, streamer: Any | None = None
+) -> None:
     width = max(len(r.prompt_token_ids) for r in chunk)
     ids = torch.tensor([[pad] * (width - len(r.prompt_token_ids)) + r.prompt_token_ids for r in chunk], device=device)
     mask = torch.tensor(
@@ -70,7 +131,15 @@ def _generate(model: Any, chunk: Sequence[BenchRequest], pad: int, device: torch
     )
     new = max(r.max_tokens for r in chunk)
     # eos_token_id=None: every row runs to max_new_tokens (EOS ignored, as in our runs).
-    model.generate(ids, attention_mask=mask, max_new_tokens=new, do_sample=False, eos_token_id=None, pad_token_id=pad)
+    model.generate(
+        ids,
+        attention_mask=mask,
+        max_new_tokens=new,
+        do_sample=False,
+        eos_token_id=None,
+        pad_token_id=pad,
+        streamer=streamer,
+    )
 
 
 def kv_bytes_per_token(model: Any) -> int:

@@ -25,7 +25,7 @@ from paged_bench.machine import measure_copy_bandwidth, measure_gemm
 from paged_bench.options import BenchOptions
 from paged_bench.result import RunResult
 from paged_bench.roofline import ModelShape, bandwidth_roofline, flops_roofline
-from paged_bench.workloads import BenchRequest
+from paged_bench.workloads import BenchRequest, fit_vocab
 from paged_core.engine_config import EngineConfig
 from paged_core.frontend.llm_engine import LLMEngine
 from paged_core.loading.build import bytes_per_block
@@ -69,6 +69,8 @@ def run_model_workload(opts: BenchOptions, requests: Sequence[BenchRequest]) -> 
 
         llama_model = llama_cpp_run.check_ready(config.model.model, opts.workload)[1]
     engine = LLMEngine(config)
+    # A tiny model's vocabulary may not hold the workloads' ids: fold them into it (a real model's keeps them).
+    requests = fit_vocab(list(requests), int(engine.loaded.model.config.get_text_config().vocab_size))
     if opts.kv_dtypes:  # a KV dtype the backend does not declare fails now, not after our run
         check_declared(engine, opts.kv_dtypes)
     summary = engine_config_summary(engine)
@@ -166,6 +168,12 @@ def run_model_workload(opts: BenchOptions, requests: Sequence[BenchRequest]) -> 
             "num_layers": shape.num_layers,
             "num_heads": shape.num_heads,
             "head_dim": shape.head_dim,
+            "total_weight_bytes": shape.total_weight_bytes,
+            "weight_bytes_per_token": shape.weight_bytes_per_token,
+            "moe": shape.moe_figures(),
+            "experts_implementation": None
+            if shape.moe is None
+            else getattr(model.config, "_experts_implementation", None),
         },
     }
 

@@ -74,6 +74,8 @@ def ratios(runs: Sequence[RunResult]) -> dict[str, float]:
     for r in runs:
         if r is not ours:
             out[f"paged_vs_{r.name}"] = ours.output_tok_s / r.output_tok_s
+            if ours.decode_tok_s and r.decode_tok_s:  # decode phase alone (decode-1: the one stream's token rate)
+                out[f"decode_paged_vs_{r.name}"] = ours.decode_tok_s / r.decode_tok_s
     constrained = by_name.get(CONSTRAINED)
     if constrained is not None:  # output tokens per second: constrained requests stop when their grammar ends
         out["constrained_vs_paged"] = constrained.output_tok_s / ours.output_tok_s

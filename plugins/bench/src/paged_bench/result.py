@@ -63,6 +63,9 @@ class RunResult:
     """Constrained runs: mask time per step, rows per step, compile times, finish reasons (see ``engine_run``)."""
     lora: dict[str, Any] | None = None
     """LoRA runs: the adapters (count, rank, targets), how requests were spread, slots and loads (see ``lora``)."""
+    experts_calls: int | None = None
+    """transformers baselines on a MoE model: forward calls of its routed-experts modules while timed (``None``:
+    not counted, or no routed experts)."""
 
     def __post_init__(self) -> None:
         if not self.seconds > 0:
@@ -106,4 +109,6 @@ class RunResult:
             record["structured"] = self.structured
         if self.lora is not None:
             record["lora"] = self.lora
+        if self.experts_calls is not None:
+            record["experts_calls"] = self.experts_calls
         return record

@@ -139,6 +139,32 @@ def lora_lines(report: dict[str, Any]) -> list[str]:
     ]
 
 
+def moe_lines(report: dict[str, Any]) -> list[str]:
+    """A MoE model's bandwidth roofline in words: all bytes against the active bytes a decode token reads, and
+    the decode rates of paged and each transformers baseline (empty for a dense model)."""
+    roof = report["roofline"]
+    moe = None if roof is None else roof.get("moe")
+    if moe is None:
+        return []
+    lines = [
+        f"  MoE: {moe['num_layers']} layers of {moe['num_experts']} experts, top-{moe['top_k']}; weights "
+        f"{roof['total_weight_bytes'] / 1e6:.1f} MB in all, {roof['weight_bytes_per_token'] / 1e6:.1f} MB read per "
+        f"token, of which active experts {moe['active_expert_bytes_per_token'] / 1e6:.1f} MB "
+        f"({moe['active_expert_share']:.1%}; all experts {moe['expert_bytes'] / 1e6:.1f} MB)",
+    ]
+    ours = next((r for r in report["runs"] if r["name"] == "paged"), None)
+    for run in report["runs"]:
+        ratio = report["ratios"].get(f"decode_paged_vs_{run['name']}")
+        if ours is not None and ratio is not None:
+            calls = run.get("experts_calls")
+            ran = "" if calls is None else f", its experts modules called {calls} times"
+            lines.append(
+                f"  decode tok/s: paged {ours['decode_tok_s']:.1f}, {run['name']} {run['decode_tok_s']:.1f}{ran}: "
+                f"paged is {ratio:.2f}x"
+            )
+    return lines
+
+
 def print_summary(report: dict[str, Any], console: Console | None = None) -> None:
     """Print every table that applies to the report's workload, then the roofline line."""
     if console is None:
@@ -164,6 +190,8 @@ def print_summary(report: dict[str, Any], console: Console | None = None) -> Non
                 f"bound {roof['bound_tok_s']:.0f} tok/s; {roof['weight_bytes_per_token'] / 1e6:.1f} MB "
                 "per token"
             )
+            for line in moe_lines(report):
+                console.print(line)
             for run in report["runs"][1:]:  # baselines that measured their own bytes (llama.cpp)
                 other = run.get("roofline")
                 if other:

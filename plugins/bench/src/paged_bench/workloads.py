@@ -159,3 +159,16 @@ def cap_output(requests: list[BenchRequest], max_tokens: int | None) -> list[Ben
         return requests
     _check_count("max_tokens", max_tokens)
     return [BenchRequest(r.prompt_token_ids, min(r.max_tokens, max_tokens)) for r in requests]
+
+
+def fit_vocab(requests: list[BenchRequest], vocab_size: int) -> list[BenchRequest]:
+    """The same requests with prompt ids folded into ``[TOKEN_LOW, vocab_size)`` where the model's vocabulary is
+    smaller than the workloads' id range (tiny test models); a larger vocabulary keeps them as drawn."""
+    if vocab_size >= TOKEN_HIGH:
+        return requests
+    span = vocab_size - TOKEN_LOW
+    if span < 1:
+        raise ValueError(f"a vocabulary of {vocab_size} tokens leaves no ids above the {TOKEN_LOW} kept for specials")
+    return [
+        BenchRequest([TOKEN_LOW + (t - TOKEN_LOW) % span for t in r.prompt_token_ids], r.max_tokens) for r in requests
+    ]
