@@ -4,7 +4,8 @@ Qwen3 (q/k norms), Mistral (sliding window), Gemma2 (soft cap, explicit attentio
 alternating sliding layers: two KV-cache groups) and Gemma3 (two sliding layers to one full: three
 groups, sliding ones freeing their blocks), each under the same battery as the embedded model: 32 mixed
 prompts together, chunked prefill, prefix-cache hits and preemption, on the fast backend (cpu where
-installed); Qwen3 and Mistral on every model path and CPU graph mode, the Gemmas on transformers' modules.
+installed); Qwen3 and Mistral on every model path and CPU graph mode, the Gemmas on both model paths, eagerly
+(several KV-cache groups run eagerly).
 """
 
 from __future__ import annotations
@@ -17,19 +18,20 @@ import pytest
 
 from paged_core import LLM
 from paged_core.api import UnsupportedConfigError
+from paged_core.runner.fused import GemmaDecoder
 
 from .conftest import VARIANTS, fast_backend
 from .e2e_helpers import GREEDY, assert_same_tokens, hf_greedy
 from .tiny_models import ARCHITECTURES, VOCAB, save_tiny_model
 
 PARAMS = replace(GREEDY, max_tokens=24)
-FUSED = {"qwen3", "mistral"}
-"""Architectures the fused decoder runs; the others (Gemma2: its norms, soft caps and GELU) run on transformers."""
+HYBRID = {"gemma2", "gemma3"}
+"""Architectures with several KV-cache groups: they run eagerly (``compiled`` is refused, see below)."""
 CASES = [
     f"{arch}-{variant}"
     for arch in sorted(ARCHITECTURES)
     for variant in VARIANTS
-    if arch in FUSED or VARIANTS[variant]["model_impl"] == "transformers"
+    if arch not in HYBRID or VARIANTS[variant]["graph_mode"] == "eager"
 ]
 KV_GROUPS = {"qwen3": 1, "mistral": 1, "gemma2": 2, "gemma3": 3}
 """KV-cache groups: Gemma2 alternates sliding and full layers (two groups of one), Gemma3 slides on two of three."""
@@ -52,17 +54,19 @@ def tiny(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactor
     arch, variant = request.param.split("-", 1)
     base, prompts, want = _base(arch, tmp_path_factory)
     llm = base.reconfigured(**VARIANTS[variant])
-    assert llm.engine.core.runner.forward_impl.name == VARIANTS[variant]["model_impl"]
+    impl = llm.engine.core.runner.forward_impl
+    assert impl.name == VARIANTS[variant]["model_impl"]
+    if arch in HYBRID and impl.name == "fused":
+        assert isinstance(impl, GemmaDecoder)
     # Sliding windows and soft caps run on the fast backend, not the reference one.
     assert llm.engine.loaded.backend.name == fast_backend()
     assert llm.engine.core.scheduler.kv.num_groups == KV_GROUPS[arch]
     return llm, prompts, want
 
 
-def test_gemma2_is_refused_by_the_fused_decoder_with_the_reason(tmp_path_factory: pytest.TempPathFactory) -> None:
+def test_gemma2_runs_fused_by_default_and_refuses_compiled(tmp_path_factory: pytest.TempPathFactory) -> None:
     base, _, _ = _base("gemma2", tmp_path_factory)
-    with pytest.raises(UnsupportedConfigError, match="Gemma2ForCausalLM is not one of the fused families"):
-        base.reconfigured(model_impl="fused")
+    assert isinstance(base.engine.core.runner.forward_impl, GemmaDecoder)  # model_impl='auto'
     with pytest.raises(UnsupportedConfigError, match=r"compiled' refused: .* mixes attention kinds .* runs eagerly"):
         base.reconfigured(graph_mode="compiled")
 

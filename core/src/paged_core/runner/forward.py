@@ -23,7 +23,7 @@ from paged_core.contract.metadata import AttentionMetadata
 from paged_core.errors import ConfigError, UnsupportedConfigError
 from paged_core.runner.attention import ForwardContext, forward_context
 from paged_core.runner.experts import experts_step, route_model_experts
-from paged_core.runner.fused import FusedDecoder, fused_refusal
+from paged_core.runner.fused import FusedDecoder, fused_refusal, make_decoder
 from paged_core.runner.kv_rotation import rotating
 
 log = logging.getLogger("paged.engine")
@@ -120,7 +120,7 @@ def make_forward(
     cache = decoders if decoders is not None else {}
     decoder = cache.get(key)
     if decoder is None or decoder.backend is not backend:
-        decoder = FusedDecoder(model, backend, specs, max_positions, reduce=reduce)
+        decoder = make_decoder(model, backend, specs, max_positions, reduce=reduce)
         cache[key] = decoder
     log.info("model path: fused decoder (ops: %s)", decoder.ops.name)
     return decoder

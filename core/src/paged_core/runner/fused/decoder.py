@@ -18,6 +18,7 @@ from paged_core.parallel.experts import expert_parallel_moe
 from paged_core.quant import QuantizedWeight
 from paged_core.quant.weight import cat_rows
 from paged_core.runner.fused.families import fused_refusal
+from paged_core.runner.fused.gemma_family import GEMMA_FAMILIES
 from paged_core.runner.fused.moe_layer import MOE_FAMILIES, MoEMLP, build_moe, family_routing, is_moe_block, moe_call
 from paged_core.runner.kv_rotation import rotating
 from paged_core.runner.packed_linear import PackedLinearModule, route_pack
@@ -140,6 +141,8 @@ class FusedDecoder:
         reduce: Callable[[torch.Tensor], torch.Tensor] | None = None,
     ) -> None:
         reason = fused_refusal(model)
+        if reason is None and type(model).__name__ in GEMMA_FAMILIES:
+            reason = "Gemma layers run on GemmaDecoder (paged_core.runner.fused.make_decoder chooses)"
         if reason is not None:
             raise UnsupportedConfigError(f"the fused decoder cannot run this model: {reason}")
         self.backend = backend

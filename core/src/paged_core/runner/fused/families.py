@@ -4,13 +4,14 @@ from __future__ import annotations
 
 from typing import Any
 
+from paged_core.runner.fused.gemma_family import GEMMA_FAMILIES, gemma_refusal
 from paged_core.runner.fused.moe_layer import MOE_FAMILIES, moe_refusal
 
 FAMILIES = frozenset({"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM"})
 """Architectures whose layers are pre-norm RMSNorm, rotary, (GQA) attention and a SiLU-gated MLP."""
-ALL_FAMILIES = FAMILIES | frozenset(MOE_FAMILIES)
-"""Those and the MoE families (:data:`~paged_core.runner.fused.moe_layer.MOE_FAMILIES`): the same layers with
-routed experts for the MLP of some or all of them."""
+ALL_FAMILIES = FAMILIES | frozenset(MOE_FAMILIES) | GEMMA_FAMILIES
+"""Those, the MoE families (:data:`~paged_core.runner.fused.moe_layer.MOE_FAMILIES`): the same layers with
+routed experts for the MLP of some or all of them, and Gemma2/Gemma3 (:mod:`~paged_core.runner.fused.gemma`)."""
 
 STATIC_ROPE = frozenset({"default", "linear", "llama3", "yarn"})
 """Rotary variants whose frequencies do not depend on the sequence length (so one cos/sin table serves)."""
@@ -21,6 +22,8 @@ def fused_refusal(model: Any) -> str | None:
     arch = type(model).__name__
     if arch not in ALL_FAMILIES:
         return f"{arch} is not one of the fused families ({', '.join(sorted(ALL_FAMILIES))})"
+    if arch in GEMMA_FAMILIES:
+        return gemma_refusal(model)
     config = model.config
     act = getattr(config, "hidden_act", "silu")
     if act != "silu":
