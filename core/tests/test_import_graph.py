@@ -267,3 +267,18 @@ def test_the_scan_finds_lazy_typing_string_and_relative_imports(planted: Path) -
     ]
     assert edges[("low", "lazy")] == ["low/x.py:2"]
     assert cycles(edges) == [["high", "lazy", "low", "relative", "typed"]]
+
+
+def test_importing_the_engine_imports_neither_dynamo_nor_triton() -> None:
+    """A Triton backend picks its interpreter mode before anything imports triton, and torch.compile's dynamo
+    imports triton: building an engine's modules must leave both unimported (wrap lazily, on first use)."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "import paged_core, paged_core.loading.build, paged_core.frontend.llm_engine\n"
+        "print(sorted(m for m in ('triton', 'torch._dynamo') if m in sys.modules))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120)
+    assert out.stdout.strip() == "[]", out.stdout

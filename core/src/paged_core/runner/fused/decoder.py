@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -115,8 +116,13 @@ def _cos_sin_cache(rotary: Any, max_positions: int, device: torch.device) -> tor
     return torch.cat((cos[0, :, :half], sin[0, :, :half]), dim=-1).float().contiguous()
 
 
-# Reads the per-expert counts on the host (the reference arithmetic): never traced.
-_expert_parallel_moe = torch.compiler.disable(expert_parallel_moe)  # type: ignore[no-untyped-call]
+@functools.cache
+def _expert_parallel_moe() -> Callable[..., torch.Tensor]:
+    """:func:`expert_parallel_moe` kept out of tracing (it reads the per-expert counts on the host). Wrapped on
+    first use: ``torch.compiler.disable`` imports dynamo, and with it triton, which must not happen at import
+    (a Triton backend decides its interpreter mode before anything imports triton)."""
+    disabled: Callable[..., torch.Tensor] = torch.compiler.disable(expert_parallel_moe)  # type: ignore[no-untyped-call]
+    return disabled
 
 
 class FusedDecoder:
@@ -304,7 +310,7 @@ class FusedDecoder:
             moe = layer.moe
             if moe.shard is not None:  # expert parallel: this rank's experts' share, summed over the ranks
                 logits = ops.linear(x, moe.router)
-                return _expert_parallel_moe(x, logits, moe.experts, moe.routing, moe.shard, reduce), residual
+                return _expert_parallel_moe()(x, logits, moe.experts, moe.routing, moe.shard, reduce), residual
             # Every rank holds every expert (tensor parallelism splits Linear modules only): the output is whole,
             # not a partial sum to reduce. Adapters have no expert projections to target.
             return self._moe(x, ops.linear(x, moe.router), moe.experts, moe.routing), residual
