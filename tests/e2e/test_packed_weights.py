@@ -1,6 +1,6 @@
 """Packed weights end to end: the embedded Q4_1 GGUF served as it is, and int8 weight-only made at load.
 
-The embedded model's NLL over a fixed English text (the repository's LICENSE, ~2,200 tokens) through
+The embedded model's NLL over a fixed English text (the repository's LICENSE, its first 1,024 tokens) through
 our engine, with the GGUF blocks read by the backend's kernels, must be within 0.5% of transformers on
 the same GGUF dequantized to fp32 (measured: identical to 1e-7 on the reference ops).
 """
@@ -41,21 +41,23 @@ def test_the_embedded_gguf_is_served_packed_by_the_backend(smol_base: LLM) -> No
 def test_nll_of_a_fixed_text_is_within_half_a_percent_of_the_dequantized_model(smol_base: LLM) -> None:
     from transformers import AutoModelForCausalLM
 
-    ids = smol_base.tokenizer.encode(LICENSE.read_text())
-    assert len(ids) >= 2000
+    # The text's first 1,024 tokens (the whole LICENSE, 2,224, doubles the test's minute of compute and measured
+    # the same: `paged bench throughput --kv-dtypes auto` scores the whole text).
+    ids = smol_base.tokenizer.encode(LICENSE.read_text())[:1024]
+    assert len(ids) == 1024
     ours = engine_nll(smol_base, ids)
     # The cpu backend's default activations (int8, two levels; conftest keeps them exact for the parity tests),
     # one rule at every row count: in chunks of 256 (prefill tiles) and one token per forward, as decoding runs.
     with cpu_linear_activations("int8x2"):
         ours_int8 = engine_nll(smol_base, ids)
-        ours_decoding = engine_nll(smol_base, ids[:1024], chunk=1)
+        ours_decoding = engine_nll(smol_base, ids[:512], chunk=1)
     src = smol_base.engine.loaded.source
     dense = AutoModelForCausalLM.from_pretrained(str(src.directory), gguf_file=src.gguf_file, dtype=torch.float32)
     theirs = transformers_nll(dense.eval(), ids)
     assert abs(ours - theirs) / theirs < 0.005, (ours, theirs)
     assert abs(ours_int8 - theirs) / theirs < 0.005, (ours_int8, theirs)
-    theirs_1k = transformers_nll(dense, ids[:1024])
-    assert abs(ours_decoding - theirs_1k) / theirs_1k < 0.005, (ours_decoding, theirs_1k)
+    theirs_half = transformers_nll(dense, ids[:512])
+    assert abs(ours_decoding - theirs_half) / theirs_half < 0.005, (ours_decoding, theirs_half)
 
 
 @pytest.fixture(scope="module")
