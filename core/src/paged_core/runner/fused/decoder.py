@@ -151,6 +151,30 @@ class FusedDecoder:
             reason = "Gemma layers run on GemmaDecoder (paged_core.runner.fused.make_decoder chooses)"
         if reason is not None:
             raise UnsupportedConfigError(f"the fused decoder cannot run this model: {reason}")
+        self._bind(backend, specs, reduce)
+        inner = model.model
+        self.embed = inner.embed_tokens.weight.detach()
+        self.norm = inner.norm.weight.detach()
+        self.norm_eps = float(inner.norm.variance_epsilon)
+        self.lm_head = route_pack(self.ops, _weight(model.lm_head), getattr(model.lm_head, "bias", None))
+        device = self.embed.device
+        self.cos_sin = _cos_sin_cache(inner.rotary_emb, max_positions, device)
+        self._routing = family_routing(model) if type(model).__name__ in MOE_FAMILIES else None
+        self._moe = moe_call(self.ops)
+        self.layers = [self._layer(i, layer) for i, layer in enumerate(inner.layers)]
+        self.shared: dict[str, Any] = {}
+        """What engines running this decoder share, e.g. the compiled step (see the executors)."""
+        self.lora: LoRAStep | None = None
+        """The step's adapters (set by the runner before each forward; ``None``: the base model alone)."""
+
+    def _bind(
+        self,
+        backend: AttentionBackend,
+        specs: list[AttentionSpec],
+        reduce: Callable[[torch.Tensor], torch.Tensor] | None,
+    ) -> None:
+        """What every fused decoder holds of its backend: the ops, the layer specs, the tensor-parallel reduce
+        and the attention call."""
         self.backend = backend
         self.ops = backend.fused_ops()
         self.specs = specs
@@ -167,20 +191,6 @@ class FusedDecoder:
         # Quantized caches hold rotated keys and values (runner/kv_rotation.py): the rotation goes with the call.
         attend = rotating(backend.forward, self.ops)
         self._attend = attend if capturable else torch.compiler.disable(attend)  # type: ignore[no-untyped-call]
-        inner = model.model
-        self.embed = inner.embed_tokens.weight.detach()
-        self.norm = inner.norm.weight.detach()
-        self.norm_eps = float(inner.norm.variance_epsilon)
-        self.lm_head = route_pack(self.ops, _weight(model.lm_head), getattr(model.lm_head, "bias", None))
-        device = self.embed.device
-        self.cos_sin = _cos_sin_cache(inner.rotary_emb, max_positions, device)
-        self._routing = family_routing(model) if type(model).__name__ in MOE_FAMILIES else None
-        self._moe = moe_call(self.ops)
-        self.layers = [self._layer(i, layer) for i, layer in enumerate(inner.layers)]
-        self.shared: dict[str, Any] = {}
-        """What engines running this decoder share, e.g. the compiled step (see the executors)."""
-        self.lora: LoRAStep | None = None
-        """The step's adapters (set by the runner before each forward; ``None``: the base model alone)."""
 
     def _layer(self, index: int, layer: Any) -> _Layer:
         attn, mlp = layer.self_attn, layer.mlp

@@ -23,12 +23,11 @@ from typing import Any
 import torch
 
 from paged_core.contract.backend import AttentionBackend
-from paged_core.contract.capabilities import AttentionSpec, GraphSupport
+from paged_core.contract.capabilities import AttentionSpec
 from paged_core.contract.fused_ops import PackedLinear
 from paged_core.errors import UnsupportedConfigError
 from paged_core.runner.fused.decoder import FusedDecoder, LoRAStep, _linear, _merge, _weight
 from paged_core.runner.fused.gemma_family import GELU_APPROXIMATE, gemma_refusal, rope_types
-from paged_core.runner.kv_rotation import rotating
 from paged_core.runner.packed_linear import route_pack
 
 
@@ -87,14 +86,7 @@ class GemmaDecoder(FusedDecoder):
         reason = gemma_refusal(model)
         if reason is not None:
             raise UnsupportedConfigError(f"the fused decoder cannot run this model: {reason}")
-        self.backend = backend
-        self.ops = backend.fused_ops()
-        self.specs = specs
-        self.reduce = reduce
-        # As in FusedDecoder: a backend without graph capture is never traced through.
-        capturable = type(backend).capabilities().graph_support != GraphSupport.NEVER
-        attend = rotating(backend.forward, self.ops)
-        self._attend = attend if capturable else torch.compiler.disable(attend)  # type: ignore[no-untyped-call]
+        self._bind(backend, specs, reduce)
         inner, config = model.model, model.config
         self.embed = inner.embed_tokens.weight.detach()
         scale = getattr(inner.embed_tokens, "embed_scale", None)
