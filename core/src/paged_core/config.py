@@ -93,7 +93,7 @@ class ModelConfig:
     )
     model_impl: str = _opt(
         "auto",
-        "fused: the engine's decoder (Llama/Mistral/Qwen2/Qwen3); transformers: its "
+        "fused: the engine's decoder (Llama/Mistral/Qwen2/Qwen3, Gemma2/Gemma3, Qwen3-MoE/Mixtral); transformers: its "
         "modules; auto: fused where it applies",
         choices=MODEL_IMPLS,
     )
