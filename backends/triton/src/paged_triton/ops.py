@@ -97,3 +97,30 @@ def lora_expand(y: torch.Tensor, shrunk: torch.Tensor, b: torch.Tensor, slots: t
 @lora_expand.register_fake
 def _lora_expand_fake(y: torch.Tensor, shrunk: torch.Tensor, b: torch.Tensor, slots: torch.Tensor) -> None:
     return None
+
+
+@torch.library.custom_op("paged_triton::moe_experts", mutates_args=())
+def moe_experts(
+    x: torch.Tensor,
+    weights: torch.Tensor,
+    ids: torch.Tensor,
+    gate_up: torch.Tensor,
+    down: torch.Tensor,
+    activation: str = "silu",
+) -> torch.Tensor:
+    """Routed experts over dense weights (see :func:`paged_triton.moe_launch.experts`)."""
+    from paged_triton import moe_launch
+
+    return moe_launch.experts(x, weights, ids, gate_up, down, activation)
+
+
+@moe_experts.register_fake
+def _moe_experts_fake(
+    x: torch.Tensor,
+    weights: torch.Tensor,
+    ids: torch.Tensor,
+    gate_up: torch.Tensor,
+    down: torch.Tensor,
+    activation: str = "silu",
+) -> torch.Tensor:
+    return x.new_empty(x.shape)
