@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import itertools
 import re
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import pytest
 import torch
@@ -22,7 +22,7 @@ from paged_core.api import (
     UnsupportedConfigError,
     route_experts,
 )
-from paged_core.contract.moe import merge_gate_up, stack_experts
+from paged_core.contract.moe import apply_experts, merge_gate_up, stack_experts
 from paged_core.testing import dequantize, random_packed
 
 OPS = FusedOps()
@@ -362,6 +362,31 @@ def test_zero_tokens_give_an_empty_result() -> None:
     assert out.shape == (0, 32) and out.dtype == torch.bfloat16
 
 
+# --- the experts op -------------------------------------------------------------------------------------------------
+
+
+def test_moe_routes_then_calls_experts_and_experts_is_the_reference_arithmetic() -> None:
+    """The base ``moe`` is ``route_experts`` then ``experts``: a backend overriding ``experts`` gets ``moe``."""
+    gen = torch.Generator().manual_seed(7)
+    packed = PackedExperts(torch.randn(4, 48, 32, generator=gen), torch.randn(4, 32, 24, generator=gen))
+    routing = MoERouting(4, 2, renormalize=False)
+    x, logits = torch.randn(9, 32, generator=gen), torch.randn(9, 4, generator=gen)
+    seen: list[tuple[torch.Tensor, torch.Tensor]] = []
+
+    class Spy(FusedOps):
+        def experts(
+            self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, experts: PackedExperts, activation: Any
+        ) -> torch.Tensor:
+            seen.append((weights, ids))
+            return super().experts(x, weights, ids, experts, activation) * 2
+
+    out = Spy().moe(x, logits, packed, routing)
+    weights, ids = route_experts(logits, routing)
+    assert len(seen) == 1 and torch.equal(seen[0][0], weights) and torch.equal(seen[0][1], ids)
+    assert torch.equal(out, 2 * apply_experts(x, weights, ids, packed))
+    assert torch.equal(FusedOps().experts(x, weights, ids, packed), apply_experts(x, weights, ids, packed))
+
+
 # --- declarations ----------------------------------------------------------------------------------------------------
 
 
@@ -389,6 +414,13 @@ def test_declarations_default_and_an_override_without_one_promises_nothing() -> 
         ) -> torch.Tensor:
             return super().moe(x, router_logits, experts, routing)
 
+    class OwnExperts(FusedOps):
+        def experts(
+            self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, experts: PackedExperts, activation: Any
+        ) -> torch.Tensor:
+            return super().experts(x, weights, ids, experts, activation)
+
+    assert OwnExperts.moe_formats == frozenset() and OwnExperts.batch_invariant_moe == frozenset()
     assert OwnMoe.moe_formats == frozenset() and OwnMoe.batch_invariant_moe == frozenset()
     assert OwnMoe.linear_formats == FusedOps.linear_formats  # the linear declarations are not touched
     assert Declares.moe_formats == frozenset({"q8_0"}) and Child.batch_invariant_moe == frozenset({"float32"})

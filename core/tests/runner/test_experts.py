@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import torch
 
-from paged_core.api import UnsupportedConfigError
+from paged_core.api import FusedOps, UnsupportedConfigError
 from paged_core.contract.moe import PackedExperts, apply_experts, reference_moe, route_experts
 from paged_core.runner import experts as experts_module
 from paged_core.runner.experts import EXPERTS_IMPLEMENTATION, experts_step, route_model_experts
@@ -48,26 +48,30 @@ def test_moe_model_experts_switch_to_the_paged_implementation_once() -> None:
     assert experts_module._previous(model.model.layers[0].mlp.experts) is expected
 
 
-def test_inside_a_step_the_experts_run_the_contracts_arithmetic(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_inside_a_step_the_experts_run_the_backends_experts_op() -> None:
     model = mixtral()
-    route_model_experts(model)
+    calls: list[tuple[torch.Tensor, torch.Tensor, PackedExperts]] = []
+
+    class Spy(FusedOps):
+        def experts(
+            self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, experts: PackedExperts, activation: Any
+        ) -> torch.Tensor:
+            calls.append((weights, ids, experts))
+            return super().experts(x, weights, ids, experts, activation)
+
+    spy = Spy()
+    route_model_experts(model, spy)
     experts = model.model.layers[1].mlp.experts
     x, weights, ids = _inputs(23, 4, 2)
     packed = PackedExperts(experts.gate_up_proj.detach(), experts.down_proj.detach())
-    calls: list[int] = []
-
-    def counted(*args: Any) -> torch.Tensor:
-        calls.append(len(args))
-        return apply_experts(*args)
-
-    monkeypatch.setattr(experts_module, "apply_experts", counted)
-    with torch.no_grad(), experts_step():
+    with torch.no_grad(), experts_step(spy):
         got = experts(x, ids, weights)
-    assert calls == [5]
+    assert len(calls) == 1 and torch.equal(calls[0][0], weights) and torch.equal(calls[0][1], ids)
+    assert calls[0][2] is experts_module.packed_experts(experts, spy)  # packed once, at routing
     assert torch.equal(got, apply_experts(x, weights, ids, packed, "silu"))
     with torch.no_grad():
         theirs = experts(x, ids, weights)
-    assert calls == [5]  # outside a step: transformers' implementation, computing the same function
+    assert len(calls) == 1  # outside a step: transformers' implementation, computing the same function
     torch.testing.assert_close(got, theirs, rtol=1e-5, atol=1e-5)
 
 

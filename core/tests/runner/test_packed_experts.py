@@ -7,6 +7,7 @@ from typing import Any
 import pytest
 import torch
 
+from paged_core.contract.moe import PackedExperts
 from paged_core.errors import UnsupportedConfigError
 from paged_core.quant import Q4_0, Q8_0, QuantizedWeight, quantize_blocks
 from paged_core.runner.fused.moe_layer import build_moe, family_routing, moe_refusal
@@ -68,6 +69,37 @@ def test_forward_equals_transformers_experts_on_the_dequantized_values(fmt: Any)
     assert packed.weights.kinds == (fmt.name, fmt.name)
     # gate_up: E * 2I = 256 rows of H = 64 values; down: E * H = 256 rows of I = 32.
     assert packed_expert_bytes(packed) == 256 * fmt.row_bytes(64) + 256 * fmt.row_bytes(32)
+
+
+def test_inside_a_step_a_bound_module_runs_the_backends_experts_on_its_packing() -> None:
+    """Bound to a backend's ops, an engine step runs ``ops.experts`` on what ``ops`` packed (formats it does not
+    declare packed by the reference); outside a step, or for other ops, the contract's arithmetic."""
+    from paged_core.api import FusedOps
+    from paged_core.runner.experts import experts_step
+
+    seen: list[PackedExperts] = []
+
+    class Spy(FusedOps):
+        moe_formats = frozenset({"q8_0"})
+
+        def experts(
+            self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, experts: PackedExperts, activation: Any
+        ) -> torch.Tensor:
+            seen.append(experts)
+            return super().experts(x, weights, ids, experts, activation)
+
+    packed, spy = _pack_layer(_model(), Q8_0), Spy()
+    x, ids, weights = torch.randn(5, 64), torch.stack([torch.randperm(4)[:2] for _ in range(5)]), torch.rand(5, 2)
+    with torch.no_grad():
+        outside = packed(x, ids, weights)
+        packed.bind(spy)
+        assert packed.bound is not None and seen == []
+        with experts_step(spy):
+            inside = packed(x, ids, weights)
+        with experts_step(FusedOps()):
+            other = packed(x, ids, weights)
+    assert seen == [packed.bound[1]]
+    assert torch.equal(inside, outside) and torch.equal(other, outside)
 
 
 def test_the_fused_decoder_takes_its_packed_rows_as_they_are() -> None:

@@ -17,6 +17,7 @@ from fused_fakes import FusedFake
 
 from paged_core.api import (
     LINEAR_FORMATS,
+    Activation,
     FusedOps,
     MoERouting,
     PackedExperts,
@@ -301,3 +302,25 @@ class VariantRowsOps(RowByRowOps):
 
 class VariantRows(FusedFake):
     OPS = VariantRowsOps
+
+
+class ExpertsNormalisesOps(FusedOps):
+    """Bug: ``experts`` divides each token's weights by their sum (a renormalisation folded into the kernel), right
+    for routings that renormalise and wrong for a routing given as it is (Qwen3-MoE's, a scaled sigmoid's)."""
+
+    name = "experts-normalises"
+
+    def experts(
+        self,
+        x: torch.Tensor,
+        weights: torch.Tensor,
+        ids: torch.Tensor,
+        experts: PackedExperts,
+        activation: Activation = "silu",
+    ) -> torch.Tensor:
+        w = weights.float()
+        return super().experts(x, w / w.sum(-1, keepdim=True), ids, experts, activation)
+
+
+class ExpertsNormalises(FusedFake):
+    OPS = ExpertsNormalisesOps

@@ -34,12 +34,12 @@ def test_the_reference_backend_passes_and_reports_its_declarations(run_suite) ->
     assert code == 0, _messages(report)
     row = _row(report)
     assert row["declared"] and row["status"] == "pass"
-    # quick: two dtypes x two layouts of dense layers, six formats at two dtypes, the refusal check
-    assert row["counts"]["passed"] == 4 + 12 + 1
+    # quick: two dtypes x two layouts of dense layers and of a given routing, six formats at two dtypes, the refusals
+    assert row["counts"]["passed"] == 4 + 4 + 12 + 1
     info = report["backend"]["fused_ops"]
     assert info["moe_formats"] == list(LINEAR_FORMATS) and info["batch_invariant_moe"] == []
     skipped = {t["message"] for t in report["tests"] if t["outcome"] == "n/a"}
-    assert "N/A: moe is the reference's (grouped by expert on the host: eager only)" in skipped
+    assert "N/A: moe and experts are the reference's (grouped by expert on the host: eager only)" in skipped
 
 
 def test_a_reimplementation_as_one_custom_op_passes_and_traces(run_suite) -> None:
@@ -67,6 +67,13 @@ def test_a_planted_bug_fails_the_dense_layers(run_suite, fake: str, tests: set[s
     assert _failed(report) == tests
     assert all(fragment in m for m in _messages(report)), _messages(report)
     assert _row(report)["status"] == "fail"
+
+
+def test_an_experts_op_assuming_normalised_weights_fails_the_given_routing(run_suite) -> None:
+    code, report = run_suite("moe_fakes:ExpertsNormalises", "-k", "experts_given")
+    assert code != 0
+    assert _failed(report) == {"test_experts_given_routing[float32]", "test_experts_given_routing[float32-strided]"}
+    assert all("a given routing" in m and "mismatch" in m for m in _messages(report)), _messages(report)
 
 
 def test_own_q8_experts_pass_and_split_halves_fail_that_format_only(run_suite) -> None:
@@ -151,11 +158,12 @@ def test_the_q8_oracle_accepts_q8_rounding_and_nothing_else() -> None:
     x = torch.randn(33, 64, generator=gen)
     logits = router_logits(gen, 33, 8, 2, "random")
     want = FusedOps().moe(x, logits, experts, routing)
-    rounded = q8_oracle(x, logits, experts, routing, (True, True))
+    weights, ids = route_experts(logits, routing)
+    rounded = q8_oracle(x, weights, ids, experts, routing.activation, (True, True))
     plain = Layer(experts, experts, routing, "q4_0")
     with pytest.raises(AssertionError, match="mismatch"):
-        compare(rounded, want, plain, x, logits, torch.float32, "rounded")
+        compare(rounded, want, plain, x, weights, ids, torch.float32, "rounded")
     allowed = Layer(experts, experts, routing, "q4_0", (True, True))
-    compare(rounded, want, allowed, x, logits, torch.float32, "rounded")
+    compare(rounded, want, allowed, x, weights, ids, torch.float32, "rounded")
     with pytest.raises(AssertionError, match="nor does it fit the q8 rounding"):
-        compare(rounded * 1.1, want, allowed, x, logits, torch.float32, "scaled")
+        compare(rounded * 1.1, want, allowed, x, weights, ids, torch.float32, "scaled")

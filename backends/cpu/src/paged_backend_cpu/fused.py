@@ -38,7 +38,7 @@ import torch
 
 from paged_backend_cpu import fused_moe, ops
 from paged_backend_cpu.fused_lora import CpuLoraOps
-from paged_core.api import MoERouting, PackedExperts, PackedLinear, QuantizedWeight
+from paged_core.api import Activation, PackedExperts, PackedLinear, QuantizedWeight
 
 UNLIMITED = 1 << 62
 """A ``max_rows`` that sends every row count to the native kernel."""
@@ -288,11 +288,16 @@ class CpuFusedOps(CpuLoraOps):
         packed = fused_moe.pack(experts, self.moe_formats, self.quant_stream_rows, self.interleave)
         return experts if packed is None else PackedExperts(gate_up, down, packed)
 
-    def moe(
-        self, x: torch.Tensor, router_logits: torch.Tensor, experts: PackedExperts, routing: MoERouting
+    def experts(
+        self,
+        x: torch.Tensor,
+        weights: torch.Tensor,
+        ids: torch.Tensor,
+        experts: PackedExperts,
+        activation: Activation = "silu",
     ) -> torch.Tensor:
-        """Routed experts by ``paged_cpu::moe`` (routing in torch, then one C++ op: tokens grouped by expert, only
-        the chosen experts' bytes read); experts this class did not pack go to the reference."""
+        """Routed experts by ``paged_cpu::moe`` (one C++ op: tokens grouped by expert, only the chosen experts' bytes
+        read); ``moe`` routes in torch and calls this. Experts this class did not pack go to the reference."""
         if not fused_moe.serves(x, experts):
-            return super().moe(x, router_logits, experts, routing)
-        return fused_moe.moe(x, router_logits, experts, routing)
+            return super().experts(x, weights, ids, experts, activation)
+        return fused_moe.experts(x, weights, ids, experts, activation)

@@ -1,10 +1,11 @@
-"""Routed experts for :class:`~paged_backend_cpu.fused.CpuFusedOps`: what ``pack_experts`` keeps and how ``moe`` calls
-the C++ op.
+"""Routed experts for :class:`~paged_backend_cpu.fused.CpuFusedOps`: what ``pack_experts`` keeps and how ``experts``
+calls the C++ op.
 
-The routing is :func:`paged_core.api.route_experts` in torch (a sort, a softmax and a gather: traced with the step,
-nothing read on the host); ``paged_cpu::moe`` then groups the tokens by expert and multiplies each expert's rows by
-the packed linear's kernels, reading only the chosen experts' bytes (csrc/moe_ops.cpp). Expert weights are kept as
-they are: packed rows in place (q4_0 / q4_1 also get the interleaved copy the int8-activation path reads, as
+The routing is the base class's ``moe`` (:func:`paged_core.api.route_experts` in torch: a sort, a softmax and a
+gather, traced with the step, nothing read on the host), a model's own router (the transformers path) or expert
+parallelism's dispatch; ``paged_cpu::moe`` then groups the tokens by expert and multiplies each expert's rows by the
+packed linear's kernels, reading only the chosen experts' bytes (csrc/moe_ops.cpp). Expert weights are kept as they
+are: packed rows in place (q4_0 / q4_1 also get the interleaved copy the int8-activation path reads, as
 ``pack_linear`` makes for a linear), dense ones in their dtype, read in place by row kernels of their own.
 """
 
@@ -16,7 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from paged_backend_cpu import ops
-from paged_core.api import MoERouting, PackedExperts, QuantizedWeight, UnsupportedConfigError, route_experts
+from paged_core.api import Activation, PackedExperts, QuantizedWeight, UnsupportedConfigError
 
 DENSE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 """Dense expert dtypes the op reads (and compute dtypes of ``x``)."""
@@ -71,18 +72,25 @@ def serves(x: torch.Tensor, experts: PackedExperts) -> bool:
     return isinstance(experts.packed, CpuExperts) and x.device.type == "cpu" and x.dtype in DENSE_DTYPES
 
 
-def moe(x: torch.Tensor, router_logits: torch.Tensor, experts: PackedExperts, routing: MoERouting) -> torch.Tensor:
-    """``FusedOps.moe`` through ``paged_cpu::moe`` for experts :func:`pack` made; refuses inputs that do not fit."""
-    experts.check_routing(routing)
+def experts(
+    x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, experts: PackedExperts, activation: Activation
+) -> torch.Tensor:
+    """``FusedOps.experts`` through ``paged_cpu::moe`` for experts :func:`pack` made; refuses inputs that do not fit."""
     hidden = experts.hidden_size
     if x.dim() != 2 or x.shape[1] != hidden:
-        raise UnsupportedConfigError(f"moe x {tuple(x.shape)}: the experts need [T, {hidden}]")
-    if tuple(router_logits.shape) != (x.shape[0], routing.num_experts):
+        raise UnsupportedConfigError(f"experts x {tuple(x.shape)}: the experts need [T, {hidden}]")
+    if ids.dim() != 2 or ids.shape[0] != x.shape[0] or tuple(weights.shape) != tuple(ids.shape):
         raise UnsupportedConfigError(
-            f"moe router_logits {tuple(router_logits.shape)}: x {tuple(x.shape)} and {routing.num_experts} "
-            f"experts need ({x.shape[0]}, {routing.num_experts})"
+            f"experts weights {tuple(weights.shape)} and ids {tuple(ids.shape)}: x {tuple(x.shape)} needs both "
+            f"[{x.shape[0]}, k]"
+        )
+    if ids.is_floating_point() or not weights.is_floating_point():
+        raise UnsupportedConfigError(
+            f"experts ids must be integers and weights floats, got {ids.dtype}, {weights.dtype}"
         )
     packed = experts.packed
     assert isinstance(packed, CpuExperts)
-    weights, ids = route_experts(router_logits, routing)
-    return ops.moe(x, weights, ids, packed.gate_up, packed.down, ops.MOE_ACTIVATIONS[routing.activation])
+    # The op reads float32 weights and int32 ids (a model's router gives its own dtypes; these copies are [T, k]).
+    return ops.moe(
+        x, weights.float(), ids.to(torch.int32), packed.gate_up, packed.down, ops.MOE_ACTIVATIONS[activation]
+    )

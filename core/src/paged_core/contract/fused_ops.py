@@ -37,7 +37,11 @@ op                            meaning (``T`` tokens; every input may be a stride
                               and ``down`` ``[E, H, I]``, or stacked packed rows; see there)
 ``moe(x, logits, experts, r)`` routed experts of ``x`` ``[T, H]``: ``logits`` ``[T, E]`` routed by
                               ``r`` (:class:`~paged_core.contract.moe.MoERouting`), each token's ``k``
-                              experts' ``down(act(gate) * up)`` summed with their weights; ``[T, H]``
+                              experts' ``down(act(gate) * up)`` summed with their weights; ``[T, H]``.
+                              The base routes, then calls ``experts``
+``experts(x, w, ids, e, act)`` the same for a routing computed elsewhere (a model's own router,
+                              expert parallelism's dispatched rows): ``w`` ``[T, k]`` float, ``ids``
+                              ``[T, k]`` integer experts of ``e``; ``[T, H]``
 ============================  =====================================================================
 
 **Packed weights.** ``linear_formats`` names the packed formats
@@ -74,9 +78,8 @@ not read tensors on the host, and must return new tensors (inputs are never
 modified), except ``lora_expand``, which adds into ``y`` (declare the
 mutation in its schema). The reference's LoRA pair reads the slots on the
 host (it groups tokens by adapter), so the engine runs LoRA steps eagerly; so
-does the reference ``moe`` (it groups tokens by expert): a step holding it runs
-eagerly unless the backend overrides ``moe``.
-"""
+does the reference ``experts`` (it groups tokens by expert): a step holding it runs
+eagerly unless the backend overrides ``experts`` (or ``moe``)."""
 
 from __future__ import annotations
 
@@ -87,7 +90,15 @@ from typing import Any, ClassVar
 
 import torch
 
-from paged_core.contract.moe import ExpertWeight, MoERouting, PackedExperts, reference_moe
+from paged_core.contract.moe import (
+    Activation,
+    ExpertWeight,
+    MoERouting,
+    PackedExperts,
+    apply_experts,
+    check_moe_inputs,
+    route_experts,
+)
 from paged_core.quant import FORMATS, QuantizedWeight, reference_linear
 
 DENSE_LINEAR_KINDS: tuple[str, ...] = ("float32", "bfloat16", "float16")
@@ -217,23 +228,24 @@ class FusedOps:
     a class between it and this one) gets ``False``."""
 
     moe_formats: ClassVar[frozenset[str]] = frozenset(FORMATS)
-    """Packed formats whose expert weights :meth:`pack_experts` and :meth:`moe` serve themselves (the reference:
-    all, by dequantizing each expert it uses exactly in fp32).
+    """Packed formats whose expert weights :meth:`pack_experts`, :meth:`moe` and :meth:`experts` serve themselves
+    (the reference: all, by dequantizing each expert it uses exactly in fp32).
 
     As :attr:`linear_formats` for linears: the engine gives ``pack_experts`` only layers whose ``gate_up`` and
     ``down`` are each dense or of a format named here, packs the others with this reference class, and a
-    backend's ``moe`` must pass :class:`~paged_core.contract.moe.PackedExperts` it did not make to
-    ``super().moe``. Formats of :attr:`q8_activation_formats` named here may have the input of each of the two
-    products rounded likewise. A subclass that overrides ``pack_experts`` or ``moe`` without declaring (nor
-    inheriting from a class between it and this one) gets ``frozenset()``."""
+    backend's ``experts`` (and ``moe``) must pass :class:`~paged_core.contract.moe.PackedExperts` it did not
+    make to ``super()``. Formats of :attr:`q8_activation_formats` named here may have the input of each of the
+    two products rounded likewise. A subclass that overrides ``pack_experts``, ``moe`` or ``experts`` without
+    declaring (nor inheriting from a class between it and this one) gets ``frozenset()``."""
 
     batch_invariant_moe: ClassVar[frozenset[str]] = frozenset()
-    """Weight kinds (as :attr:`batch_invariant_linear` names them) whose :meth:`moe` gives each token the same
-    output bits whatever other tokens share the call (and so whatever other tokens its experts serve). A layer
+    """Weight kinds (as :attr:`batch_invariant_linear` names them) whose :meth:`moe` and :meth:`experts` give each
+    token the same output bits whatever other tokens share the call (and so whatever other tokens its experts
+    serve). A layer
     counts when both its kinds (:attr:`PackedExperts.kinds <paged_core.contract.moe.PackedExperts.kinds>`) are
     named, for every compute dtype the backend declares. This class declares none: it multiplies each
     expert's group of tokens with torch's matmul, whose kernel changes with the group's row count. A subclass
-    that overrides ``pack_experts`` or ``moe`` without declaring gets ``frozenset()``."""
+    that overrides ``pack_experts``, ``moe`` or ``experts`` without declaring gets ``frozenset()``."""
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -246,7 +258,7 @@ class FusedOps:
             cls.linear_formats = frozenset()
         if overrides and not declared("batch_invariant_linear"):
             cls.batch_invariant_linear = frozenset()
-        own_moe = cls.pack_experts is not FusedOps.pack_experts or cls.moe is not FusedOps.moe
+        own_moe = any(getattr(cls, op) is not getattr(FusedOps, op) for op in ("pack_experts", "moe", "experts"))
         if own_moe and not declared("moe_formats"):
             cls.moe_formats = frozenset()
         if own_moe and not declared("batch_invariant_moe"):
@@ -338,8 +350,34 @@ class FusedOps:
         float32, rounded once: a token's sum does not depend on the other tokens. Experts no token chose are
         skipped. Refuses (:class:`~paged_core.errors.UnsupportedConfigError`, naming the shapes) experts or
         inputs that do not fit the routing. It reads the per-expert counts on the host: eager steps only.
+
+        This base checks the shapes, routes, and calls :meth:`experts`: a backend with an experts kernel
+        overrides that, and overrides ``moe`` only to fuse the routing too.
         """
-        return reference_moe(x, router_logits, experts, routing)
+        check_moe_inputs(x, router_logits, experts, routing)
+        weights, ids = route_experts(router_logits, routing)
+        return self.experts(x, weights, ids, experts, routing.activation)
+
+    def experts(
+        self,
+        x: torch.Tensor,
+        weights: torch.Tensor,
+        ids: torch.Tensor,
+        experts: PackedExperts,
+        activation: Activation = "silu",
+    ) -> torch.Tensor:
+        """The experts half of :meth:`moe`, for a routing computed elsewhere: ``[T, H]`` in ``x.dtype``.
+
+        ``x`` ``[T, H]``; ``weights`` ``[T, k]`` (any float dtype, read in float32) and ``ids`` ``[T, k]`` (any
+        integer dtype, each in ``0 .. E - 1``): each token's experts and their weights, from :func:`route_experts
+        <paged_core.contract.moe.route_experts>` or a model's own router (transformers' ``*Experts`` modules get
+        ``top_k_index`` and ``top_k_weights``), or the rows expert parallelism dispatched to this rank.
+        ``out[t] = sum_j weights[t, j] * down_e(act(gate_e(x[t])) * up_e(x[t]))`` with ``e = ids[t, j]``, the
+        ``k`` terms summed in slot order in float32 and rounded once. The reference is
+        :func:`~paged_core.contract.moe.apply_experts` (it reads the per-expert counts on the host, and refuses
+        ids outside the experts; a kernel need not check ids on the device).
+        """
+        return apply_experts(x, weights, ids, experts, activation)
 
     def lora_shrink(self, x: torch.Tensor, a: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
         """Multi-LoRA shrink: ``[T, R]`` fp32 with row ``t`` = ``x[t] @ a[slots[t]].T`` (0 where ``slots[t] < 0``).

@@ -1,20 +1,16 @@
-"""Routing transformers' ``*Experts`` modules through the contract's routed-experts arithmetic.
+"""Routing transformers' ``*Experts`` modules through the backend's routed-experts op.
 
 transformers 5 keeps a MoE layer's experts as one module with 3-D weights (``gate_up_proj`` ``[E, 2I, H]``,
 ``down_proj`` ``[E, H, I]``) whose forward, decorated with ``use_experts_implementation``, looks up
 ``config._experts_implementation`` in its experts-function registry (as attention looks up
 ``_attn_implementation``) and is called with each token's ``top_k_index`` and ``top_k_weights`` from the
 model's own router. :func:`route_model_experts` registers :data:`EXPERTS_IMPLEMENTATION` there and selects it
-for the model's experts modules whose layout the contract serves (:func:`experts_refusal`); inside an engine
-step (:func:`experts_step`) such a module runs :func:`~paged_core.contract.moe.apply_experts` over its weights
-packed once per module (:class:`~paged_core.contract.moe.PackedExperts`, views, no copy). Outside a step (the
-HF baselines, ``generate`` on the same model) and for modules the contract does not serve, the implementation
-the model had before runs, so transformers' own path is unchanged.
-
-The router already ran, so the backend's :meth:`FusedOps.moe <paged_core.contract.fused_ops.FusedOps.moe>`
-(which routes from logits) is not what is called: the contract has no op taking a routing computed elsewhere
-yet, and :func:`~paged_core.contract.moe.apply_experts` is its reference arithmetic. The fused decoder's MoE
-families (Mixtral, Qwen3-MoE) call the backend's ``moe`` (:mod:`paged_core.runner.fused.moe_layer`).
+for the model's experts modules whose layout the contract serves (:func:`experts_refusal`), packing each once with
+the backend's ``pack_experts`` (:func:`pack_experts_for`); inside an engine step (:func:`experts_step`, which
+names the backend's ops) such a module runs the backend's :meth:`FusedOps.experts
+<paged_core.contract.fused_ops.FusedOps.experts>` (the op for a routing computed elsewhere: the model's router
+already ran). Outside a step (the HF baselines, ``generate`` on the same model) and for modules the contract does
+not serve, the implementation the model had before runs, so transformers' own path is unchanged.
 """
 
 from __future__ import annotations
@@ -29,8 +25,10 @@ from typing import Any
 
 import torch
 
-from paged_core.contract.moe import Activation, PackedExperts, apply_experts
+from paged_core.contract.fused_ops import FusedOps
+from paged_core.contract.moe import Activation, ExpertWeight, PackedExperts
 from paged_core.errors import UnsupportedConfigError
+from paged_core.quant import QuantizedWeight
 
 log = logging.getLogger("paged.engine")
 
@@ -101,25 +99,45 @@ def experts_refusal(module: torch.nn.Module) -> str | None:
     return None
 
 
-_PACKED: weakref.WeakKeyDictionary[torch.nn.Module, tuple[torch.Tensor, torch.Tensor, PackedExperts]] = (
+_REFERENCE = FusedOps()
+
+_PACKED: weakref.WeakKeyDictionary[torch.nn.Module, tuple[torch.Tensor, torch.Tensor, FusedOps, PackedExperts]] = (
     weakref.WeakKeyDictionary()
 )
-"""Each routed module's experts: its parameters when packed (a replaced parameter packs again) and the views."""
+"""Each routed module's experts: its parameters and the ops when packed (a replaced parameter or another backend
+packs again) and what the ops packed."""
 _PREVIOUS: weakref.WeakKeyDictionary[torch.nn.Module, str] = weakref.WeakKeyDictionary()
 """Each experts module's implementation before its config switched to this one: what runs outside an engine step
 (by module: transformers' configs are not hashable)."""
 _state = threading.local()
 
 
-def packed_experts(module: torch.nn.Module) -> PackedExperts:
-    """``module``'s experts as :class:`PackedExperts` (views of its parameters), made once per module."""
+def pack_experts_for(ops: FusedOps, gate_up: ExpertWeight, down: ExpertWeight) -> PackedExperts:
+    """``ops.pack_experts`` for dense weights or formats ``ops`` declares in ``moe_formats``; the reference's
+    packing otherwise (its :class:`PackedExperts` reaches the backend's ``experts``, which hands it on)."""
+    formats = type(ops).moe_formats
+    if any(isinstance(w, QuantizedWeight) and w.format.name not in formats for w in (gate_up, down)):
+        return _REFERENCE.pack_experts(gate_up, down)
+    return ops.pack_experts(gate_up, down)
+
+
+def packed_experts(module: torch.nn.Module, ops: FusedOps | None = None) -> PackedExperts:
+    """``module``'s experts packed by ``ops`` (the reference's when ``None``: views of its parameters), made once
+    per module and ops."""
+    ops = _REFERENCE if ops is None else ops
     gate_up: torch.Tensor = module.gate_up_proj  # type: ignore[assignment]
     down: torch.Tensor = module.down_proj  # type: ignore[assignment]
     entry = _PACKED.get(module)
-    if entry is None or entry[0] is not gate_up or entry[1] is not down:
-        entry = (gate_up, down, PackedExperts(gate_up.detach(), down.detach()))
+    if entry is None or entry[0] is not gate_up or entry[1] is not down or entry[2] is not ops:
+        entry = (gate_up, down, ops, pack_experts_for(ops, gate_up.detach(), down.detach()))
         _PACKED[module] = entry
-    return entry[2]
+    return entry[3]
+
+
+def step_ops() -> FusedOps | None:
+    """The backend's ops of the engine step running on this thread (:func:`experts_step`), ``None`` outside one."""
+    ops: FusedOps | None = getattr(_state, "ops", None)
+    return ops
 
 
 def _interface(module: torch.nn.Module) -> Any:
@@ -134,15 +152,16 @@ def _interface(module: torch.nn.Module) -> Any:
 def paged_experts_forward(
     module: torch.nn.Module, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor
 ) -> torch.Tensor:
-    """The registered experts function: :func:`~paged_core.contract.moe.apply_experts` inside an engine step,
-    the model's previous implementation otherwise (and for modules the contract does not serve)."""
-    if getattr(_state, "active", False) and module in _PACKED:
+    """The registered experts function: the backend's ``experts`` inside an engine step, the model's previous
+    implementation otherwise (and for modules the contract does not serve)."""
+    ops = step_ops()
+    if ops is not None and module in _PACKED:
         act = experts_activation(module)
         assert act is not None  # checked when the module was routed
         x = hidden_states.reshape(-1, hidden_states.shape[-1])
-        out = apply_experts(
-            x, top_k_weights.reshape(x.shape[0], -1), top_k_index.reshape(x.shape[0], -1), packed_experts(module), act
-        )
+        k = top_k_index.shape[-1]
+        packed = packed_experts(module, ops)
+        out = ops.experts(x, top_k_weights.reshape(x.shape[0], k), top_k_index.reshape(x.shape[0], k), packed, act)
         return out.view_as(hidden_states)
     return _previous(module)(module, hidden_states, top_k_index, top_k_weights)
 
@@ -175,13 +194,14 @@ class RoutedExperts:
     """What :func:`route_model_experts` did to a model's experts modules (by module name)."""
 
     routed: tuple[str, ...] = ()
-    """Modules that run :func:`~paged_core.contract.moe.apply_experts` inside engine steps."""
+    """Modules that run the backend's ``experts`` inside engine steps."""
     kept: dict[str, str] = field(default_factory=dict)
     """Modules that keep transformers' implementation, with the reason."""
 
 
-def route_model_experts(model: Any) -> RoutedExperts:
-    """Route ``model``'s experts modules through :func:`paged_experts_forward` where the contract serves them.
+def route_model_experts(model: Any, ops: FusedOps | None = None) -> RoutedExperts:
+    """Route ``model``'s experts modules through :func:`paged_experts_forward` where the contract serves them, each
+    packed by ``ops`` (the backend's; the reference's when ``None``) now, at load.
 
     Every module sharing a config must dispatch through transformers' own registry for that config to switch (a
     quantizer's registry does not know the name); a module the contract does not serve under a switched config
@@ -207,7 +227,7 @@ def route_model_experts(model: Any) -> RoutedExperts:
         for mod_name, module in group:
             reason = experts_refusal(module)
             if reason is None:
-                packed_experts(module)
+                packed_experts(module, ops)
                 routed += 1
             else:
                 _PACKED.pop(module, None)
@@ -223,11 +243,12 @@ def route_model_experts(model: Any) -> RoutedExperts:
 
 
 @contextmanager
-def experts_step() -> Iterator[None]:
-    """Inside, routed experts modules run the contract's arithmetic (an engine step); outside, their previous one."""
-    before = getattr(_state, "active", False)
-    _state.active = True
+def experts_step(ops: FusedOps | None = None) -> Iterator[None]:
+    """Inside, routed experts modules run ``ops.experts`` (the reference's when ``None``): an engine step; outside,
+    their previous implementation."""
+    before = getattr(_state, "ops", None)
+    _state.ops = _REFERENCE if ops is None else ops
     try:
         yield
     finally:
-        _state.active = before
+        _state.ops = before

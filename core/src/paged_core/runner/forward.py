@@ -25,6 +25,7 @@ from paged_core.runner.attention import ForwardContext, forward_context
 from paged_core.runner.experts import experts_step, route_model_experts
 from paged_core.runner.fused import FusedDecoder, fused_refusal, make_decoder
 from paged_core.runner.kv_rotation import rotating
+from paged_core.runner.packed_experts import packed_experts_modules
 
 log = logging.getLogger("paged.engine")
 
@@ -50,7 +51,7 @@ class ModelForward(Protocol):
 
 class TransformersForward:
     """transformers' modules with attention routed into the backend (any decoder transformers defines), and
-    the experts of MoE layers through the contract's routed-experts arithmetic where their layout allows
+    the experts of MoE layers through the backend's ``experts`` op where their layout allows
     (:mod:`paged_core.runner.experts`)."""
 
     name = "transformers"
@@ -59,9 +60,13 @@ class TransformersForward:
         self.model = model
         self.backend = backend
         self.specs = specs
-        self.attend = rotating(backend.forward, backend.fused_ops())
-        self.experts = route_model_experts(model)
-        """Which experts modules run the contract's arithmetic, and which keep transformers' (with the reason)."""
+        self.ops = backend.fused_ops()
+        self.attend = rotating(backend.forward, self.ops)
+        self.experts = route_model_experts(model, self.ops)
+        """Which experts modules run the backend's ``experts``, and which keep transformers' (with the reason)."""
+        self.packed_experts = packed_experts_modules(model) if isinstance(model, torch.nn.Module) else []
+        for _, module in self.packed_experts:  # a GGUF's experts kept packed: packed for the backend once
+            module.bind(self.ops)
 
     def forward(
         self,
@@ -73,7 +78,8 @@ class TransformersForward:
         layer_metadata: Sequence[AttentionMetadata] | None = None,
     ) -> torch.Tensor:
         ctx = ForwardContext(self.backend, kv_caches, self.specs, metadata, layer_metadata, self.attend)
-        with forward_context(ctx), experts_step() if self.experts.routed else nullcontext():
+        routed = self.experts.routed or self.packed_experts
+        with forward_context(ctx), experts_step(self.ops) if routed else nullcontext():
             result = self.model(
                 input_ids=input_ids.unsqueeze(0),
                 position_ids=positions.unsqueeze(0),

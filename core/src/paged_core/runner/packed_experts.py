@@ -5,8 +5,10 @@ A GGUF MoE file stores each layer's experts as 3-D tensors of packed blocks (``f
 :class:`PackedExpertsModule` where transformers' experts module was: it holds the layer's
 :class:`~paged_core.contract.moe.PackedExperts` (stacked packed rows, no dequantized copy), which the fused
 decoder hands to the backend's ``moe`` (:mod:`paged_core.runner.fused.moe_layer`), and its forward takes the
-router's ``top_k_index`` and ``top_k_weights`` as transformers' modules do, running the contract's arithmetic
-(:func:`~paged_core.contract.moe.apply_experts`), so the transformers path and ``generate`` work on it too.
+router's ``top_k_index`` and ``top_k_weights`` as transformers' modules do, so the transformers path and
+``generate`` work on it too: inside an engine step through the backend's ``experts`` (packed for it once,
+:meth:`PackedExpertsModule.bind`), outside one with the contract's arithmetic
+(:func:`~paged_core.contract.moe.apply_experts`).
 """
 
 from __future__ import annotations
@@ -15,10 +17,11 @@ from typing import Any
 
 import torch
 
+from paged_core.contract.fused_ops import FusedOps
 from paged_core.contract.moe import ExpertWeight, PackedExperts, apply_experts
 from paged_core.errors import UnsupportedConfigError
 from paged_core.quant import QuantizedWeight
-from paged_core.runner.experts import experts_activation
+from paged_core.runner.experts import experts_activation, pack_experts_for, step_ops
 
 
 class PackedExpertsModule(torch.nn.Module):
@@ -42,21 +45,31 @@ class PackedExpertsModule(torch.nn.Module):
         self.num_experts = self.weights.num_experts
         self.hidden_dim = self.weights.hidden_size
         self.intermediate_dim = self.weights.intermediate_size
+        self.bound: tuple[FusedOps, PackedExperts] | None = None
+        """The backend's ops and the experts they packed (:meth:`bind`): what an engine step runs."""
+
+    def bind(self, ops: FusedOps) -> None:
+        """Pack the experts for ``ops`` (at load: a backend's packing may copy or interleave rows)."""
+        self.bound = (ops, pack_experts_for(ops, self.weights.gate_up, self.weights.down))
 
     def to_device(self, device: torch.device) -> None:
         """Move the expert weights (not parameters, so ``Module.to`` leaves them)."""
         gate_up, down = self.weights.gate_up, self.weights.down
         if gate_up.device != device or down.device != device:
             self.weights = PackedExperts(gate_up.to(device), down.to(device))
+            self.bound = None
 
     def forward(
         self, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor
     ) -> torch.Tensor:
         x = hidden_states.reshape(-1, hidden_states.shape[-1])
         k = top_k_index.shape[-1]
-        out = apply_experts(
-            x, top_k_weights.reshape(x.shape[0], k), top_k_index.reshape(x.shape[0], k), self.weights, self.activation
-        )
+        weights, ids = top_k_weights.reshape(x.shape[0], k), top_k_index.reshape(x.shape[0], k)
+        ops = step_ops()
+        if ops is not None and self.bound is not None and self.bound[0] is ops:
+            out = ops.experts(x, weights, ids, self.bound[1], self.activation)
+        else:
+            out = apply_experts(x, weights, ids, self.weights, self.activation)
         return out.view_as(hidden_states)
 
     def extra_repr(self) -> str:

@@ -35,6 +35,7 @@ METHODS: tuple[str, ...] = (
     "lora_expand",
     "pack_experts",
     "moe",
+    "experts",
 )
 """The overridable methods of :class:`FusedOps`."""
 ROW_SCALES: tuple[float, ...] = (1e-3, 1.0, 40.0, 0.1)

@@ -128,12 +128,17 @@ def _q8(t: torch.Tensor, on: bool) -> torch.Tensor:
 
 
 def q8_oracle(
-    x: torch.Tensor, logits: torch.Tensor, experts: PackedExperts, routing: MoERouting, rounds: tuple[bool, bool]
+    x: torch.Tensor,
+    weights: torch.Tensor,
+    ids: torch.Tensor,
+    experts: PackedExperts,
+    activation: str,
+    rounds: tuple[bool, bool],
 ) -> torch.Tensor:
-    """The reference arithmetic with the input of the ``gate_up`` product (``rounds[0]``) and of the ``down``
-    product (``rounds[1]``) rounded as :func:`~paged_core.testing.round_activations_q8` does."""
-    weights, ids = route(logits, routing)
-    inter, act = experts.intermediate_size, _activation(routing.activation)
+    """The reference arithmetic (a routing given) with the input of the ``gate_up`` product (``rounds[0]``) and of
+    the ``down`` product (``rounds[1]``) rounded as :func:`~paged_core.testing.round_activations_q8` does."""
+    weights, ids = weights.float(), ids.long()
+    inter, act = experts.intermediate_size, _activation(activation)
     out = torch.zeros(x.shape[0], experts.hidden_size)
     for e in torch.unique(ids).tolist():
         tokens, slots = (ids == e).nonzero(as_tuple=True)
@@ -230,7 +235,7 @@ def call_layer(
             f"{what}: {tuple(got.shape)} {dtype_name(got.dtype)} on {got.device}, expected {tuple(want.shape)} "
             f"{dtype_name(dtype)} on {x.device}"
         )
-    compare(got, want, layer, x_ref, logits_ref, dtype, what)
+    compare(got, want, layer, x_ref, *route(logits_ref, layer.routing), dtype, what)
     return got, want
 
 
@@ -239,11 +244,13 @@ def compare(
     want: torch.Tensor,
     layer: Layer,
     x: torch.Tensor,
-    logits: torch.Tensor,
+    weights: torch.Tensor,
+    ids: torch.Tensor,
     dtype: torch.dtype,
     what: str,
 ) -> None:
-    """Within the dtype's tolerance of the oracle or, for a layer a kernel may round to q8, of the q8 oracle."""
+    """Within the dtype's tolerance of the oracle or, for a layer a kernel may round to q8, of the q8 oracle (``x``,
+    ``weights`` and ``ids`` on the CPU: the routing the output was computed with)."""
     atol, rtol = TOLERANCES.get(dtype, (1e-2, 1e-2))
     if not any(layer.rounds):
         assert_within(got, want, atol, rtol, what)
@@ -251,7 +258,7 @@ def compare(
     try:
         assert_within(got, want, atol, rtol, what)
     except AssertionError as exact:
-        q8 = q8_oracle(x, logits, layer.reference, layer.routing, layer.rounds)
+        q8 = q8_oracle(x, weights, ids, layer.reference, layer.routing.activation, layer.rounds)
         scale = max(1.0, float(q8.float().abs().max())) if q8.numel() else 1.0
         tol = max(Q8_TOLERANCE, rtol)
         try:

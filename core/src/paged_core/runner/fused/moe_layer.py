@@ -18,15 +18,12 @@ from typing import Any
 import torch
 
 from paged_core.contract.fused_ops import FusedOps, PackedLinear
-from paged_core.contract.moe import ExpertWeight, MoERouting, PackedExperts
+from paged_core.contract.moe import MoERouting, PackedExperts
 from paged_core.errors import UnsupportedConfigError
 from paged_core.parallel.experts import EXPERT_SHARD, ExpertShard
-from paged_core.quant import QuantizedWeight
-from paged_core.runner.experts import experts_activation, experts_refusal
+from paged_core.runner.experts import experts_activation, experts_refusal, pack_experts_for
 from paged_core.runner.packed_experts import PackedExpertsModule, expert_weights
 from paged_core.runner.packed_linear import route_pack
-
-_REFERENCE = FusedOps()
 
 
 @dataclass(frozen=True)
@@ -145,15 +142,6 @@ def _block_refusal(family: MoEFamily, routing: MoERouting, mlp: Any) -> str | No
     return None
 
 
-def pack_experts_for(ops: FusedOps, gate_up: ExpertWeight, down: ExpertWeight) -> PackedExperts:
-    """``ops.pack_experts`` for dense weights or formats ``ops`` declares in ``moe_formats``; the reference's
-    packing otherwise (its :class:`PackedExperts` reaches the backend's ``moe``, which hands it to the reference)."""
-    formats = type(ops).moe_formats
-    if any(isinstance(w, QuantizedWeight) and w.format.name not in formats for w in (gate_up, down)):
-        return _REFERENCE.pack_experts(gate_up, down)
-    return ops.pack_experts(gate_up, down)
-
-
 def build_moe(ops: FusedOps, routing: MoERouting, mlp: Any) -> MoEMLP:
     """A sparse block (checked by :func:`moe_refusal`) in the fused layout: views of its weights (a GGUF's packed
     expert rows as they are), no copies unless the backend's packing makes them."""
@@ -166,10 +154,10 @@ def build_moe(ops: FusedOps, routing: MoERouting, mlp: Any) -> MoEMLP:
 
 
 def moe_call(ops: FusedOps) -> Callable[[torch.Tensor, torch.Tensor, PackedExperts, MoERouting], torch.Tensor]:
-    """``ops.moe``, kept out of ``torch.compile`` when it is the reference's (which reads the per-expert counts
-    on the host: traced, every new set of counts would compile again). A backend's own ``moe`` is a custom op
-    with a fake implementation (the contract), traced like its other ops."""
-    if type(ops).moe is FusedOps.moe:
+    """``ops.moe``, kept out of ``torch.compile`` when its experts are the reference's (which reads the per-expert
+    counts on the host: traced, every new set of counts would compile again). A backend's own ``experts`` (or
+    ``moe``) is a custom op with a fake implementation (the contract), traced like its other ops."""
+    if type(ops).moe is FusedOps.moe and type(ops).experts is FusedOps.experts:
         disabled: Callable[[torch.Tensor, torch.Tensor, PackedExperts, MoERouting], torch.Tensor]
         disabled = torch.compiler.disable(ops.moe)  # type: ignore[no-untyped-call]
         return disabled

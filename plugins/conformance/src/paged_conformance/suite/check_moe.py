@@ -9,7 +9,9 @@ Dense experts at each declared dtype, with ``x`` and the logits contiguous and a
 experts (stacked rows, :class:`~paged_core.api.PackedExperts`) of each format, and of two formats at once
 (``q4_k`` gate/up with ``q6_k`` down, as GGUF ``Q4_K_M`` files have), at each declared dtype: packed by
 the backend's ``pack_experts`` where both formats are in its ``moe_formats``, else by the reference's (as
-the engine packs them), whose experts the backend's ``moe`` must hand to ``super().moe``.
+the engine packs them), whose experts the backend's ``moe`` must hand to ``super().moe``. ``experts`` (the op for a
+routing computed elsewhere) is checked the same way with routings no router rule makes: distinct experts in no
+order, int64 ids, unnormalised weights in the activations' dtype.
 
 Each output must be a new ``[T, H]`` tensor in ``x``'s dtype on its device, within the dtype's tolerance
 of the reference (see :mod:`paged_conformance.moe` for the one declared rounding, q8 activations), leave
@@ -26,7 +28,7 @@ import pytest
 import torch
 
 from paged_conformance.batch_invariance import RowCheck
-from paged_conformance.fused import REFERENCE, as_tuple, column_view, generator, randn
+from paged_conformance.fused import REFERENCE, Untouched, as_tuple, column_view, generator, randn
 from paged_conformance.grid import (
     INVARIANCE_POOL,
     MOE_DISTRIBUTIONS,
@@ -40,8 +42,10 @@ from paged_conformance.grid import (
     moe_packed_shapes,
 )
 from paged_conformance.moe import (
+    Layer,
     assert_within,
     check_declaration,
+    compare,
     declared,
     dense_experts,
     fresh,
@@ -84,6 +88,47 @@ def test_moe_packed(conformance: Conformance, linear_case: LinearFormatCase) -> 
         rounds = (mine and formats[0] in q8, mine and formats[1] in q8)
         layer, guard = pack_layer(packer, gate_up, down, shape, device, linear_case.dtype, label, rounds)
         run_layer(ops, layer, guard, gen, linear_case.dtype, i % 2 == 1, device, MOE_DISTRIBUTIONS[:2])
+
+
+def given_routing(
+    gen: torch.Generator, tokens: int, shape: MoEShape, dtype: torch.dtype, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """A routing computed elsewhere, as a model's own router hands it over: ``top_k`` distinct experts per token in
+    no particular order, int64 ids, weights in the activations' dtype that neither sum to one nor come sorted
+    (some negative, as a scaled sigmoid router's may not be, but an op must not assume either)."""
+    ids = torch.stack([torch.randperm(shape.experts, generator=gen)[: shape.top_k] for _ in range(tokens)])
+    weights = torch.rand(tokens, shape.top_k, generator=gen) * 2 - 0.5
+    return weights.to(device, dtype), ids.reshape(tokens, shape.top_k).to(device)
+
+
+@pytest.mark.paged_capability("fused:moe")
+@pytest.mark.paged_cases("fused")
+def test_experts_given_routing(conformance: Conformance, fused: FusedCase) -> None:
+    """``experts`` (a routing computed elsewhere: a model's router, expert parallelism's rows) against the reference's,
+    dense experts and the first packed format the backend declares, 1, 7 and 130 tokens, contiguous and views."""
+    ops, gen, device = conformance.fused_ops(), generator(fused.seed ^ 0xE0E), conformance.device
+    q8 = declared(ops, "q8_activation_formats") & declared(ops, "moe_formats")
+    for kind, shape, packed in _trace_layers(ops, conformance, fused):
+        reference = REFERENCE.pack_experts(*(fresh(w, torch.device("cpu")) for w in (packed.gate_up, packed.down)))
+        routing = routing_of(shape)
+        layer = Layer(packed, reference, routing, f"{kind} experts {shape.label}", (kind in q8, kind in q8))
+        for tokens in (1, 7, 130):
+            x = randn(gen, tokens, shape.hidden).to(device, fused.dtype)
+            weights, ids = given_routing(gen, tokens, shape, fused.dtype, device)
+            if fused.layout == "strided":
+                x, weights = column_view(x), column_view(weights)
+            what = f"experts(x [{tokens}, {shape.hidden}], {layer.label}, a given routing)"
+            x_ref, w_ref, ids_ref = x.cpu().contiguous(), weights.cpu().contiguous(), ids.cpu()
+            want = REFERENCE.experts(x_ref, w_ref, ids_ref, reference, routing.activation)
+            guard = Untouched({"x": x, "weights": weights, "ids": ids})
+            got = ops.experts(x, weights, ids, packed, routing.activation)
+            guard.check(what)
+            if not isinstance(got, torch.Tensor) or tuple(got.shape) != (tokens, shape.hidden):
+                raise AssertionError(f"{what} returned {getattr(got, 'shape', type(got).__name__)}")
+            if got.dtype != fused.dtype or got.device != x.device:
+                raise AssertionError(f"{what}: {dtype_name(got.dtype)} on {got.device}, not x's dtype and device")
+            guard.assert_not_aliased([got], what)
+            compare(got, want, layer, x_ref, w_ref, ids_ref, fused.dtype, what)
 
 
 @pytest.mark.paged_capability("fused:moe")
@@ -152,8 +197,8 @@ def _trace_layers(
 def test_moe_traces(conformance: Conformance, fused: FusedCase) -> None:
     """An overridden ``moe`` compiles as one graph on strided inputs, reads nothing on the host, agrees with eager."""
     ops = conformance.fused_ops()
-    if type(ops).moe is FusedOps.moe:
-        pytest.skip("N/A: moe is the reference's (grouped by expert on the host: eager only)")
+    if type(ops).moe is FusedOps.moe and type(ops).experts is FusedOps.experts:
+        pytest.skip("N/A: moe and experts are the reference's (grouped by expert on the host: eager only)")
     gen = generator(fused.seed ^ 0x7ACE)
     for kind, shape, packed in _trace_layers(ops, conformance, fused):
         routing = routing_of(shape)
