@@ -1,10 +1,11 @@
 """Expert parallel 2 gives expert parallel 1's greedy streams token for token on the tiny MoE models (fp32).
 
-Each rank holds half of every MoE layer's experts and the partial outputs are all-reduced
-(:mod:`paged_core.parallel.experts`). Against tensor parallel 2 without expert parallelism (the same
-attention split, every expert on every rank) the logits are bitwise equal: with two slots per token over
-two ranks the combine adds the same two float32 products as one rank does, in an order that cannot
-matter. Against one process the logits differ only by the attention's all-reduce (as tensor parallel's).
+Each rank holds half of every MoE layer's experts; each routes its half of the step's tokens, sends every
+(token, slot) pair to the rank holding its expert and gets the product back by all-to-all, combines its tokens
+and all-gathers (:mod:`paged_core.parallel.experts`). Against tensor parallel 2 without expert parallelism (the
+same attention split, every expert on every rank, the backend's ``moe``) the logits are bitwise equal: each
+expert gets the same rows in the same order from the backend's ``experts``, and the combine is the one-rank
+arithmetic. Against one process the logits differ only by the attention's all-reduce (as tensor parallel's).
 """
 
 from __future__ import annotations
@@ -69,9 +70,25 @@ def runs(arch_dir: Path) -> Iterator[dict[str, tuple[list[list[list[int]]], list
         with LLM(str(arch_dir), model_impl="fused", **ENGINE, **extra) as llm:
             if name == "ep2":
                 _check_rank0_holds_half(llm)
+                calls = _spy_experts(llm)
             found[name] = _logits_per_step(llm)
         assert worker_pids() == [], "closing the engine left a worker behind"
+    # Rank 0's experts ran through the backend's op, on dispatched rows: one slot each, float32.
+    assert calls and all(c == (1, torch.float32) for c in calls), calls[:5]
     yield found
+
+
+def _spy_experts(llm: LLM) -> list[tuple[int, torch.dtype]]:
+    """Record ``(k, dtype)`` of each call of rank 0's backend ``experts`` (the instance the decoder holds)."""
+    ops = llm.engine.core.runner.forward_impl.ops
+    experts, calls = ops.experts, []
+
+    def spy(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, *rest: Any) -> torch.Tensor:
+        calls.append((int(ids.shape[1]), x.dtype))
+        return experts(x, weights, ids, *rest)
+
+    ops.experts = spy
+    return calls
 
 
 def _check_rank0_holds_half(llm: LLM) -> None:

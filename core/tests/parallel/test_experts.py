@@ -1,15 +1,23 @@
-"""Expert sharding without processes: which experts a rank keeps, the slices, and the combine's arithmetic."""
+"""Expert sharding (which experts a rank keeps, the slices) and the dispatch/combine on two gloo ranks."""
 
 from __future__ import annotations
 
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 
 from paged_core.contract.capabilities import AttentionSpec
+from paged_core.contract.fused_ops import FusedOps
 from paged_core.contract.moe import MoERouting, PackedExperts, reference_moe
 from paged_core.errors import UnsupportedConfigError
+from paged_core.parallel.dispatch import token_slice
 from paged_core.parallel.experts import (
     EXPERT_SHARD,
     ExpertShard,
@@ -77,65 +85,107 @@ def test_packed_slices_keep_whole_experts_rows() -> None:
         slice_experts(torch.zeros(6, 2, 2), shard)
 
 
-def _combine(x: torch.Tensor, logits: torch.Tensor, experts: PackedExperts, routing: MoERouting, world: int) -> Any:
-    """Every rank's partial (its experts' share) and their sum, as the all-reduce would give it."""
-    partials = []
-    for rank in range(world):
-        shard = expert_range(routing.num_experts, rank, world)
-        partials.append(expert_parallel_moe(x, logits, local_experts(experts, shard), routing, shard, None))
-    total = partials[0].clone()
-    for p in partials[1:]:
-        total += p
-    return partials, total
+WORKER = Path(__file__).with_name("ep_dispatch_worker.py")
+
+CASES: list[dict[str, Any]] = [
+    {"name": "uneven_top2", "tokens": 37, "experts": E, "top_k": 2, "seed": 1},  # 19 and 18 tokens
+    {"name": "top1", "tokens": 23, "experts": E, "top_k": 1, "seed": 2},
+    {"name": "top4", "tokens": 19, "experts": E, "top_k": 4, "seed": 3, "renormalize": False},
+    {"name": "one_token", "tokens": 1, "experts": E, "top_k": 2, "seed": 4},  # rank 1 holds no token
+    {"name": "idle_expert", "tokens": 16, "experts": E, "top_k": 2, "seed": 5, "mask": [2, 5]},
+    {"name": "rank1_idle", "tokens": 9, "experts": E, "top_k": 2, "seed": 6, "mask": [4, 5, 6, 7]},
+    {"name": "bf16", "tokens": 13, "experts": E, "top_k": 2, "seed": 7, "dtype": "bfloat16"},
+    {"name": "no_tokens", "tokens": 0, "experts": E, "top_k": 2, "seed": 9},
+    {"name": "four_experts_top4", "tokens": 6, "experts": 4, "top_k": 4, "seed": 8},  # every token on both ranks
+]
 
 
-@pytest.mark.parametrize("world", [2, 4])
-def test_top_2_over_two_or_four_ranks_sums_to_one_rank_s_bits(world: int) -> None:
+def _worker_module() -> Any:
+    spec = importlib.util.spec_from_file_location("ep_dispatch_worker", WORKER)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def two_ranks(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, tuple[torch.Tensor, int]]]:
+    """Every case's output on each of two gloo ranks (separate processes), and the rows each rank's experts ran."""
+    tmp = tmp_path_factory.mktemp("ep-dispatch")
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(WORKER), str(r), "2", str(tmp / "init"), str(tmp / f"{r}.pt"), json.dumps(CASES)],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+        )
+        for r in range(2)
+    ]
+    logs = []
+    for proc in procs:
+        try:
+            logs.append(proc.communicate(timeout=120)[0].decode())
+        finally:
+            proc.kill()
+    assert all(p.returncode == 0 for p in procs), "\n".join(logs)
+    return [torch.load(tmp / f"{r}.pt") for r in range(2)]
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c["name"] for c in CASES])
+def test_two_ranks_give_one_rank_s_bits(case: dict[str, Any], two_ranks: list[Any]) -> None:
+    x, logits, experts, routing = _worker_module().case_inputs(case)
+    one = reference_moe(x, logits, experts, routing)
+    (out0, rows0), (out1, rows1) = (ranks[case["name"]] for ranks in two_ranks)
+    assert out0.dtype == x.dtype and out0.shape == x.shape
+    assert torch.equal(out0, one) and torch.equal(out1, one)
+    # Each rank's experts ran exactly the (token, slot) pairs that chose them, from both ranks' tokens.
+    _, ids = torch.sort(logits, dim=-1, descending=True, stable=True)
+    owner = ids[:, : routing.top_k] // (routing.num_experts // 2)
+    assert (rows0, rows1) == (int((owner == 0).sum()), int((owner == 1).sum()))
+
+
+def test_the_cases_cover_the_edges() -> None:
+    """The cases above are the ones their names say: no token on rank 1, no row for rank 1's experts, an expert
+    no token chose (so a test of them cannot pass by missing them)."""
+    worker = _worker_module()
+    by_name = {c["name"]: worker.case_inputs(c) for c in CASES}
+    assert token_slice(1, 1, 2) == slice(1, 1)
+    chosen = {
+        name: set(torch.sort(lg, dim=-1, descending=True, stable=True).indices[:, : r.top_k].flatten().tolist())
+        for name, (_, lg, _, r) in by_name.items()
+    }
+    assert chosen["rank1_idle"] <= {0, 1, 2, 3}
+    assert not chosen["idle_expert"] & {2, 5} and len(chosen["idle_expert"]) == E - 2
+
+
+def test_one_rank_holding_every_expert_calls_the_backend_s_experts_once() -> None:
+    calls = []
+
+    class Ops(FusedOps):
+        def experts(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, *rest: Any) -> torch.Tensor:
+            calls.append(tuple(ids.shape))
+            return super().experts(x, weights, ids, *rest)
+
     experts = _experts(1)
     routing = MoERouting(E, 2, renormalize=True)
-    g = torch.Generator().manual_seed(2)
-    x, logits = torch.randn(37, H, generator=g), torch.randn(37, E, generator=g)
-    one = reference_moe(x, logits, experts, routing)
-    partials, total = _combine(x, logits, experts, routing, world)
-    # At most two ranks hold a token's two experts: the sum adds the same two products (or one and zeros).
-    assert torch.equal(total, one)
-    # Each rank's partial is really partial: a token none of whose experts it holds gets exact zeros.
-    _, ids = torch.sort(logits, dim=-1, descending=True, stable=True)
-    owner = ids[:, :2] // (E // world)
-    for rank, part in enumerate(partials):
-        none_here = ~(owner == rank).any(dim=1)
-        assert none_here.any()
-        assert torch.equal(part[none_here], torch.zeros_like(part[none_here]))
+    g = torch.Generator().manual_seed(9)
+    x, logits = torch.randn(7, H, generator=g), torch.randn(7, E, generator=g)
+    out = expert_parallel_moe(x, logits, experts, routing, expert_range(E, 0, 1), Ops())
+    assert calls == [(7, 2)] and torch.equal(out, reference_moe(x, logits, experts, routing))
 
 
-def test_top_4_matches_within_float32_rounding_and_empty_shares_are_zero() -> None:
-    experts = _experts(3)
-    routing = MoERouting(E, 4, renormalize=False)
-    g = torch.Generator().manual_seed(4)
-    x, logits = torch.randn(19, H, generator=g), torch.randn(19, E, generator=g)
-    _, total = _combine(x, logits, experts, routing, 2)
-    torch.testing.assert_close(total, reference_moe(x, logits, experts, routing), rtol=1e-6, atol=1e-6)
-    # One token routed entirely to rank 0's experts: rank 1 contributes exactly nothing.
-    logits1 = torch.tensor([[9.0, 8.0, 7.0, 6.0, 0.0, 0.0, 0.0, 0.0]])
+def test_a_shard_of_another_group_is_refused() -> None:
     shard = expert_range(E, 1, 2)
-    part = expert_parallel_moe(x[:1], logits1, local_experts(experts, shard), routing, shard, None)
-    assert torch.equal(part, torch.zeros(1, H))
-
-
-def test_bf16_activations_are_combined_in_float32_and_rounded_once() -> None:
-    experts = _experts(5)
-    routing = MoERouting(E, 2, renormalize=True)
-    g = torch.Generator().manual_seed(6)
-    x, logits = torch.randn(11, H, generator=g).bfloat16(), torch.randn(11, E, generator=g)
-    shard = expert_range(E, 0, 2)
-    seen = []
-
-    def reduce(t: torch.Tensor) -> torch.Tensor:
-        seen.append(t.dtype)
-        return t
-
-    out = expert_parallel_moe(x, logits, local_experts(experts, shard), routing, shard, reduce)
-    assert seen == [torch.float32] and out.dtype == torch.bfloat16
+    with pytest.raises(UnsupportedConfigError, match="expert shard of rank 1 of 2, but this process is no group"):
+        expert_parallel_moe(
+            torch.zeros(3, H),
+            torch.zeros(3, E),
+            local_experts(_experts(), shard),
+            MoERouting(E, 2, renormalize=True),
+            shard,
+            FusedOps(),
+        )
 
 
 def test_the_shard_must_match_the_local_experts() -> None:
@@ -146,7 +196,7 @@ def test_the_shard_must_match_the_local_experts() -> None:
             _experts(),
             MoERouting(E, 2, renormalize=True),
             expert_range(E, 0, 2),
-            None,
+            FusedOps(),
         )
 
 

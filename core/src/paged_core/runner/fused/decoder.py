@@ -118,7 +118,7 @@ def _cos_sin_cache(rotary: Any, max_positions: int, device: torch.device) -> tor
 
 @functools.cache
 def _expert_parallel_moe() -> Callable[..., torch.Tensor]:
-    """:func:`expert_parallel_moe` kept out of tracing (it reads the per-expert counts on the host). Wrapped on
+    """:func:`expert_parallel_moe` kept out of tracing (it reads the per-rank counts on the host). Wrapped on
     first use: ``torch.compiler.disable`` imports dynamo, and with it triton, which must not happen at import
     (a Triton backend decides its interpreter mode before anything imports triton)."""
     disabled: Callable[..., torch.Tensor] = torch.compiler.disable(expert_parallel_moe)  # type: ignore[no-untyped-call]
@@ -318,9 +318,9 @@ class FusedDecoder:
         x, residual = ops.add_rms_norm(hidden, residual, layer.post_norm, layer.post_eps)
         if layer.moe is not None:
             moe = layer.moe
-            if moe.shard is not None:  # expert parallel: this rank's experts' share, summed over the ranks
+            if moe.shard is not None:  # expert parallel: tokens to their experts' ranks and back, by all-to-all
                 logits = ops.linear(x, moe.router)
-                return _expert_parallel_moe()(x, logits, moe.experts, moe.routing, moe.shard, reduce), residual
+                return _expert_parallel_moe()(x, logits, moe.experts, moe.routing, moe.shard, ops), residual
             # Every rank holds every expert (tensor parallelism splits Linear modules only): the output is whole,
             # not a partial sum to reduce. Adapters have no expert projections to target.
             return self._moe(x, ops.linear(x, moe.router), moe.experts, moe.routing), residual
