@@ -98,3 +98,17 @@ def test_a_library_tier_names_every_missing_piece() -> None:
         pytest.skip("needs a CPU torch without flashinfer")
     reason = FlashInferBackend.availability().reason
     assert "CPU-only build" in reason and reason.endswith("also, " + INSTALL_HINT)
+
+
+def test_layer_ops_are_the_shared_triton_kernels_on_cuda_devices_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a CUDA device with Triton the layer ops are paged-triton's (its experts and LoRA kernels); on CPU tensors
+    (emulation) and without Triton, the reference's."""
+    from paged_backend_cuda.base import fused_ops_for
+    from paged_core.api import FusedOps
+    from paged_triton.fused import TritonFusedOps
+
+    assert type(fused_ops_for(torch.device("cpu"))) is FusedOps
+    monkeypatch.setattr("importlib.util.find_spec", lambda name, *a: object() if name == "triton" else None)
+    assert type(fused_ops_for(torch.device("cuda", 0))) is TritonFusedOps
+    monkeypatch.setattr("importlib.util.find_spec", lambda name, *a: None)
+    assert type(fused_ops_for(torch.device("cuda", 0))) is FusedOps

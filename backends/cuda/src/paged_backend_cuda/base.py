@@ -8,6 +8,7 @@ that notion), so every tier's step captures into a CUDA graph.
 
 from __future__ import annotations
 
+import importlib.util
 from types import ModuleType
 from typing import ClassVar
 
@@ -20,6 +21,7 @@ from paged_core.api import (
     AttentionSpec,
     DeviceGraphStrategy,
     EagerStrategy,
+    FusedOps,
     GraphCaptureStrategy,
     PagedError,
     check_attention_inputs,
@@ -49,6 +51,10 @@ class CudaBackendBase(AttentionBackend):
             why = environment.device_refusal(self.device)
         if why is not None:
             raise PagedError(f"{type(self).__name__} cannot run here: {why}")
+
+    def fused_ops(self) -> FusedOps:
+        """The layer ops (:func:`fused_ops_for`): the shared Triton kernels on a CUDA device, else the reference."""
+        return fused_ops_for(self.device)
 
     def write_kv(
         self, key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor, metadata: AttentionMetadata
@@ -94,3 +100,14 @@ def _kernel_module(device: torch.device) -> ModuleType:
     from paged_backend_cuda import kernels
 
     return kernels
+
+
+def fused_ops_for(device: torch.device) -> FusedOps:
+    """On a CUDA device where Triton imports (torch's CUDA wheels bring it): paged-triton's layer ops, whose
+    multi-LoRA pair and routed experts are Triton kernels (the rest is the reference's). Elsewhere (emulation on
+    CPU tensors, no Triton): the reference. This package's own kernels are attention and cache ones only."""
+    if device.type == "cuda" and importlib.util.find_spec("triton") is not None:
+        from paged_triton.fused import TritonFusedOps
+
+        return TritonFusedOps()
+    return FusedOps()
