@@ -127,6 +127,29 @@ def request(max_tokens: int = 256) -> list[BenchRequest]:
     return [BenchRequest(list(range(100, 132)), max_tokens)]
 
 
+def test_weight_bytes_of_a_moe_file_count_the_active_experts_share(tmp_path: Path) -> None:
+    """A token reads ``expert_used_count`` of ``expert_count`` experts: 2 of 8 of each ``*_exps`` tensor."""
+    import gguf
+
+    path = tmp_path / "moe.gguf"
+    w = gguf.GGUFWriter(str(path), "qwen3moe")
+    w.add_block_count(1)
+    w.add_expert_count(8)
+    w.add_expert_used_count(2)
+    w.add_tensor("token_embd.weight", np.ones((8, 64), dtype=np.float16))
+    w.add_tensor("blk.0.attn_q.weight", np.ones((64, 64), dtype=np.float16))
+    w.add_tensor("blk.0.ffn_gate_inp.weight", np.ones((8, 64), dtype=np.float32))
+    w.add_tensor("blk.0.ffn_up_exps.weight", np.ones((8, 32, 64), dtype=np.float16))
+    w.add_tensor("blk.0.ffn_down_exps.weight", np.ones((8, 64, 32), dtype=np.float16))
+    w.add_tensor("output.weight", np.ones((8, 64), dtype=np.float16))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    experts = 2 * (8 * 32 * 64 * 2)
+    assert weight_bytes_per_token(path) == 64 * 64 * 2 + 8 * 64 * 4 + experts * 2 // 8 + HEAD_BYTES
+
+
 def test_llama_cpp_is_a_baseline() -> None:
     assert "llama.cpp" in BASELINES
     assert parse_baselines("hf-static,llama.cpp") == ("hf-static", "llama.cpp")

@@ -170,15 +170,37 @@ def weight_bytes_per_token(gguf_path: str | Path) -> int:
     lookup reads one row per token (negligible, not counted); when the file
     has no ``output.weight`` the LM head is tied to the embedding and reads
     all of it, so the embedding is then counted once, in full, as the head.
-    KV-cache reads and activations are not counted (nor are they in ours).
+    KV-cache reads and activations are not counted (nor are they in ours). In a MoE file a token reads only its
+    ``expert_used_count`` of the ``expert_count`` experts of each 3-D expert tensor (``*_exps``), so those count
+    that share of their bytes (the mean over tokens routed evenly, as our roofline counts active experts).
     """
     from gguf import GGUFReader
 
-    tensors = {t.name: int(t.n_bytes) for t in GGUFReader(str(gguf_path)).tensors}
-    total = sum(n for name, n in tensors.items() if name != EMBEDDING)
+    reader = GGUFReader(str(gguf_path))
+    share = _active_expert_share(reader)
+    tensors = {t.name: int(t.n_bytes) for t in reader.tensors}
+    total = sum(
+        n * share if ".ffn_" in name and "_exps" in name else n for name, n in tensors.items() if name != EMBEDDING
+    )
+    total = int(total)
     if OUTPUT not in tensors:
         total += tensors.get(EMBEDDING, 0)
     return total
+
+
+def _active_expert_share(reader: Any) -> float:
+    """``expert_used_count / expert_count`` of a MoE GGUF's architecture, 1 for a dense one."""
+
+    def scalar(key: str) -> int | None:
+        field = reader.fields.get(key)
+        return None if field is None else int(field.parts[field.data[0]][0])
+
+    arch_field = reader.fields.get("general.architecture")
+    if arch_field is None:
+        return 1.0
+    arch = bytes(arch_field.parts[arch_field.data[0]]).decode()
+    count, used = scalar(f"{arch}.expert_count"), scalar(f"{arch}.expert_used_count")
+    return used / count if count and used else 1.0
 
 
 def bench_command(binary: Path, model: Path, n_gen: int, threads: int, repetitions: int) -> list[str]:
