@@ -98,7 +98,7 @@ def _mixtral() -> Any:
 ARCHITECTURES = {"qwen3": _qwen3, "mistral": _mistral, "gemma2": _gemma2, "gemma3": _gemma3}
 """The architectures of the parity battery (test_tiny_architectures.py)."""
 MOE = {"qwen3_moe": _qwen3_moe, "mixtral": _mixtral}
-"""Mixture-of-experts models (test_moe_models.py runs the same battery on them)."""
+"""Mixture-of-experts models (test_tiny_architectures.py runs the battery on them, both model paths, eagerly)."""
 EXTRA = {"mistral16": _mistral16, **MOE}
 """Further tiny models for single tests."""
 
