@@ -38,7 +38,7 @@ import torch
 
 from paged_backend_cpu import fused_moe, ops
 from paged_backend_cpu.fused_lora import CpuLoraOps
-from paged_core.api import Activation, PackedExperts, PackedLinear, QuantizedWeight
+from paged_core.api import Activation, MoERouting, PackedExperts, PackedLinear, QuantizedWeight
 
 UNLIMITED = 1 << 62
 """A ``max_rows`` that sends every row count to the native kernel."""
@@ -288,6 +288,16 @@ class CpuFusedOps(CpuLoraOps):
         packed = fused_moe.pack(experts, self.moe_formats, self.quant_stream_rows, self.interleave)
         return experts if packed is None else PackedExperts(gate_up, down, packed)
 
+    def moe(
+        self, x: torch.Tensor, router_logits: torch.Tensor, experts: PackedExperts, routing: MoERouting
+    ) -> torch.Tensor:
+        """The base's ``moe`` (the same refusals, then :meth:`experts`) with the routing in one C++ op,
+        ``paged_cpu::moe_route`` (:func:`fused_moe.route`: ``route_experts``' ids and weights, one call instead of a
+        dozen small torch ops a layer)."""
+        fused_moe.check_moe_inputs(x, router_logits, experts, routing)
+        weights, ids = fused_moe.route(router_logits, routing)
+        return self.experts(x, weights, ids, experts, routing.activation)
+
     def experts(
         self,
         x: torch.Tensor,
@@ -297,7 +307,8 @@ class CpuFusedOps(CpuLoraOps):
         activation: Activation = "silu",
     ) -> torch.Tensor:
         """Routed experts by ``paged_cpu::moe`` (one C++ op: tokens grouped by expert, only the chosen experts' bytes
-        read); ``moe`` routes in torch and calls this. Experts this class did not pack go to the reference."""
+        read); ``moe`` routes (``paged_cpu::moe_route``) and calls this. Experts this class did not pack go to the
+        reference."""
         if not fused_moe.serves(x, experts):
             return super().experts(x, weights, ids, experts, activation)
         return fused_moe.experts(x, weights, ids, experts, activation)

@@ -1,12 +1,13 @@
 """Routed experts for :class:`~paged_backend_cpu.fused.CpuFusedOps`: what ``pack_experts`` keeps and how ``experts``
 calls the C++ op.
 
-The routing is the base class's ``moe`` (:func:`paged_core.api.route_experts` in torch: a sort, a softmax and a
-gather, traced with the step, nothing read on the host), a model's own router (the transformers path) or expert
-parallelism's dispatch; ``paged_cpu::moe`` then groups the tokens by expert and multiplies each expert's rows by the
-packed linear's kernels, reading only the chosen experts' bytes (csrc/moe_ops.cpp). Expert weights are kept as they
-are: packed rows in place (q4_0 / q4_1 also get the interleaved copy the int8-activation path reads, as
-``pack_linear`` makes for a linear), dense ones in their dtype, read in place by row kernels of their own.
+The routing is ``CpuFusedOps.moe``'s (:func:`route`: :func:`paged_core.api.route_experts` in one C++ op,
+``paged_cpu::moe_route``, csrc/moe_route.cpp: ~4 us a call at decode where route_experts' dozen small torch ops took
+~18), a model's own router (the transformers path) or expert parallelism's dispatch; ``paged_cpu::moe`` then groups
+the tokens by expert and multiplies each expert's rows by the packed linear's kernels, reading only the chosen
+experts' bytes (csrc/moe_ops.cpp). Expert weights are kept as they are: packed rows in place (q4_0 / q4_1 also get
+the interleaved copy the int8-activation path reads, as ``pack_linear`` makes for a linear), dense ones in their
+dtype, read in place by row kernels of their own.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from paged_backend_cpu import ops
-from paged_core.api import Activation, PackedExperts, QuantizedWeight, UnsupportedConfigError
+from paged_core.api import Activation, MoERouting, PackedExperts, QuantizedWeight, UnsupportedConfigError, route_experts
 
 DENSE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 """Dense expert dtypes the op reads (and compute dtypes of ``x``)."""
@@ -93,4 +94,33 @@ def experts(
     # The op reads float32 weights and int32 ids (a model's router gives its own dtypes; these copies are [T, k]).
     return ops.moe(
         x, weights.float(), ids.to(torch.int32), packed.gate_up, packed.down, ops.MOE_ACTIVATIONS[activation]
+    )
+
+
+def check_moe_inputs(x: torch.Tensor, router_logits: torch.Tensor, experts: PackedExperts, routing: MoERouting) -> None:
+    """``FusedOps.moe``'s refusals (:class:`~paged_core.api.UnsupportedConfigError` naming the shapes) unless ``x``
+    ``[T, H]``, ``router_logits`` ``[T, E]``, ``experts`` and ``routing`` agree."""
+    experts.check_routing(routing)
+    t = x.shape[0] if x.dim() == 2 else -1
+    if x.dim() != 2 or x.shape[1] != experts.hidden_size:
+        raise UnsupportedConfigError(f"moe x {tuple(x.shape)}: the experts need [T, {experts.hidden_size}]")
+    if tuple(router_logits.shape) != (t, routing.num_experts):
+        raise UnsupportedConfigError(
+            f"moe router_logits {tuple(router_logits.shape)}: x {tuple(x.shape)} and {routing.num_experts} "
+            f"experts need ({t}, {routing.num_experts})"
+        )
+
+
+def route(router_logits: torch.Tensor, routing: MoERouting) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`~paged_core.api.route_experts`'s ``(weights [T, k] float32, ids [T, k] int32)``: by
+    ``paged_cpu::moe_route`` for cpu logits in float32, bfloat16 or float16 (the same ids; softmax weights the same
+    bits on x86-64, sigmoid ones within 4 ulps; see :func:`ops.moe_route`), by ``route_experts`` itself for others."""
+    if router_logits.device.type != "cpu" or router_logits.dtype not in DENSE_DTYPES or router_logits.dim() != 2:
+        return route_experts(router_logits, routing)
+    return ops.moe_route(
+        router_logits,
+        routing.top_k,
+        ops.MOE_SCORINGS[routing.scoring],
+        routing.renormalize,
+        float(routing.routed_scaling),
     )

@@ -408,3 +408,35 @@ def moe(
     """
     out: torch.Tensor = torch.ops.paged_cpu.moe(x, weights, ids, *gate_up, *down, activation)
     return out
+
+
+MOE_SCORINGS: dict[str, int] = {"softmax": 0, "sigmoid": 1}
+"""The ``scoring`` ids of :func:`moe_route`, by :class:`paged_core.api.MoERouting` scoring name."""
+
+
+def _moe_route_fake(
+    logits: torch.Tensor, top_k: int, scoring: int, renormalize: bool, routed_scaling: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    shape = (logits.shape[0], top_k)
+    return logits.new_empty(shape, dtype=torch.float32), logits.new_empty(shape, dtype=torch.int32)
+
+
+if LOAD_ERROR is None:
+    torch.library.register_fake("paged_cpu::moe_route", _moe_route_fake)
+
+
+def moe_route(
+    logits: torch.Tensor, top_k: int, scoring: int, renormalize: bool, routed_scaling: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`paged_core.api.route_experts` in one op: new ``(weights [T, k] float32, ids [T, k] int32)`` from router
+    ``logits`` ``[T, E]`` (fp32, bf16 or fp16, any strides) on the CPU; ``scoring`` a :data:`MOE_SCORINGS` id.
+
+    The same ids in the same slots (the ``k`` largest logits, largest first, an exact tie to the lower expert id).
+    The weights are route_experts' bits for softmax scoring on x86-64 (its softmax and renormalising sum re-traced
+    lane for lane for the CPU capability torch dispatches to, csrc/moe_route.cpp). Sigmoid weights are too, but for
+    the logits torch's elementwise kernel leaves to its scalar loop (a batch's last ``(T * E) % 32`` with AVX-512),
+    whose other exp can move a weight by up to 4 ulps: the op uses the vector loop's exp for every logit, so that
+    each token's result is its own (batch-invariant).
+    """
+    weights, ids = torch.ops.paged_cpu.moe_route(logits, top_k, scoring, renormalize, routed_scaling)
+    return weights, ids
