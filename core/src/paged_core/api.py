@@ -45,13 +45,13 @@ from paged_core.quant import QuantizedWeight, WeightFormat
 from paged_core.registry import hookimpl
 
 __all__ = [
-    "Activation",
     "DENSE_LINEAR_KINDS",
     "LINEAR_FORMATS",
     "LINEAR_KINDS",
     "PLUGIN_API_VERSION",
     "QUANTIZED_KV_DTYPES",
     "SUPPORTED_PLUGIN_API_VERSIONS",
+    "Activation",
     "AttentionBackend",
     "AttentionMetadata",
     "AttentionSpec",
