@@ -29,7 +29,14 @@ from paged_core.contract.graph_strategy import EagerStrategy, GraphCaptureStrate
 from paged_core.contract.inputs import check_attention_inputs, check_default_cache, check_write_inputs
 from paged_core.contract.kv_quant import QUANTIZED_KV_DTYPES, dequantize_kv, is_quantized_kv, quantize_kv
 from paged_core.contract.metadata import AttentionMetadata, build_attention_metadata
-from paged_core.contract.moe import Activation, MoERouting, PackedExperts, route_experts
+from paged_core.contract.moe import (
+    Activation,
+    MoERouting,
+    PackedExperts,
+    check_experts_inputs,
+    check_moe_inputs,
+    route_experts,
+)
 from paged_core.contract.version import PLUGIN_API_VERSION, SUPPORTED_PLUGIN_API_VERSIONS
 from paged_core.errors import (
     BackendNotFoundError,
@@ -80,6 +87,8 @@ __all__ = [
     "build_attention_metadata",
     "check_attention_inputs",
     "check_default_cache",
+    "check_experts_inputs",
+    "check_moe_inputs",
     "check_write_inputs",
     "default_device_hooks",
     "dequantize_kv",

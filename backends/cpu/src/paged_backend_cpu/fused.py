@@ -38,7 +38,7 @@ import torch
 
 from paged_backend_cpu import fused_moe, ops
 from paged_backend_cpu.fused_lora import CpuLoraOps
-from paged_core.api import Activation, MoERouting, PackedExperts, PackedLinear, QuantizedWeight
+from paged_core.api import Activation, MoERouting, PackedExperts, PackedLinear, QuantizedWeight, check_moe_inputs
 
 UNLIMITED = 1 << 62
 """A ``max_rows`` that sends every row count to the native kernel."""
@@ -294,7 +294,7 @@ class CpuFusedOps(CpuLoraOps):
         """The base's ``moe`` (the same refusals, then :meth:`experts`) with the routing in one C++ op,
         ``paged_cpu::moe_route`` (:func:`fused_moe.route`: ``route_experts``' ids and weights, one call instead of a
         dozen small torch ops a layer)."""
-        fused_moe.check_moe_inputs(x, router_logits, experts, routing)
+        check_moe_inputs(x, router_logits, experts, routing)
         weights, ids = fused_moe.route(router_logits, routing)
         return self.experts(x, weights, ids, experts, routing.activation)
 

@@ -18,7 +18,14 @@ from dataclasses import dataclass
 import torch
 
 from paged_backend_cpu import ops
-from paged_core.api import Activation, MoERouting, PackedExperts, QuantizedWeight, UnsupportedConfigError, route_experts
+from paged_core.api import (
+    Activation,
+    MoERouting,
+    PackedExperts,
+    QuantizedWeight,
+    check_experts_inputs,
+    route_experts,
+)
 
 DENSE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 """Dense expert dtypes the op reads (and compute dtypes of ``x``)."""
@@ -77,38 +84,13 @@ def experts(
     x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, experts: PackedExperts, activation: Activation
 ) -> torch.Tensor:
     """``FusedOps.experts`` through ``paged_cpu::moe`` for experts :func:`pack` made; refuses inputs that do not fit."""
-    hidden = experts.hidden_size
-    if x.dim() != 2 or x.shape[1] != hidden:
-        raise UnsupportedConfigError(f"experts x {tuple(x.shape)}: the experts need [T, {hidden}]")
-    if ids.dim() != 2 or ids.shape[0] != x.shape[0] or tuple(weights.shape) != tuple(ids.shape):
-        raise UnsupportedConfigError(
-            f"experts weights {tuple(weights.shape)} and ids {tuple(ids.shape)}: x {tuple(x.shape)} needs both "
-            f"[{x.shape[0]}, k]"
-        )
-    if ids.is_floating_point() or not weights.is_floating_point():
-        raise UnsupportedConfigError(
-            f"experts ids must be integers and weights floats, got {ids.dtype}, {weights.dtype}"
-        )
+    check_experts_inputs(x, weights, ids, experts)
     packed = experts.packed
     assert isinstance(packed, CpuExperts)
     # The op reads float32 weights and int32 ids (a model's router gives its own dtypes; these copies are [T, k]).
     return ops.moe(
         x, weights.float(), ids.to(torch.int32), packed.gate_up, packed.down, ops.MOE_ACTIVATIONS[activation]
     )
-
-
-def check_moe_inputs(x: torch.Tensor, router_logits: torch.Tensor, experts: PackedExperts, routing: MoERouting) -> None:
-    """``FusedOps.moe``'s refusals (:class:`~paged_core.api.UnsupportedConfigError` naming the shapes) unless ``x``
-    ``[T, H]``, ``router_logits`` ``[T, E]``, ``experts`` and ``routing`` agree."""
-    experts.check_routing(routing)
-    t = x.shape[0] if x.dim() == 2 else -1
-    if x.dim() != 2 or x.shape[1] != experts.hidden_size:
-        raise UnsupportedConfigError(f"moe x {tuple(x.shape)}: the experts need [T, {experts.hidden_size}]")
-    if tuple(router_logits.shape) != (t, routing.num_experts):
-        raise UnsupportedConfigError(
-            f"moe router_logits {tuple(router_logits.shape)}: x {tuple(x.shape)} and {routing.num_experts} "
-            f"experts need ({t}, {routing.num_experts})"
-        )
 
 
 def route(router_logits: torch.Tensor, routing: MoERouting) -> tuple[torch.Tensor, torch.Tensor]:

@@ -309,6 +309,24 @@ def check_moe_inputs(x: torch.Tensor, router_logits: torch.Tensor, experts: Pack
         )
 
 
+def check_experts_inputs(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, experts: PackedExperts) -> None:
+    """Raise :class:`~paged_core.errors.UnsupportedConfigError` naming the shapes unless ``x`` ``[T, H]``, ``weights``
+    and ``ids`` ``[T, k]`` (floats and integers) fit ``experts``: ``FusedOps.experts``' refusals (the ids' range is
+    not checked: that reads them on the host)."""
+    tokens, hidden = x.shape[0] if x.dim() == 2 else -1, experts.hidden_size
+    if x.dim() != 2 or x.shape[1] != hidden:
+        raise UnsupportedConfigError(f"experts x {tuple(x.shape)}: the experts need [T, {hidden}]")
+    if ids.dim() != 2 or ids.shape[0] != tokens or tuple(weights.shape) != tuple(ids.shape):
+        raise UnsupportedConfigError(
+            f"experts weights {tuple(weights.shape)} and ids {tuple(ids.shape)}: x {tuple(x.shape)} needs both "
+            f"[{tokens}, k]"
+        )
+    if ids.is_floating_point() or not weights.is_floating_point():
+        raise UnsupportedConfigError(
+            f"experts ids must be integers and weights floats, got {ids.dtype}, {weights.dtype}"
+        )
+
+
 def reference_moe(
     x: torch.Tensor, router_logits: torch.Tensor, experts: PackedExperts, routing: MoERouting
 ) -> torch.Tensor:
@@ -343,18 +361,8 @@ def apply_experts(
     summed in slot order in float32, rounded once. Refuses (:class:`~paged_core.errors.UnsupportedConfigError`)
     shapes that do not fit and ids outside the experts; reads the per-expert counts on the host.
     """
-    tokens, hidden = x.shape[0] if x.dim() == 2 else -1, experts.hidden_size
-    if x.dim() != 2 or x.shape[1] != hidden:
-        raise UnsupportedConfigError(f"experts x {tuple(x.shape)}: the experts need [T, {hidden}]")
-    if ids.dim() != 2 or ids.shape[0] != tokens or tuple(weights.shape) != tuple(ids.shape):
-        raise UnsupportedConfigError(
-            f"experts weights {tuple(weights.shape)} and ids {tuple(ids.shape)}: x {tuple(x.shape)} needs both "
-            f"[{tokens}, k]"
-        )
-    if ids.is_floating_point() or not weights.is_floating_point():
-        raise UnsupportedConfigError(
-            f"experts ids must be integers and weights floats, got {ids.dtype}, {weights.dtype}"
-        )
+    check_experts_inputs(x, weights, ids, experts)
+    tokens, hidden = x.shape[0], experts.hidden_size
     k, inter = ids.shape[1], experts.intermediate_size
     if k == 0:
         return torch.zeros_like(x)
