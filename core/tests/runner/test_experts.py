@@ -87,6 +87,29 @@ def test_the_whole_model_inside_a_step_matches_transformers() -> None:
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
 
 
+def test_a_shared_expert_beside_the_routed_ones_matches_transformers() -> None:
+    """Qwen2-MoE: a dense shared expert (gated by its own sigmoid) outside the op, the routed experts (softmax,
+    not renormalised) through the backend's ``experts``; the whole model as transformers computes it."""
+    from transformers import AutoModelForCausalLM, Qwen2MoeConfig
+
+    from .test_moe_families import SMALL
+
+    fields = {"num_hidden_layers": 2, "num_experts": 6, "num_experts_per_tok": 2, "moe_intermediate_size": 16}
+    config = Qwen2MoeConfig(**{**SMALL, **fields, "shared_expert_intermediate_size": 24})
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
+    assert model.model.layers[0].mlp.shared_expert is not None
+    twin = copy.deepcopy(model)
+    routed = route_model_experts(model)
+    assert len(routed.routed) == 2 and not routed.kept
+    ids = torch.randint(0, 64, (1, 19), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad(), experts_step():
+        got = model(input_ids=ids).logits
+    with torch.no_grad():
+        want = twin(input_ids=ids).logits
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+
+
 def test_a_layout_the_contract_does_not_serve_keeps_transformers_own() -> None:
     model = mixtral()
     twin = copy.deepcopy(model)
